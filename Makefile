@@ -1,0 +1,41 @@
+# make demo: set up, get the data, train the default recipe.  make test: set up, run the tests.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench setup data clean
+
+setup: $(STAMP)
+
+# torch first, pinned: the local CPU wheel; a bare `torch` requirement would pull a multi-GB CUDA build
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# the official download first (per the resolution order); on a Debian machine without internet, its package
+data: $(STAMP)
+	@$(BIN)/hasten data fetch fashion-mnist || { \
+	  command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	  echo "trying Debian's dataset-fashion-mnist package" && \
+	  apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null && \
+	  $(BIN)/hasten data fetch fashion-mnist; }
+
+demo: data
+	$(BIN)/hasten train fashion-fast
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check hasten tests benchmarks
+	$(BIN)/ruff format --check hasten tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) runs bench .pytest_cache

@@ -1,0 +1,19 @@
+"""hasten: train neural networks fast and memory-efficiently, and measure what each technique buys."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def train(recipe: object = None, overrides: list[str] | None = None) -> dict:
+    """Train a recipe (a `Recipe`, a YAML path or a shipped name; None: the default) and return its summary."""
+    from hasten.build import train as _train
+    from hasten.config import Recipe, load_recipe
+
+    if not isinstance(recipe, Recipe):
+        recipe = load_recipe(recipe, overrides)  # type: ignore[arg-type]
+    elif overrides:
+        from hasten.config import apply_overrides, validate
+
+        recipe = validate(apply_overrides(recipe.model_dump(mode="json"), overrides))
+    return _train(recipe)
