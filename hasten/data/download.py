@@ -1,0 +1,116 @@
+"""Download of one file, checked against a pinned SHA-256 and written atomically.
+
+The bytes stream into a temporary file beside the destination while they are hashed; the file is
+fsynced and renamed onto the destination only when the hash matches. Any failure (hash mismatch,
+connection cut, short read, timeout) removes the temporary file, so the destination is either the
+verified file or whatever good file was there before: never a partial one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import os
+import re
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from hasten import __version__
+from hasten.errors import DataError
+
+CHUNK_BYTES = 1 << 20
+_SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of the file at `path`, read in 1 MiB chunks so memory stays flat for large archives."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _progress_bar(label: str, total: int | None, enabled: bool) -> Iterator:
+    """A callable advance(n_bytes): a rich progress bar when `enabled`, else a no-op."""
+    if not enabled:
+        yield lambda n_bytes: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+    # stderr: stdout may be piped into another tool (`hasten data info ... | jq`)
+    with Progress(*columns, console=Console(stderr=True)) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n_bytes: bar.advance(task, n_bytes)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename durable; best effort, as some filesystems refuse to open a directory."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def download(url: str, dest: Path, sha256: str, *, timeout: float = 60, progress: bool = False) -> Path:
+    """Fetch `url` to `dest` if its SHA-256 is `sha256`; returns `dest`, raises DataError on any failure.
+
+    `timeout` is in seconds per socket operation (connect or read), not for the whole transfer.
+    """
+    dest = Path(dest)
+    expected = (sha256 or "").lower()
+    if not _SHA256_PATTERN.fullmatch(expected):
+        raise DataError(f"no valid pinned SHA-256 for {url} (got {sha256!r}); refusing to download unverified data")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        partial = tempfile.NamedTemporaryFile(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part", delete=False)
+    except OSError as exc:
+        raise DataError(f"cannot write into {dest.parent} to download {url}: {exc.strerror or exc}") from exc
+    partial_path = Path(partial.name)
+    try:
+        with partial:
+            digest = hashlib.sha256()
+            received = 0
+            request = urllib.request.Request(url, headers={"User-Agent": f"hasten/{__version__}"})
+            try:
+                with urllib.request.urlopen(request, timeout=timeout) as response:
+                    length_header = response.headers.get("Content-Length")
+                    announced = int(length_header) if length_header and length_header.isdigit() else None
+                    with _progress_bar(dest.name, announced, progress) as advance:
+                        while chunk := response.read(CHUNK_BYTES):
+                            digest.update(chunk)
+                            partial.write(chunk)
+                            received += len(chunk)
+                            advance(len(chunk))
+            # URLError covers HTTP errors and refused connections; OSError covers resets and timeouts
+            except (http.client.HTTPException, urllib.error.URLError, OSError, ValueError) as exc:
+                raise DataError(f"download of {url} failed after {received} bytes: {exc}") from exc
+            # http.client ends a body cut short without an error: compare with what the server announced
+            if announced is not None and received != announced:
+                raise DataError(f"download of {url} failed: connection ended after {received} of {announced} bytes")
+            partial.flush()
+            os.fsync(partial.fileno())
+        got = digest.hexdigest()
+        if got != expected:
+            raise DataError(
+                f"download of {url} does not match its pinned SHA-256: expected {expected}, got {got} "
+                f"({received} bytes); {dest} was left as it was"
+            )
+        try:
+            os.replace(partial_path, dest)
+        except OSError as exc:
+            raise DataError(f"cannot move the download of {url} onto {dest}: {exc.strerror or exc}") from exc
+    except BaseException:
+        partial_path.unlink(missing_ok=True)
+        raise
+    _fsync_folder(dest.parent)
+    return dest

@@ -1,0 +1,156 @@
+"""IDX reader: round trips on files written here (gzipped and raw), and every kind of damage names the file."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy
+import pytest
+
+from hasten.data.idx import read_idx, read_idx_pair
+from hasten.errors import DataError
+
+TYPE_CODES = {numpy.dtype("uint8"): 0x08, numpy.dtype("int32"): 0x0C, numpy.dtype("float32"): 0x0D}
+
+
+def idx_bytes(array: numpy.ndarray) -> bytes:
+    header = bytes([0, 0, TYPE_CODES[array.dtype], array.ndim])
+    header += numpy.asarray(array.shape, dtype=">u4").tobytes()
+    return header + array.astype(array.dtype.newbyteorder(">")).tobytes()
+
+
+def write_idx(path: Path, array: numpy.ndarray, gz: bool = True) -> Path:
+    data = idx_bytes(array)
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+@pytest.fixture
+def images() -> numpy.ndarray:
+    return numpy.random.default_rng(0).integers(0, 256, size=(7, 5, 4), dtype=numpy.uint8)
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_round_trip_uint8(tmp_path: Path, images: numpy.ndarray, gz: bool) -> None:
+    # the name says nothing about compression: gzip is recognised by its magic bytes
+    path = write_idx(tmp_path / "images-idx3-ubyte", images, gz=gz)
+    read = read_idx(path)
+    assert read.dtype == numpy.uint8 and read.shape == (7, 5, 4)
+    numpy.testing.assert_array_equal(read, images)
+    assert read.flags.writeable
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_multibyte_types_are_big_endian_on_disk_native_in_memory(tmp_path: Path, dtype: str) -> None:
+    values = (numpy.arange(12).reshape(3, 4) * 1000 - 5000).astype(dtype)
+    read = read_idx(write_idx(tmp_path / "values.idx", values))
+    assert read.dtype == numpy.dtype(dtype) and read.dtype.isnative
+    numpy.testing.assert_array_equal(read, values)
+
+
+def test_pair_shapes_and_dtypes(tmp_path: Path, images: numpy.ndarray) -> None:
+    labels = numpy.arange(7, dtype=numpy.uint8) % 3
+    x, y = read_idx_pair(write_idx(tmp_path / "i.gz", images), write_idx(tmp_path / "l.gz", labels))
+    assert x.shape == (7, 1, 5, 4) and x.dtype == numpy.uint8
+    assert y.shape == (7,) and y.dtype == numpy.int64
+    numpy.testing.assert_array_equal(x[:, 0], images)
+    numpy.testing.assert_array_equal(y, labels)
+
+
+def test_bad_magic(tmp_path: Path, images: numpy.ndarray) -> None:
+    path = tmp_path / "bad-magic-idx3-ubyte"
+    path.write_bytes(b"\x01\x02\x08\x03" + idx_bytes(images)[4:])
+    with pytest.raises(DataError, match="not an IDX file") as error:
+        read_idx(path)
+    assert str(path) in str(error.value)
+
+
+def test_unknown_type_code(tmp_path: Path, images: numpy.ndarray) -> None:
+    path = tmp_path / "type.idx"
+    path.write_bytes(b"\x00\x00\x07\x03" + idx_bytes(images)[4:])
+    with pytest.raises(DataError, match="not an IDX file") as error:
+        read_idx(path)
+    assert str(path) in str(error.value)
+
+
+def test_truncated_payload(tmp_path: Path, images: numpy.ndarray) -> None:
+    path = tmp_path / "short.gz"
+    path.write_bytes(gzip.compress(idx_bytes(images)[:-10]))
+    with pytest.raises(DataError) as error:
+        read_idx(path)
+    message = str(error.value)
+    assert str(path) in message
+    assert "truncated: expected 140 bytes of data" in message and "found 130" in message
+
+
+def test_truncated_header(tmp_path: Path, images: numpy.ndarray) -> None:
+    path = tmp_path / "header"
+    path.write_bytes(idx_bytes(images)[:9])
+    with pytest.raises(DataError, match="truncated") as error:
+        read_idx(path)
+    assert str(path) in str(error.value)
+
+
+def test_trailing_bytes(tmp_path: Path, images: numpy.ndarray) -> None:
+    path = tmp_path / "long"
+    path.write_bytes(idx_bytes(images) + b"junk")
+    with pytest.raises(DataError, match="4 unexpected bytes after the data") as error:
+        read_idx(path)
+    assert str(path) in str(error.value)
+
+
+def test_count_mismatch_names_both_files(tmp_path: Path, images: numpy.ndarray) -> None:
+    images_path = write_idx(tmp_path / "train-images.gz", images)
+    labels_path = write_idx(tmp_path / "train-labels.gz", numpy.zeros(6, dtype=numpy.uint8))
+    with pytest.raises(DataError) as error:
+        read_idx_pair(images_path, labels_path)
+    message = str(error.value)
+    assert str(images_path) in message and str(labels_path) in message
+    assert "7 images" in message and "6 labels" in message
+
+
+def test_wrong_ndim(tmp_path: Path, images: numpy.ndarray) -> None:
+    images_path = write_idx(tmp_path / "i.gz", images)
+    labels_2d = write_idx(tmp_path / "l.gz", numpy.zeros((7, 2), dtype=numpy.uint8))
+    with pytest.raises(DataError, match="labels of shape") as error:
+        read_idx_pair(images_path, labels_2d)
+    assert str(labels_2d) in str(error.value)
+    flat = write_idx(tmp_path / "flat.gz", numpy.zeros(7, dtype=numpy.uint8))
+    with pytest.raises(DataError, match=r"\[N, H, W\]") as error:
+        read_idx_pair(flat, flat)
+    assert str(flat) in str(error.value)
+
+
+def test_corrupt_gzip_crc(tmp_path: Path, images: numpy.ndarray) -> None:
+    path = tmp_path / "crc.gz"
+    data = bytearray(gzip.compress(idx_bytes(images)))
+    data[-8] ^= 0xFF  # the stored CRC32 of the payload
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="corrupt gzip") as error:
+        read_idx(path)
+    assert str(path) in str(error.value)
+
+
+def test_cut_gzip_stream(tmp_path: Path, images: numpy.ndarray) -> None:
+    path = tmp_path / "cut.gz"
+    path.write_bytes(gzip.compress(idx_bytes(images))[:-20])
+    with pytest.raises(DataError, match="corrupt gzip") as error:
+        read_idx(path)
+    assert str(path) in str(error.value)
+
+
+def test_garbled_deflate_data(tmp_path: Path) -> None:
+    path = tmp_path / "garbled.gz"
+    # a valid gzip header followed by bytes that are not a deflate stream
+    path.write_bytes(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03" + b"\xff" * 64)
+    with pytest.raises(DataError, match="corrupt gzip") as error:
+        read_idx(path)
+    assert str(path) in str(error.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.gz"
+    with pytest.raises(DataError, match="cannot read") as error:
+        read_idx(path)
+    assert str(path) in str(error.value)
