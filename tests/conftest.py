@@ -1,0 +1,29 @@
+"""Shared fixtures: small data, a quiet recipe, and a deterministic single-threaded torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_torch():
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture
+def tiny_overrides(tmp_path) -> list[str]:
+    """Overrides that make any recipe a seconds-long run on the synthetic set, writing into tmp_path."""
+    return [
+        "data.name=synthetic",
+        "data.synthetic_size=384",
+        "data.augment.flip=false",
+        "data.augment.translate=0",
+        "model.width=8",
+        "train.batch_size=16",
+        "train.eval_batch_size=128",
+        "train.epochs=2",
+        "run.progress=false",
+        f"run.dir={tmp_path / 'run'}",
+    ]
