@@ -1,0 +1,99 @@
+"""In-memory loader: seeded order, every sample once per epoch, batched augmentation keeps labels and shapes."""
+
+from __future__ import annotations
+
+import torch
+
+from hasten.data.loader import Augment, InMemoryLoader, channel_stats, flip, translate
+
+
+def make_loader(n=100, batch=16, **kwargs) -> InMemoryLoader:
+    images = torch.arange(n, dtype=torch.uint8).view(n, 1, 1, 1).expand(n, 1, 6, 6).contiguous()
+    labels = torch.arange(n)
+    return InMemoryLoader(images, labels, batch, mean=torch.zeros(1), std=torch.ones(1) / 255, **kwargs)
+
+
+def test_same_seed_same_batches_other_seed_other_order():
+    first = [y for _, y in make_loader(shuffle=True, seed=3)]
+    again = [y for _, y in make_loader(shuffle=True, seed=3)]
+    other = [y for _, y in make_loader(shuffle=True, seed=4)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not torch.equal(torch.cat(first), torch.cat(other))
+
+
+def test_every_sample_once_per_epoch_and_epochs_differ():
+    loader = make_loader(shuffle=True, seed=0)
+    orders = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        labels = torch.cat([y for _, y in loader])
+        assert sorted(labels.tolist()) == list(range(100))
+        orders.append(labels)
+    assert not torch.equal(*orders)
+    assert len(loader) == 7  # 6 full batches of 16 and one of 4
+
+
+def test_drop_last_drops_the_short_batch():
+    loader = make_loader(drop_last=True)
+    assert len(loader) == 6 and sum(len(y) for _, y in loader) == 96
+
+
+def test_images_stay_paired_with_labels_and_normalised():
+    loader = make_loader(shuffle=True)
+    for x, y in loader:
+        # each image is filled with its own index; mean 0, std 1/255 turns uint8 v into float v
+        assert torch.allclose(x[:, 0, 0, 0], y.float(), atol=1e-4)
+
+
+def test_resume_mid_epoch_gives_the_remaining_batches():
+    loader = make_loader(shuffle=True, seed=1, augment=Augment(flip=True, translate=1))
+    loader.set_epoch(2)
+    whole = list(loader)
+    rest = list(loader.batches(start=3))
+    assert len(rest) == len(whole) - 3
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(whole[3:], rest, strict=True))
+
+
+def test_ranks_partition_the_epoch():
+    shards = [torch.cat([y for _, y in make_loader(shuffle=True, seed=5, rank=r, world_size=3)]) for r in range(3)]
+    assert len({len(s) for s in shards}) == 1  # padded to equal length
+    union = torch.cat(shards)
+    assert set(union.tolist()) == set(range(100)) and len(union) == 102  # 2 wrapped-around samples
+    dropped = [torch.cat([y for _, y in make_loader(rank=r, world_size=3, pad_shards=False)]) for r in range(3)]
+    assert sorted(torch.cat(dropped).tolist()) == list(range(99))
+
+
+def test_flip_and_translate_exact_values():
+    x = torch.arange(16, dtype=torch.uint8).view(1, 1, 4, 4).repeat(2, 1, 1, 1)
+    flipped = flip(x, torch.tensor([True, False]))
+    assert torch.equal(flipped[0, 0, 0], torch.tensor([3, 2, 1, 0], dtype=torch.uint8))
+    assert torch.equal(flipped[1], x[1])
+    moved = translate(x, torch.tensor([[1, 0], [0, -1]]), pad=1)
+    assert torch.equal(moved[0, 0, 0], torch.zeros(4, dtype=torch.uint8))  # shifted down: top row is padding
+    assert torch.equal(moved[0, 0, 1:], x[0, 0, :3])
+    assert torch.equal(moved[1, 0, :, :3], x[1, 0, :, 1:])  # shifted left: right column is padding
+    assert torch.equal(moved[1, 0, :, 3], torch.zeros(4, dtype=torch.uint8))
+
+
+def test_augmentation_keeps_labels_shapes_and_dtype():
+    plain = make_loader(shuffle=True, seed=2)
+    augmented = make_loader(shuffle=True, seed=2, augment=Augment(flip=True, translate=2))
+    for (xa, ya), (xp, yp) in zip(augmented, plain, strict=True):
+        assert torch.equal(ya, yp) and xa.shape == xp.shape and xa.dtype == xp.dtype
+
+
+def test_channels_last_batches():
+    images = torch.randint(0, 255, (8, 3, 5, 5), dtype=torch.uint8)
+    loader = InMemoryLoader(
+        images, torch.zeros(8, dtype=torch.long), 4, mean=torch.zeros(3), std=torch.ones(3), channels_last=True
+    )
+    x, _ = next(iter(loader))
+    assert x.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_channel_stats_match_torch():
+    images = torch.randint(0, 256, (50, 3, 4, 4), dtype=torch.uint8)
+    mean, std = channel_stats(images)
+    values = images.double() / 255
+    assert torch.allclose(mean.double(), values.mean((0, 2, 3)), atol=1e-6)
+    assert torch.allclose(std.double(), values.std((0, 2, 3), unbiased=False), atol=1e-5)
