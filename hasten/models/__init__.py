@@ -1,0 +1,22 @@
+"""Models built from the recipe's `model` section."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from hasten.config import ModelConfig
+from hasten.models.resnet import Residual, ResNet
+from hasten.models.sequential import build_sequential
+
+__all__ = ["ResNet", "Residual", "build_model", "build_sequential"]
+
+
+def build_model(config: ModelConfig, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """The model the recipe describes, for images of `input_shape` (C, H, W) and `num_classes` classes."""
+    if config.name == "sequential":
+        return build_sequential(config.layers or [], input_shape, num_classes)
+    model = ResNet(input_shape[0], num_classes, width=config.width, blocks=config.blocks)
+    if config.zero_init_residual:
+        for block in model.residual_blocks():
+            nn.init.zeros_(block.last_bn.weight)
+    return model

@@ -1,0 +1,109 @@
+"""What a run leaves behind in `run.dir`: recipe.yaml, metrics.csv, TensorBoard events, summary.json.
+
+Only the process that owns the run (rank 0) writes; the others get a RunLog with `enabled=False`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import hasten
+from hasten.errors import HastenError
+
+
+def git_commit() -> str | None:
+    """The commit of the hasten checkout, when it runs from one."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(hasten.__file__).parent, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def environment() -> dict[str, Any]:
+    """Versions and machine, saved with every run and benchmark so numbers can be traced."""
+    return {
+        "hasten_version": hasten.__version__,
+        "git_commit": git_commit(),
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "cpu_count": os.cpu_count(),
+        "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class RunLog:
+    def __init__(self, run_dir: str | Path, *, enabled: bool = True, tensorboard: bool = True):
+        self.dir = Path(run_dir)
+        self.enabled = enabled
+        self.writer = None
+        self._fields: list[str] | None = None
+        if not enabled:
+            return
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            probe = self.dir / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as error:
+            raise HastenError(f"run.dir: cannot write to {self.dir}: {error.strerror or error}") from None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # imported here: slow, and only rank 0 needs it
+
+            self.writer = SummaryWriter(str(self.dir / "tensorboard"))
+
+    def write_recipe(self, recipe_yaml: str) -> None:
+        if self.enabled:
+            env = environment()
+            header = f"# hasten {env['hasten_version']}, git {env['git_commit']}, torch {env['torch_version']}\n"
+            write_atomic(self.dir / "recipe.yaml", header + recipe_yaml)
+
+    def start_metrics(self, fields: list[str]) -> None:
+        """Start metrics.csv afresh with these columns."""
+        self._fields = fields
+        if self.enabled:
+            with open(self.dir / "metrics.csv", "w", newline="") as f:
+                csv.writer(f).writerow(fields)
+
+    def epoch(self, row: dict[str, Any], step: int) -> None:
+        """One row of metrics.csv, and the same numbers as TensorBoard scalars at `step`."""
+        if not self.enabled:
+            return
+        assert self._fields is not None, "start_metrics first"
+        with open(self.dir / "metrics.csv", "a", newline="") as f:
+            csv.writer(f).writerow([row.get(k, "") for k in self._fields])
+        if self.writer is not None:
+            for key, value in row.items():
+                if isinstance(value, (int, float)) and key != "epoch":
+                    self.writer.add_scalar(key, value, step)
+            self.writer.flush()
+
+    def scalar(self, key: str, value: float, step: int) -> None:
+        if self.writer is not None:
+            self.writer.add_scalar(key, value, step)
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        if self.enabled:
+            write_atomic(self.dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

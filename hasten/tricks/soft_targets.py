@@ -1,0 +1,24 @@
+"""Soft targets: labels become probability vectors inside the loop, so label smoothing, mixup and cutmix
+compose in any order and one loss serves them all.
+
+Label smoothing: Szegedy et al., "Rethinking the Inception Architecture" (2016).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def one_hot(labels: Tensor, num_classes: int) -> Tensor:
+    return torch.nn.functional.one_hot(labels, num_classes).float()
+
+
+def smooth(y_soft: Tensor, eps: float) -> Tensor:
+    """Targets moved `eps` of the way towards the uniform distribution."""
+    return y_soft * (1 - eps) + eps / y_soft.shape[1]
+
+
+def soft_cross_entropy(logits: Tensor, y_soft: Tensor) -> Tensor:
+    """Mean cross entropy against probability targets; equals F.cross_entropy for one-hot targets."""
+    return -(y_soft * logits.float().log_softmax(1)).sum(1).mean()

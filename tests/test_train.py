@@ -1,0 +1,86 @@
+"""`hasten train` end to end on small data: it learns, and it writes every file of the run folder."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+import yaml
+
+import hasten
+from hasten.build import build
+from hasten.cli import main
+from hasten.config import load_recipe
+
+
+def test_train_end_to_end_writes_the_run_folder(tiny_overrides, tmp_path, capsys):
+    assert main(["train", "fashion-fast", *tiny_overrides]) == 0
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    keys = ("test_accuracy", "epochs", "wall_seconds", "images_per_second", "peak_memory_bytes", "time_to_accuracy")
+    assert all(key in summary for key in keys)
+    assert summary["epochs"] == 2
+    assert summary["test_accuracy"] > 0.5  # 10 classes: chance is 0.1
+    assert summary["peak_memory_bytes"] > 0 and summary["images_per_second"] > 0
+    assert set(summary["time_to_accuracy"]) == {"0.90", "0.91", "0.92", "0.93", "0.94"}
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    assert [r["epoch"] for r in rows] == ["1", "2"]
+    assert float(rows[-1]["test_accuracy"]) == pytest.approx(summary["test_accuracy"])
+    saved = yaml.safe_load((run / "recipe.yaml").read_text())
+    assert saved["data"]["name"] == "synthetic" and saved["train"]["epochs"] == 2
+    assert (run / "recipe.yaml").read_text().startswith(f"# hasten {hasten.__version__}")
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    printed = json.loads(capsys.readouterr().out)  # run.progress=false prints the summary as JSON
+    assert printed["test_accuracy"] == summary["test_accuracy"]
+
+
+def test_sequential_recipe_from_layer_list(tiny_overrides, tmp_path):
+    layers = "[{conv: 8}, relu, {maxpool: 2}, flatten, {dense: 32}, relu, {dense: classes}]"
+    summary = hasten.train(
+        None,
+        [
+            *tiny_overrides,
+            "model.name=sequential",
+            f"model.layers={layers}",
+            "optim.name=adamw",
+            "optim.lr=0.003",
+            "precision=fp32",
+        ],
+    )
+    assert summary["test_accuracy"] > 0.5
+
+
+def test_same_seed_same_run_other_seed_other_run(tiny_overrides, tmp_path):
+    def metrics(*extra: str) -> list[dict[str, str]]:
+        folder = tmp_path / "-".join(extra)
+        hasten.train(None, [*tiny_overrides, "data.augment.flip=true", f"run.dir={folder}", *extra])
+        return [
+            {k: v for k, v in row.items() if "second" not in k}
+            for row in csv.DictReader((folder / "metrics.csv").open())
+        ]
+
+    assert metrics("seed=1") == metrics("seed=1", "run.tensorboard=false")
+    assert metrics("seed=1") != metrics("seed=2")
+
+
+def test_build_is_deterministic_and_scales_lr_to_the_batch(tiny_overrides):
+    first, second = (build(load_recipe("fashion-fast", tiny_overrides)) for _ in range(2))
+    for a, b in zip(first.model.state_dict().values(), second.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    recipe = load_recipe("fashion-fast", tiny_overrides)
+    assert first.lr == pytest.approx(recipe.optim.lr * recipe.train.batch_size / recipe.optim.base_batch)
+
+
+def test_data_error_exits_2_naming_the_folder(tmp_path, capsys):
+    code = main(["train", "data.name=mnist", f"data.root={tmp_path}", "data.download=false", "run.progress=false"])
+    assert code == 2
+    assert str(tmp_path) in capsys.readouterr().err
+
+
+def test_unwritable_run_dir_is_a_clear_error(tiny_overrides, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert main(["train", *tiny_overrides, f"run.dir={blocker / 'run'}"]) == 2
+    assert "run.dir" in capsys.readouterr().err
