@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return ns.run(ns)
     except HastenError as error:
-        console.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
+        console.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
         return error.exit_code
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]")

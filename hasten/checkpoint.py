@@ -1,0 +1,205 @@
+"""Checkpoints that never lose work: atomic writes, integrity digests, safe loading only.
+
+A checkpoint is one `torch.save` file plus a `.sha256` sidecar written after it. The file is written to a
+temporary name, flushed, fsynced and renamed, so a crash mid-write leaves the previous checkpoint intact;
+the sidecar is what marks a checkpoint complete, and its digest catches truncation and flipped bytes that
+the zip container would not. Loading is `torch.load(weights_only=True)` only: the unpickler then refuses
+anything but tensors and plain containers, so a checkpoint from elsewhere cannot run code. There is no
+fallback to unsafe loading.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import random
+import re
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file as load_safetensors
+from safetensors.torch import save_file as save_safetensors
+
+from hasten.errors import CheckpointError
+
+DIGEST_SUFFIX = ".sha256"
+NAME = re.compile(r"^step-(\d+)\.pt$")
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # not every platform can open a directory
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_atomic_bytes(path: Path, write: Any) -> None:
+    """Call `write(file)` on a temporary file beside `path`, fsync it, and rename it over `path`."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
+    """Write `state` to `path` atomically, then its digest sidecar; returns the path."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic_bytes(path, lambda f: torch.save(state, f))
+        digest = _sha256(path)
+        write_atomic_bytes(path.with_name(path.name + DIGEST_SUFFIX), lambda f: f.write(f"{digest}\n".encode()))
+    except OSError as error:
+        raise CheckpointError(f"cannot write checkpoint {path}: {error.strerror or error}") from None
+    return path
+
+
+def load_checkpoint(path: str | Path, *, require_digest: bool = False) -> dict[str, Any]:
+    """A checkpoint's contents, loaded safely onto the CPU; CheckpointError naming the file when it cannot be.
+
+    With `require_digest` (resuming a hasten run) a missing or mismatching `.sha256` sidecar is an error;
+    files from elsewhere (plain state dicts) have none and are checked only by the safe unpickler.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    sidecar = path.with_name(path.name + DIGEST_SUFFIX)
+    if sidecar.is_file():
+        expected = sidecar.read_text().strip()
+        if _sha256(path) != expected:
+            raise CheckpointError(f"checkpoint {path} is corrupt: its SHA-256 does not match {sidecar.name}")
+    elif require_digest:
+        raise CheckpointError(f"checkpoint {path} is incomplete: {sidecar.name} is missing (interrupted save?)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        first_line = str(error).splitlines()[-1] if str(error) else ""
+        raise CheckpointError(
+            f"refusing to load {path}: it holds objects outside what a weights-only load allows "
+            f"(hasten never loads checkpoints unsafely). {first_line}".strip()
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
+        raise CheckpointError(f"checkpoint {path} is unreadable (truncated or not a checkpoint): {error}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a mapping")
+    return state
+
+
+def checkpoints_in(folder: str | Path) -> list[Path]:
+    """hasten's checkpoints in `folder`, newest (highest step) first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := NAME.match(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def latest_usable(folder: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest complete, loadable checkpoint in `folder`; broken ones are skipped with a warning naming them."""
+    for path in checkpoints_in(folder):
+        try:
+            return path, load_checkpoint(path, require_digest=True)
+        except CheckpointError as error:
+            warnings.warn(f"skipping {error}", stacklevel=2)
+    return None
+
+
+def prune(folder: str | Path, keep: int, protect: tuple[Path, ...] = ()) -> None:
+    """Delete all but the newest `keep` checkpoints (and their sidecars), never those in `protect`."""
+    for path in checkpoints_in(folder)[keep:]:
+        if path not in protect:
+            path.unlink(missing_ok=True)
+            path.with_name(path.name + DIGEST_SUFFIX).unlink(missing_ok=True)
+
+
+def remove_stale_temporaries(folder: str | Path) -> None:
+    """Delete temporary files that a killed save left behind (call before a run starts saving)."""
+    folder = Path(folder)
+    if folder.is_dir():
+        for path in folder.glob(".*.tmp"):
+            path.unlink(missing_ok=True)
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, numpy and torch RNG states in a form a weights-only load accepts (no numpy objects)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "torch": torch.get_rng_state(),
+    }  # fmt: skip
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def model_weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The model's weights from a hasten checkpoint or a plain state dict."""
+    weights = state.get("model", state)
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise CheckpointError("no model weights found: expected a hasten checkpoint or a state dict of tensors")
+    return weights
+
+
+def export_safetensors(checkpoint: str | Path, out: str | Path) -> Path:
+    """Write a checkpoint's model weights to a safetensors file (contiguous copies, shared storage split)."""
+    weights = {k: v.detach().clone().contiguous() for k, v in model_weights(load_checkpoint(checkpoint)).items()}
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        save_safetensors(weights, str(tmp))
+        os.replace(tmp, out)
+    except OSError as error:
+        raise CheckpointError(f"cannot write {out}: {error.strerror or error}") from None
+    return out
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Model weights from a safetensors file, a hasten checkpoint or a plain PyTorch state dict."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        if not path.is_file():
+            raise CheckpointError(f"weights file not found: {path}")
+        try:
+            return load_safetensors(str(path))
+        except Exception as error:  # safetensors raises its own error types for bad headers
+            raise CheckpointError(f"{path} is not a readable safetensors file: {error}") from None
+    try:
+        return model_weights(load_checkpoint(path))
+    except CheckpointError as error:
+        raise CheckpointError(f"{path}: {error}") if str(path) not in str(error) else error from None
