@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench setup data clean
+.PHONY: demo test lint bench bench-peers bench-gan setup data clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,21 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
+
+# hasten beside PyTorch Lightning on the same recipe (benchmarks/peers/); the extra is installed only here, with
+# the torch already in the venv named as a requirement so pip keeps it. PEERS_ARGS, e.g. "--repeats 1", is passed on
+PEERS := $(VENV)/.peers-installed
+$(PEERS): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[peers]' \
+	  "torch==$$($(BIN)/python -c 'import torch; print(torch.__version__.split("+")[0])')"
+	touch $(PEERS)
+
+bench-peers: data $(PEERS)
+	$(BIN)/python benchmarks/peers/lightning_fashion.py fashion-fast $(PEERS_ARGS)
+
+# the DCGAN in fp32, bf16 and fp16 on the same budget (docs/gan.md); GAN_ARGS, e.g. "--quick", is passed on
+bench-gan: data
+	$(BIN)/python benchmarks/gan.py $(GAN_ARGS)
 
 clean:
 	rm -rf $(VENV) runs bench .pytest_cache

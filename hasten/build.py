@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,14 +16,21 @@ import numpy as np
 import torch
 from torch import nn
 
+from hasten.checkpoint import checkpoints_in, latest_usable, load_checkpoint, remove_stale_temporaries
+from hasten.compiling import compile_model
 from hasten.config import OptimConfig, Recipe, to_yaml
 from hasten.data import ImageDataset, load_dataset
+from hasten.data.imagefolder import ImageFolder, ImageFolderLoader, image_folder_loaders, open_image_folder
 from hasten.data.loader import Augment, InMemoryLoader, channel_stats
-from hasten.models import build_model
+from hasten.data.transforms import prepare
+from hasten.errors import CheckpointError, RecipeError
+from hasten.finetune import Freeze, discriminative_groups, pretrained_from_config, save_weights
+from hasten.models import ResNet, build_model
 from hasten.precision import Precision, make_precision
 from hasten.runlog import RunLog
-from hasten.schedules import lr_scheduler
-from hasten.trainer import Plan, Trainer
+from hasten.schedules import Scheduler, scale_lr, scheduler
+from hasten.trainer import Hooks, Plan, Saving, Trainer
+from hasten.tricks import EMA, BatchMixing, LabelSmoothing, param_groups
 
 
 def resolve_device(name: str) -> torch.device:
@@ -40,23 +49,42 @@ def run_dir(recipe: Recipe) -> Path:
     return Path(recipe.run.dir or Path("runs") / recipe.name)
 
 
-def dataset(recipe: Recipe) -> ImageDataset:
-    """The recipe's dataset, cut to `data.subset` / `data.test_subset` when given."""
+def dataset(recipe: Recipe) -> ImageDataset | ImageFolder:
+    """The recipe's dataset, cut to `data.subset` / `data.test_subset` when given, with `data.per_class`,
+    `data.label_noise`, `data.size` and `data.rgb` applied. An image folder is scanned, not read into memory."""
     cfg = recipe.data
+    if cfg.name == "imagefolder":
+        options = dict(subset=cfg.subset, test_subset=cfg.test_subset, per_class=cfg.per_class)
+        return open_image_folder(cfg.root, size=cfg.size, rgb=cfg.rgb, label_noise=cfg.label_noise, **options)
     data = load_dataset(cfg.name, cfg.root, download=cfg.download, synthetic_size=cfg.synthetic_size, seed=recipe.seed)
     if cfg.subset:
         data.train_images, data.train_labels = data.train_images[: cfg.subset], data.train_labels[: cfg.subset]
     if cfg.test_subset:
         data.test_images, data.test_labels = data.test_images[: cfg.test_subset], data.test_labels[: cfg.test_subset]
-    return data
+    options = dict(per_class=cfg.per_class, label_noise=cfg.label_noise, size=cfg.size, rgb=cfg.rgb)
+    return prepare(data, seed=recipe.seed, **options)
 
 
 def loaders(
-    recipe: Recipe, data: ImageDataset, device: torch.device, rank: int = 0, world_size: int = 1
-) -> tuple[InMemoryLoader, InMemoryLoader]:
-    """Training and test loaders; normalisation statistics come from the training images."""
-    mean, std = channel_stats(data.train_images)
+    recipe: Recipe, data: ImageDataset | ImageFolder, device: torch.device, rank: int = 0, world_size: int = 1
+) -> tuple[InMemoryLoader, InMemoryLoader] | tuple[ImageFolderLoader, ImageFolderLoader]:
+    """Training and test loaders; normalisation statistics come from the training images. In-memory data is
+    sliced into batches; an image folder is decoded by DataLoader workers."""
     aug = recipe.data.augment
+    if isinstance(data, ImageFolder):
+        return image_folder_loaders(
+            data,
+            recipe.train.batch_size,
+            recipe.train.eval_batch_size,
+            seed=recipe.seed,
+            augment=Augment(aug.flip, aug.translate) if (aug.flip or aug.translate) else None,
+            workers=recipe.data.workers,
+            channels_last=recipe.train.channels_last,
+            device=device,
+            rank=rank,
+            world_size=world_size,
+        )
+    mean, std = channel_stats(data.train_images)
     common = dict(
         mean=mean, std=std, channels_last=recipe.train.channels_last, device=device, rank=rank, world_size=world_size
     )
@@ -73,22 +101,53 @@ def loaders(
     return train, test
 
 
+def world_size() -> int:
+    """Processes in the job: torch.distributed's world size when a process group is up, else 1."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return torch.distributed.get_world_size() if distributed else 1
+
+
+def global_batch(recipe: Recipe) -> int:
+    """Examples per optimizer step across all processes: batch size x accumulation steps x world size.
+
+    The one place this is computed: the LR scaling rule and everything that reports the batch use it.
+    """
+    return recipe.train.batch_size * recipe.train.accumulate * world_size()
+
+
 def scaled_lr(config: OptimConfig, global_batch: int) -> float:
     """`optim.lr` scaled from `optim.base_batch` to `global_batch` (Goyal et al., 2017: linear; or sqrt)."""
-    if config.base_batch is None:
-        return config.lr
-    ratio = global_batch / config.base_batch
-    return config.lr * (ratio if config.scaling == "linear" else ratio**0.5)
+    return scale_lr(config.lr, config.base_batch, global_batch, config.scaling)
 
 
-def param_groups(model: nn.Module, weight_decay: float, no_bias_decay: bool) -> list[dict[str, Any]]:
-    """With `no_bias_decay`, biases and normalisation parameters (every 1-D tensor) get no weight decay."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not no_bias_decay:
-        return [{"params": params, "weight_decay": weight_decay}]
-    decay = [p for p in params if p.ndim > 1]
-    no_decay = [p for p in params if p.ndim <= 1]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+def steps_per_epoch(recipe: Recipe, train_loader: InMemoryLoader) -> int:
+    """Optimizer steps per epoch: one per `train.accumulate` micro-batches, the last group possibly short."""
+    return -(-len(train_loader) // recipe.train.accumulate)
+
+
+def optimizer_steps(recipe: Recipe, train_loader: InMemoryLoader) -> int:
+    """Optimizer steps in the whole run: what the LR schedule spans."""
+    return recipe.train.epochs * steps_per_epoch(recipe, train_loader)
+
+
+def tricks(recipe: Recipe, model: nn.Module, rank: int = 0) -> tuple[Hooks, dict[str, Any]]:
+    """The loop's hooks for the recipe's `tricks` section, and the stateful ones by name (for checkpoints).
+
+    Random draws come from a numpy generator seeded by (seed, rank), so runs repeat and ranks differ.
+    """
+    config, hooks, stateful = recipe.tricks, Hooks(), {}
+    if config.label_smoothing:
+        hooks.on_batch.append(LabelSmoothing(config.label_smoothing).on_batch)
+    if config.mixup or config.cutmix:
+        mixing = BatchMixing(config.mixup, config.cutmix, np.random.default_rng([recipe.seed, rank]))
+        hooks.on_batch.append(mixing.on_batch)
+        stateful["mixing"] = mixing
+    if config.ema:
+        ema = EMA(model, config.ema)
+        hooks.after_step.append(ema.after_step)
+        hooks.eval_model = ema.eval_model
+        stateful["ema"] = ema
+    return hooks, stateful
 
 
 def optimizer(config: OptimConfig, groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
@@ -111,42 +170,99 @@ class Parts:
     train_loader: InMemoryLoader
     test_loader: InMemoryLoader
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: Scheduler
     precision: Precision
-    lr: float
+    lr: float  # the peak LR after the scaling rule
+    hooks: Hooks
+    trick_state: dict[str, Any]  # stateful tricks by name (EMA, mixing RNG): each has state_dict()
+    compiled: bool = False  # train.compile asked for it and torch.compile worked
 
 
 def build(recipe: Recipe) -> Parts:
     device = resolve_device(recipe.device)
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
-    precision = make_precision(recipe.precision, device)  # fails before any data is read
+    scale = recipe.loss_scale
+    precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)  # before data is read
     seed_everything(recipe.seed)
     data = dataset(recipe)
     train_loader, test_loader = loaders(recipe, data, device)
-    model = build_model(recipe.model, tuple(data.train_images.shape[1:]), len(data.classes)).to(device)
+    model = build_model(recipe.model, data.image_shape, len(data.classes))
+    if recipe.model.pretrained:
+        print(pretrained_from_config(model, recipe.model).describe(), file=sys.stderr)
+    model = model.to(device)
     if recipe.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    if recipe.train.checkpoint_activations:
+        if not isinstance(model, ResNet):
+            raise RecipeError("train.checkpoint_activations: only model.name=resnet has blocks to checkpoint")
+        model.checkpoint_activations = True
     model = precision.prepare(model)
-    lr = scaled_lr(recipe.optim, recipe.train.batch_size)
-    opt = optimizer(recipe.optim, param_groups(model, recipe.optim.weight_decay, recipe.optim.no_bias_decay), lr)
-    scheduler = lr_scheduler(opt, recipe.schedule, recipe.train.epochs * len(train_loader))
-    return Parts(recipe, device, data, model, train_loader, test_loader, opt, scheduler, precision, lr)
+    lr = scaled_lr(recipe.optim, global_batch(recipe))
+    decay, no_bias_decay = recipe.optim.weight_decay, recipe.optim.no_bias_decay
+    if recipe.optim.layer_lr_decay < 1:  # discriminative fine-tuning: per-layer LRs
+        groups = discriminative_groups(model, lr, recipe.optim.layer_lr_decay, decay, no_bias_decay)
+    else:
+        groups = param_groups(model, decay, no_bias_decay)
+    opt = optimizer(recipe.optim, precision.optimizer_groups(groups), lr)  # fp16-master: the fp32 masters
+    schedule = scheduler(opt, recipe.schedule, optimizer_steps(recipe, train_loader))
+    hooks, trick_state = tricks(recipe, model)
+    if recipe.train.freeze_epochs:  # after the optimizer, which must hold the frozen parameters too
+        if world_size() > 1:
+            raise RecipeError("train.freeze_epochs: not supported with several processes yet (DDP fixes its set)")
+        freeze = Freeze(model, recipe.train.freeze_epochs * steps_per_epoch(recipe, train_loader))
+        hooks.after_step.append(freeze.after_step)
+        trick_state["freeze"] = freeze
+    compiled = False
+    if recipe.train.compile:  # last: the EMA copy above stays eager
+        model, failure = compile_model(model, next(iter(train_loader))[0], precision.autocast)
+        compiled = failure is None
+        if failure:
+            print(failure, file=sys.stderr)
+    parts = Parts(
+        recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks, trick_state
+    )
+    parts.compiled = compiled
+    return parts
+
+
+def resume_from(recipe: Recipe, folder: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint to continue from: `resume=PATH`, or with `resume=auto` (and after an elastic restart by
+    torchrun) the newest complete one in the run's checkpoints folder; None to start afresh."""
+    source = recipe.resume
+    if source is None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        source = "auto"  # torchrun restarted the workers: continue from the last checkpoint
+    if source is None:
+        return None
+    if source != "auto":
+        return Path(source), load_checkpoint(source)
+    found = latest_usable(folder)
+    if found is None and checkpoints_in(folder):
+        raise CheckpointError(f"resume=auto: no usable checkpoint in {folder} (each was skipped, see the warnings)")
+    if found is None:
+        print(f"resume=auto: no checkpoint in {folder} yet; starting afresh", file=sys.stderr)
+    return found
 
 
 def train(recipe: Recipe) -> dict[str, Any]:
     """Train the recipe; writes the run folder and returns the summary."""
     parts = build(recipe)
-    log = RunLog(run_dir(recipe), tensorboard=recipe.run.tensorboard)
+    folder = run_dir(recipe)
+    checkpoint = resume_from(recipe, folder / "checkpoints")  # before anything in the run folder is written
+    log = RunLog(folder, tensorboard=recipe.run.tensorboard)
     log.write_recipe(to_yaml(recipe))
     plan = Plan(
         epochs=recipe.train.epochs,
         num_classes=len(parts.data.classes),
-        label_smoothing=recipe.train.label_smoothing,
         tta_flip=recipe.train.tta_flip,
         thresholds=recipe.run.thresholds,
         progress=recipe.run.progress,
+        accumulate=recipe.train.accumulate,
+        on_nan=recipe.train.on_nan,
     )
+    parts.hooks.stateful.update(parts.trick_state)
+    saving = Saving(log.dir / "checkpoints", recipe.run.save_every, recipe.run.save_every_steps, recipe.run.keep,
+                    recipe.model_dump(mode="json"))  # fmt: skip
     trainer = Trainer(
         parts.model,
         parts.optimizer,
@@ -155,9 +271,19 @@ def train(recipe: Recipe) -> dict[str, Any]:
         (parts.train_loader, parts.test_loader),
         plan,
         log,
+        parts.hooks,
+        saving,
     )
+    if checkpoint is not None:
+        path, state = checkpoint
+        trainer.load_state_dict(state, str(path))
+        print(f"resuming from {path} (epoch {trainer.state.epoch}, step {trainer.state.step})", file=sys.stderr)
+    elif log.enabled:
+        remove_stale_temporaries(saving.folder)
     try:
         summary = trainer.fit()
     finally:
         log.close()
+    if recipe.run.save_weights and log.enabled:  # the weights that were evaluated: the EMA copy when there is one
+        save_weights(parts.hooks.eval_model(parts.model) if parts.hooks.eval_model else parts.model, log.dir)
     return summary | {"run_dir": str(log.dir), "lr": parts.lr}

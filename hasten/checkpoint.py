@@ -175,6 +175,23 @@ def model_weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     return weights
 
 
+def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
+    """Load `weights` into `model` exactly; a CheckpointError lists every missing, unexpected or reshaped key."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in weights]
+    unexpected = [k for k in weights if k not in own]
+    reshaped = [
+        f"{k}: {tuple(weights[k].shape)} in the checkpoint vs {tuple(v.shape)} in the model"
+        for k, v in own.items()
+        if k in weights and weights[k].shape != v.shape
+    ]
+    problems = [f"{kind}: {', '.join(keys)}" for kind, keys in
+                (("missing", missing), ("unexpected", unexpected), ("shapes differ", reshaped)) if keys]  # fmt: skip
+    if problems:
+        raise CheckpointError(f"{source} is from another model:\n  " + "\n  ".join(problems))
+    model.load_state_dict(weights)
+
+
 def export_safetensors(checkpoint: str | Path, out: str | Path) -> Path:
     """Write a checkpoint's model weights to a safetensors file (contiguous copies, shared storage split)."""
     weights = {k: v.detach().clone().contiguous() for k, v in model_weights(load_checkpoint(checkpoint)).items()}

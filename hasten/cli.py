@@ -72,16 +72,213 @@ def cmd_train(ns: argparse.Namespace) -> int:
 def cmd_data(ns: argparse.Namespace) -> int:
     from hasten.data import fetch, info
 
+    if ns.action != "make-folder" and (ns.out or ns.size or ns.rgb is not None or ns.limit):
+        raise HastenError(f"data {ns.action}: OUT, --size, --rgb and --limit belong to 'data make-folder'")
     if ns.action == "fetch":
         print(fetch(ns.name, ns.root))
+    elif ns.action == "make-folder":
+        from hasten.data.makefolder import make_folder
+
+        if not ns.out:
+            raise HastenError("data make-folder: give the output folder: hasten data make-folder fashion-mnist OUT")
+        counts = make_folder(ns.name, ns.out, root=ns.root, size=ns.size, rgb=ns.rgb, limit=ns.limit)
+        print(f"wrote {counts['train']} training and {counts['val']} validation images into {ns.out}/train and /val")
     else:
         print(json.dumps(info(ns.name, ns.root), indent=2, default=str))
     return 0
 
 
+def cmd_schedule(ns: argparse.Namespace) -> int:
+    from hasten.config import load_recipe
+
+    source, overrides = _split_recipe(ns.args)
+    recipe = load_recipe(source, overrides)
+    from hasten.build import run_dir
+    from hasten.experiments.schedule import plot_schedule, schedule_trace
+
+    result = schedule_trace(recipe)
+    title = f"{recipe.name}: {recipe.schedule.name} schedule, {recipe.train.epochs} epochs"
+    path = plot_schedule(result, ns.plot or run_dir(recipe) / "schedule.png", title)
+    print(f"{result.total_steps} optimizer steps ({result.steps_per_epoch} per epoch), warmup {result.warmup_steps}")
+    print(f"LR: peak {max(result.lrs):.4g}, first step {result.lrs[0]:.4g}, last step {result.lrs[-2]:.4g}")
+    print(f"momentum/beta1: {min(result.momenta):.3g} to {max(result.momenta):.3g}")
+    print(f"plot: {path}")
+    return 0
+
+
+def cmd_batch_size(ns: argparse.Namespace) -> int:
+    from hasten.config import load_recipe
+    from hasten.memory import format_bytes, parse_bytes
+
+    source, overrides = _split_recipe(ns.args)
+    recipe = load_recipe(source, overrides)
+    budget = parse_bytes(ns.memory_budget) if ns.memory_budget else None
+    from hasten.experiments.batch_size import find_batch_size
+
+    advice = find_batch_size(recipe, budget, ns.rule)
+    for size, fitted in advice.search.tried:
+        used = advice.measured.get(size)
+        if used is not None:
+            how = format_bytes(used)
+        else:
+            how = "out of memory" if advice.device_type == "cuda" else "extrapolated over the budget, not run"
+        console.print(f"  batch {size:>6}: {'fits' if fitted else 'too big':<8} {how}", highlight=False)
+    limit = " (the whole training set)" if advice.search.capped else ""
+    budget_text = f" in {format_bytes(advice.budget)}" if advice.budget else ""
+    console.print(f"largest batch that fits{budget_text}: {advice.largest}{limit}", highlight=False)
+    if ns.rule == "accumulate":
+        console.print(
+            f"global batch kept at {advice.global_batch_after}: {advice.accumulate} x {advice.batch_size} per step",
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"global batch {advice.global_batch_before} -> {advice.global_batch_after}, peak LR "
+            f"{advice.lr_before:.4g} -> {advice.lr_after:.4g} ({ns.rule} rule)",
+            highlight=False,
+        )
+    print(" ".join(advice.overrides))  # stdout: the overrides alone, for scripts
+    return 0
+
+
+def cmd_lr_find(ns: argparse.Namespace) -> int:
+    from hasten.config import load_recipe
+
+    source, overrides = _split_recipe(ns.args)
+    recipe = load_recipe(source, overrides)
+    if not 0 < ns.start < ns.end or ns.steps < 5:
+        raise HastenError("lr-find: need 0 < --start < --end and --steps of at least 5")
+    import torch
+
+    from hasten.build import build, run_dir
+    from hasten.experiments.lr_find import lr_find, plot_lr_find
+
+    parts = build(recipe)
+    result = lr_find(parts, ns.start, ns.end, ns.steps)
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
+        return 0  # rank 0 reports; every rank has the same result
+    path = plot_lr_find(result, ns.plot or run_dir(recipe) / "lr-find.png", f"{recipe.name}: LR range test")
+    per_base = result.suggestion * recipe.optim.lr / parts.lr  # undo the scaling rule for the recipe's optim.lr
+    print(f"suggested LR: {result.suggestion:.4g} ({result.rule})")
+    stopped = ", stopped when the loss diverged" if result.diverged else ""
+    print(f"LR at the smoothed loss's minimum: {result.min_loss_lr:.4g}; swept {len(result.lrs)} steps{stopped}")
+    if result.steepest_lr is not None:
+        print(f"steepest descent of the smoothed loss: {result.steepest_lr:.4g}")
+    base = f" (per {recipe.optim.base_batch} examples, scaled to the batch)" if recipe.optim.base_batch else ""
+    print(f"to use it: optim.lr={per_base:.4g}{base}")
+    print(f"plot: {path}")
+    return 0
+
+
+def cmd_bench(ns: argparse.Namespace) -> int:
+    import shlex
+
+    from hasten.config import load_recipe
+
+    source, overrides = _split_recipe(ns.args)
+    recipe = load_recipe(source, overrides)
+    if ns.repeats < 1 or (ns.naive_epochs is not None and ns.naive_epochs < 1):
+        raise HastenError("bench: --repeats and --naive-epochs must be at least 1")
+    from hasten.experiments.bench import bench, plan_variants
+    from hasten.report import bench_table
+
+    variants = plan_variants(recipe, ns.vary, ns.ablate, naive=not ns.no_naive)
+    flags = [f"--vary={item}" for item in ns.vary] + ["--ablate"] * ns.ablate + [f"--repeats={ns.repeats}"]
+    flags += [f"--naive-epochs={ns.naive_epochs}"] * (ns.naive_epochs is not None) + ["--no-naive"] * ns.no_naive
+    flags += ["--no-warmup"] * ns.no_warmup + ["--in-process"] * ns.in_process + [f"--out={ns.out}"] * bool(ns.out)
+    command = shlex.join(["hasten", "bench", *ns.args, *flags])  # as parsed, so the report shows what ran
+    results, files = bench(
+        recipe,
+        variants,
+        ns.repeats,
+        ns.out,
+        warmup=not ns.no_warmup,
+        isolate=not ns.in_process,
+        naive_epochs=ns.naive_epochs,
+        command=command,
+    )
+    print(bench_table(results))
+    print(f"\nwritten: {', '.join(str(f) for f in files)}")
+    failed = [f"{v['name']} r{r['repeat']}" for v in results["variants"] for r in v["runs"] if "error" in r]
+    if failed:
+        raise HastenError(f"bench: {len(failed)} run(s) failed ({', '.join(failed)}); see report.md for why")
+    return 0
+
+
+def cmd_sweep(ns: argparse.Namespace) -> int:
+    import shlex
+
+    from hasten.config import load_recipe
+
+    source, overrides = _split_recipe(ns.args)
+    recipe = load_recipe(source, overrides)
+    from hasten.experiments.sweep import sweep
+
+    flags = [f"--vary={item}" for item in ns.vary] + ["--in-process"] * ns.in_process
+    flags += [f"--out={ns.out}"] * bool(ns.out)
+    command = shlex.join(["hasten", "sweep", *ns.args, *flags])
+    _, files = sweep(recipe, ns.vary, ns.out, isolate=not ns.in_process, command=command)
+    print(files[0].read_text())
+    print(f"written: {', '.join(str(f) for f in files)}")
+    return 0
+
+
+def cmd_transfer(ns: argparse.Namespace) -> int:
+    import shlex
+
+    from hasten.config import load_recipe
+
+    source, overrides = _split_recipe(ns.args)
+    recipe = load_recipe(source, overrides)
+    try:
+        seeds = [int(s) for s in ns.seeds.split(",")] if ns.seeds else None
+    except ValueError:
+        raise HastenError(f"--seeds {ns.seeds!r}: whole numbers separated by commas, e.g. --seeds 0,1,2") from None
+    from hasten.experiments.transfer import transfer
+
+    flags = [f"--seeds={ns.seeds}"] * bool(ns.seeds) + ["--in-process"] * ns.in_process
+    flags += [f"--out={ns.out}"] * bool(ns.out)
+    command = shlex.join(["hasten", "transfer", *ns.args, *flags])
+    _, files = transfer(recipe, ns.out, seeds=seeds, isolate=not ns.in_process, command=command)
+    print(files[0].read_text())
+    print(f"written: {', '.join(str(f) for f in files)}")
+    return 0
+
+
+def cmd_gan(ns: argparse.Namespace) -> int:
+    from hasten.experiments.gan_recipe import load_gan_recipe
+
+    source, overrides = _split_recipe(ns.args)
+    recipe = load_gan_recipe(source, overrides)  # recipe errors show before torch and the data are loaded
+    from hasten.experiments.gan import train_gan
+    from hasten.experiments.gan_report import results_table as gan_results_table
+
+    summary = train_gan(recipe)
+    if recipe.run.progress:
+        Console().print(gan_results_table(summary))
+    else:
+        print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_export(ns: argparse.Namespace) -> int:
+    from hasten.checkpoint import export_safetensors
+
+    print(export_safetensors(ns.checkpoint, ns.out))
+    return 0
+
+
 SUMMARIES = {
     "train": "train a recipe",
-    "data": "fetch a dataset, or show what is on disk",
+    "data": "fetch a dataset, show what is on disk, or write it as an image folder",
+    "schedule": "plot a recipe's LR and momentum over the run, without training",
+    "lr-find": "LR range test: sweep the LR, suggest one, plot the loss",
+    "batch-size": "largest batch that fits in memory, with the LR rescaled or accumulation steps",
+    "bench": "train variants of a recipe side by side (and the naive loop): time-to-accuracy, speed, memory",
+    "sweep": "train a recipe over a grid of values (model width, ...): train and test error table and plots",
+    "transfer": "pretrain, then fine-tune on N images per class beside training from scratch: table and plot",
+    "export": "write a checkpoint's model weights as safetensors",
+    "gan": "train a DCGAN (fp32, bf16, fp16): sample grids, Fréchet distance on hasten classifier features",
 }
 
 
@@ -95,12 +292,143 @@ def commands() -> dict[str, argparse.ArgumentParser]:
     train.add_argument("args", nargs="*", metavar="[RECIPE] [key=value ...]")
     train.set_defaults(run=cmd_train)
 
-    data = argparse.ArgumentParser(prog="hasten data", description="Fetch a dataset, or show what is on disk.")
-    data.add_argument("action", choices=["fetch", "info"])
+    data = argparse.ArgumentParser(
+        prog="hasten data",
+        description="Fetch a dataset, show what is on disk, or write it as an image folder "
+        "(make-folder: OUT/train/<class>/*.png and OUT/val/<class>/*.png).",
+    )
+    data.add_argument("action", choices=["fetch", "info", "make-folder"])
     data.add_argument("name", help="dataset name, e.g. fashion-mnist")
+    data.add_argument("out", nargs="?", help="make-folder: the folder to write")
     data.add_argument("--root", help="folder that holds (or will hold) the dataset's files")
+    data.add_argument("--size", type=int, help="make-folder: resize images to SIZE x SIZE pixels")
+    data.add_argument(
+        "--rgb", action=argparse.BooleanOptionalAction, help="make-folder: 3 channels (--no-rgb: 1); default: as stored"
+    )
+    data.add_argument("--limit", type=int, help="make-folder: at most the first N images of each split")
     data.set_defaults(run=cmd_data)
-    return {"train": train, "data": data}
+
+    schedule = argparse.ArgumentParser(
+        prog="hasten schedule",
+        description="Draw the LR and momentum of every optimizer step of RECIPE's run, without training.",
+    )
+    schedule.add_argument("args", nargs="*", metavar="[RECIPE] [key=value ...]")
+    schedule.add_argument("--plot", metavar="PATH", help="PNG to write (default: RUN_DIR/schedule.png)")
+    schedule.set_defaults(run=cmd_schedule)
+
+    lr_find = argparse.ArgumentParser(
+        prog="hasten lr-find",
+        description="LR range test: train briefly with the LR growing exponentially, stop when the loss "
+        "diverges, suggest an LR and plot the loss; the model and optimizer are restored afterwards.",
+    )
+    lr_find.add_argument("args", nargs="*", metavar="[RECIPE] [key=value ...]")
+    lr_find.add_argument("--plot", metavar="PATH", help="PNG to write (default: RUN_DIR/lr-find.png)")
+    lr_find.add_argument("--start", type=float, default=1e-6, help="first LR of the sweep (default 1e-6)")
+    lr_find.add_argument("--end", type=float, default=10.0, help="last LR of the sweep (default 10)")
+    lr_find.add_argument("--steps", type=int, default=100, help="optimizer steps in the sweep (default 100)")
+    lr_find.set_defaults(run=cmd_lr_find)
+
+    batch_size = argparse.ArgumentParser(
+        prog="hasten batch-size",
+        description="Find the largest batch of RECIPE that fits (doubling, then bisection; real training steps: "
+        "CUDA up to out-of-memory, CPU against --memory-budget with the measured peak), then print the "
+        "overrides that train with it: the LR rescaled by --rule linear or sqrt, or --rule accumulate to keep "
+        "the global batch with gradient accumulation.",
+    )
+    batch_size.add_argument("args", nargs="*", metavar="[RECIPE] [key=value ...]")
+    batch_size.add_argument(
+        "--memory-budget", metavar="SIZE", help="e.g. 4GiB or 512MiB (default: CPU 60%% of available; CUDA the GPU)"
+    )
+    batch_size.add_argument(
+        "--rule", choices=["linear", "sqrt", "accumulate"], default="linear", help="how to use it (default linear)"
+    )
+    batch_size.set_defaults(run=cmd_batch_size)
+
+    bench = argparse.ArgumentParser(
+        prog="hasten bench",
+        description="Train variants of RECIPE side by side, after a warm-up, interleaved over --repeats, each "
+        "in its own process, beside the naive textbook loop; write results.csv, results.json, report.md and "
+        "plots to --out. E.g. 'hasten bench fashion-fast --vary precision=fp32,bf16 --repeats 3'.",
+    )
+    bench.add_argument("args", nargs="*", metavar="[RECIPE] [key=value ...]")
+    bench.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="values to compare (repeatable): every combination is run, or one change at a time with --ablate",
+    )
+    bench.add_argument(
+        "--ablate",
+        action="store_true",
+        help="the recipe, then one change at a time: the --vary values, or else each technique switched off",
+    )
+    bench.add_argument("--repeats", type=int, default=3, help="runs of each variant (default 3)")
+    bench.add_argument("--out", metavar="DIR", help="output folder (default: bench/<recipe name>)")
+    bench.add_argument("--naive-epochs", type=int, metavar="N", help="epochs of the naive loop (default: the recipe's)")
+    bench.add_argument("--no-naive", action="store_true", help="leave out the naive loop")
+    bench.add_argument("--no-warmup", action="store_true", help="skip the warm-up run")
+    bench.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run everything in this process: faster to start, but CPU peak memory only grows from run to run",
+    )
+    bench.set_defaults(run=cmd_bench)
+
+    sweep = argparse.ArgumentParser(
+        prog="hasten sweep",
+        description="Train RECIPE once per point of a grid and write sweep.md (table), results.json/csv and "
+        "plots of train and test error against the first varied key and against epochs to --out. E.g. "
+        "'hasten sweep double-descent --vary model.width=1,2,4,8,16,32,64' (Nakkiran et al., 2019).",
+    )
+    sweep.add_argument("args", nargs="*", metavar="[RECIPE] [key=value ...]")
+    sweep.add_argument(
+        "--vary", action="append", default=[], metavar="KEY=V1,V2", help="values to sweep (repeatable: a grid)"
+    )
+    sweep.add_argument("--out", metavar="DIR", help="output folder (default: the recipe's run folder)")
+    sweep.add_argument("--in-process", action="store_true", help="run everything in this process (faster to start)")
+    sweep.set_defaults(run=cmd_sweep)
+
+    transfer = argparse.ArgumentParser(
+        prog="hasten transfer",
+        description="Pretrain with RECIPE's transfer.pretrain overrides (or take its model.pretrained), then "
+        "fine-tune on each size of transfer.per_class beside training from scratch on the same budget; write "
+        "transfer.md, transfer.png and results.json/csv to --out. E.g. 'hasten transfer transfer-digits'.",
+    )
+    transfer.add_argument("args", nargs="*", metavar="[RECIPE] [key=value ...]")
+    transfer.add_argument("--seeds", metavar="S1,S2", help="seeds to repeat each run with (default: the recipe's)")
+    transfer.add_argument("--out", metavar="DIR", help="output folder (default: the recipe's run folder)")
+    transfer.add_argument("--in-process", action="store_true", help="run everything in this process")
+    transfer.set_defaults(run=cmd_transfer)
+
+    gan = argparse.ArgumentParser(
+        prog="hasten gan",
+        description="Train the DCGAN of RECIPE (default: dcgan-fashion) with dotted key=value overrides, e.g. "
+        "'hasten gan dcgan-fashion precision=fp16 train.epochs=2'. Writes a sample grid per epoch, metrics.csv, "
+        "TensorBoard events, checkpoints (run.resume=auto continues) and a Fréchet distance on features of a "
+        "hasten classifier (not Inception FID).",
+    )
+    gan.add_argument("args", nargs="*", metavar="[RECIPE] [key=value ...]")
+    gan.set_defaults(run=cmd_gan)
+
+    export = argparse.ArgumentParser(
+        prog="hasten export", description="Write a checkpoint's model weights to a safetensors file."
+    )
+    export.add_argument("checkpoint", help="a hasten checkpoint (runs/NAME/checkpoints/step-N.pt)")
+    export.add_argument("out", help="the .safetensors file to write")
+    export.set_defaults(run=cmd_export)
+    return {
+        "train": train,
+        "data": data,
+        "schedule": schedule,
+        "lr-find": lr_find,
+        "batch-size": batch_size,
+        "bench": bench,
+        "sweep": sweep,
+        "transfer": transfer,
+        "gan": gan,
+        "export": export,
+    }
 
 
 def top_parser(parsers: dict[str, argparse.ArgumentParser]) -> argparse.ArgumentParser:

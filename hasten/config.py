@@ -42,6 +42,18 @@ class DataConfig(Section):
     test_subset: Annotated[int, Field(ge=1)] | None = None  # first N test images
     synthetic_size: Annotated[int, Field(ge=8)] = 512  # training images of the synthetic set
     augment: AugmentConfig = AugmentConfig()
+    size: Annotated[int, Field(ge=1)] | None = None  # resize every image to size x size pixels; None: as stored
+    rgb: bool | None = None  # true: 3 channels (grey repeated); false: 1 (luma); None: as stored
+    workers: Annotated[int, Field(ge=0)] | None = None  # imagefolder: DataLoader worker processes; None: auto
+    per_class: Annotated[int, Field(ge=1)] | None = None  # at most the first N training images of each class
+    # fraction of training labels moved to another class, seeded (Nakkiran et al., 2019); test labels stay
+    label_noise: Annotated[float, Field(ge=0, lt=1)] = 0.0
+
+    @model_validator(mode="after")
+    def _folder_needs_root(self) -> DataConfig:
+        if self.name == "imagefolder" and not self.root:
+            raise ValueError("data.root: an image folder needs data.root=DIR (holding train/<class>/ and val/<class>/)")
+        return self
 
 
 class ModelConfig(Section):
@@ -50,6 +62,11 @@ class ModelConfig(Section):
     blocks: list[Annotated[int, Field(ge=0)]] = [1, 1, 1]  # residual blocks per ResNet stage
     layers: list[str | dict[str, Any]] | None = None  # the layer list of a sequential model
     zero_init_residual: bool = False  # start each residual branch's last BN gamma at 0 (Goyal et al.)
+    # weights to start from: a safetensors file, a hasten checkpoint, a state dict, or an http(s) URL
+    pretrained: str | None = None
+    pretrained_sha256: str | None = None  # pinned SHA-256 of the file at a pretrained URL (required for URLs)
+    pretrained_strict: bool = True  # false: load what fits, report the rest, instead of stopping
+    reset_head: bool = False  # a fresh classifier head even when the class count matches the weights'
 
     @model_validator(mode="after")
     def _layers_for_sequential(self) -> ModelConfig:
@@ -57,6 +74,11 @@ class ModelConfig(Section):
             raise ValueError("model.layers: a sequential model needs a non-empty layer list")
         if self.name == "resnet" and not self.blocks:
             raise ValueError("model.blocks: a resnet needs at least one stage")
+        url = self.pretrained is not None and self.pretrained.startswith(("http://", "https://"))
+        if url and not self.pretrained_sha256:
+            raise ValueError(
+                "model.pretrained_sha256: weights from a URL need their pinned SHA-256 (sha256sum of the file)"
+            )
         return self
 
 
@@ -70,25 +92,86 @@ class OptimConfig(Section):
     betas: tuple[Fraction, Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
     weight_decay: Annotated[float, Field(ge=0)] = 5e-4
     no_bias_decay: bool = True  # no weight decay on biases and normalisation parameters
+    # discriminative fine-tuning (Howard & Ruder, 2018): each layer below the head gets this times the LR of
+    # the layer above it; 1: one LR for all
+    layer_lr_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
 
 
 class ScheduleConfig(Section):
-    name: Literal["constant", "cosine", "one-cycle"] = "constant"
-    warmup: Annotated[float, Field(ge=0, lt=1)] = 0.0  # fraction of the run spent warming up linearly
-    floor: Annotated[float, Field(ge=0, le=1)] = 0.0  # final LR as a fraction of the peak (cosine)
+    """LR schedule over the run, stepped every optimizer step; see hasten/schedules.py for the papers."""
+
+    name: Literal["constant", "step", "cosine", "cyclic", "one-cycle"] = "constant"
+    # linear warmup before any schedule: a fraction of the run (< 1) or a count of optimizer steps (>= 1)
+    warmup: Annotated[float, Field(ge=0)] = 0.0
+    floor: Annotated[float, Field(ge=0, le=1)] = 0.0  # cosine: final LR as a fraction of the peak
+    milestones: list[Annotated[float, Field(gt=0, lt=1)]] = [0.5, 0.75]  # step: fractions of the run
+    gamma: Annotated[float, Field(gt=0, le=1)] = 0.1  # step: LR factor per milestone; exp_range: per cycle
+    cycles: Annotated[int, Field(ge=1)] = 4  # cyclic: full triangles over the run (after warmup)
+    mode: Literal["triangular", "triangular2", "exp_range"] = "triangular"  # cyclic (Smith, 2017)
+    low: Annotated[float, Field(ge=0)] = 0.1  # cyclic: lower bound as a fraction of the peak; below 1
     peak: Annotated[float, Field(gt=0, lt=1)] = 0.25  # one-cycle: where in the run the LR peaks
     start: Annotated[float, Field(ge=0, le=1)] = 0.04  # one-cycle: starting LR as a fraction of the peak
     end: Annotated[float, Field(ge=0, le=1)] = 0.0  # one-cycle: final LR as a fraction of the peak
+    anneal: Literal["linear", "cosine"] = "linear"  # one-cycle: shape of each phase
+    # one-cycle and cyclic: [low, high] momentum (Adam: beta1), cycled opposite to the LR; null: optim's fixed
+    momentum: tuple[Fraction, Fraction] | None = (0.85, 0.95)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScheduleConfig:
+        problems = []
+        if self.warmup >= 1 and self.warmup != int(self.warmup):
+            problems.append(
+                f"schedule.warmup: {self.warmup:g} is neither a fraction of the run (< 1) nor a whole step count"
+            )
+        if self.low >= 1:
+            problems.append(
+                f"schedule.low: cyclic bounds reversed: the lower bound ({self.low:g} x the peak LR) must be below "
+                "the peak (optim.lr), e.g. 0.1"
+            )
+        if self.momentum is not None and self.momentum[0] > self.momentum[1]:
+            problems.append(f"schedule.momentum: bounds reversed: give [low, high], got {list(self.momentum)}")
+        if any(b <= a for a, b in zip(self.milestones, self.milestones[1:], strict=False)):
+            problems.append(f"schedule.milestones: must increase, got {self.milestones}")
+        if problems:
+            raise ValueError("\n  - ".join(problems))
+        return self
 
 
 class TrainConfig(Section):
     epochs: Annotated[int, Field(ge=1)] = 5
     batch_size: Annotated[int, Field(ge=1)] = 256
     eval_batch_size: Annotated[int, Field(ge=1)] = 1024
-    channels_last: bool = False
-    label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    channels_last: bool = False  # NHWC memory format for the model and the batches (conv nets)
+    accumulate: Annotated[int, Field(ge=1)] = 1  # micro-batches of batch_size summed into one optimizer step
+    compile: bool = False  # torch.compile the model; falls back to eager, with a message, where it cannot
+    checkpoint_activations: bool = False  # recompute ResNet blocks' activations in backward (torch.utils.checkpoint)
     tta_flip: bool = False  # evaluate on the image and its mirror, averaging the logits
     threads: Annotated[int, Field(ge=1)] | None = None  # torch intra-op threads; None: torch's default
+    freeze_epochs: Annotated[int, Field(ge=0)] = 0  # train only the classifier head for N epochs, then all
+    on_nan: Literal["raise", "skip"] = "raise"  # a non-finite loss: stop naming the step, or skip that update
+
+
+class TricksConfig(Section):
+    """The bag of tricks (hasten/tricks/); each 0 means off."""
+
+    label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0  # eps: targets moved eps towards uniform
+    mixup: Annotated[float, Field(ge=0)] = 0.0  # alpha of Beta(alpha, alpha); 0: off, negative: error
+    cutmix: Annotated[float, Field(ge=0)] = 0.0  # alpha of Beta(alpha, alpha); 0: off; with mixup: one per batch
+    ema: float = 0.0  # decay of the weights' moving average per optimizer step, in (0, 1); 0: off
+
+    @model_validator(mode="after")
+    def _ema_decay(self) -> TricksConfig:
+        if self.ema != 0 and not 0 < self.ema < 1:
+            raise ValueError(f"tricks.ema: the decay must be in (0, 1), e.g. 0.99, or 0 for off (got {self.ema:g})")
+        return self
+
+
+class LossScaleConfig(Section):
+    """Dynamic loss scaling of fp16 and fp16-master (Micikevicius et al., 2018): halve on inf/NaN, grow after
+    `growth_interval` clean steps."""
+
+    init: PositiveFloat = 65536.0  # the scale the loss is multiplied by at the first step (2**16)
+    growth_interval: Annotated[int, Field(ge=1)] = 2000  # clean optimizer steps before the scale doubles
 
 
 class RunConfig(Section):
@@ -96,19 +179,41 @@ class RunConfig(Section):
     progress: bool = True  # rich progress bar
     tensorboard: bool = True
     thresholds: list[Annotated[float, Field(gt=0, le=1)]] = [0.90, 0.91, 0.92, 0.93, 0.94]
+    save_weights: bool = False  # write the final weights to run.dir/model.safetensors (for model.pretrained)
+    save_every: Annotated[int, Field(ge=0)] = 1  # checkpoint every N epochs (0: not at epoch ends)
+    save_every_steps: Annotated[int, Field(ge=0)] = 0  # and/or every N optimizer steps (0: off)
+    keep: Annotated[int, Field(ge=1)] = 2  # newest checkpoints kept in run.dir/checkpoints (the best one too)
+
+
+class SweepConfig(Section):
+    """`hasten sweep`'s grid when the command line gives no --vary (hasten/experiments/sweep.py)."""
+
+    vary: list[str] = []  # KEY=V1,V2,... items, as --vary takes them
+
+
+class TransferConfig(Section):
+    """`hasten transfer` (hasten/experiments/transfer.py): the pretraining run and the fine-tuning set sizes."""
+
+    pretrain: list[str] = []  # key=value overrides that turn this recipe into the pretraining run
+    per_class: list[Annotated[int, Field(ge=1)] | None] = [10, 50, None]  # training images per class; null: all
 
 
 class Recipe(Section):
     name: str = "run"
     seed: int = 0
     precision: Literal["fp32", "bf16", "fp16", "fp16-master"] = "fp32"
+    loss_scale: LossScaleConfig = LossScaleConfig()  # fp16 and fp16-master only
     device: str = "auto"  # auto: cuda when available, else cpu
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     train: TrainConfig = TrainConfig()
+    tricks: TricksConfig = TricksConfig()
     run: RunConfig = RunConfig()
+    sweep: SweepConfig = SweepConfig()
+    resume: str | None = None  # "auto": the newest complete checkpoint in run.dir; or a checkpoint's path
+    transfer: TransferConfig = TransferConfig()
 
 
 DEFAULT_RECIPE = "fashion-fast"
@@ -123,7 +228,7 @@ def shipped_recipes() -> list[str]:
 def _read_yaml(source: str) -> tuple[dict[str, Any], str]:
     """The raw mapping of a recipe given as a path or a shipped name, and where it came from."""
     path = Path(source)
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    if path.suffix in (".yaml", ".yml") or path.is_file():  # a folder named like a recipe does not shadow it
         if not path.is_file():
             raise RecipeError(f"recipe file not found: {path}")
         text, origin = path.read_text(encoding="utf-8"), str(path)
@@ -211,14 +316,23 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return result
 
 
+MOVED = {"train.label_smoothing": "tricks.label_smoothing"}  # keys that moved, so old recipes get a pointer
+
+
 def _describe(error: dict[str, Any]) -> str:
     field = ".".join(str(part) for part in error["loc"]) or "recipe"
     if error["type"] == "extra_forbidden":
-        return f"{field}: unknown key"
+        return f"{field}: unknown key" + (f" (moved to {MOVED[field]})" if field in MOVED else "")
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] in ("value_error", "assertion_error") and ": " in message:
         return message  # our validators already start with the field name
     return f"{field}: {message} (got {error.get('input')!r})"
+
+
+def recipe_error(exc: ValidationError, origin: str) -> RecipeError:
+    """One `RecipeError` listing every problem of a failed validation, each naming its dotted field."""
+    lines = [_describe(error) for error in exc.errors()]
+    return RecipeError(f"{origin}: {len(lines)} problem(s):\n" + "\n".join(f"  - {line}" for line in lines))
 
 
 def validate(raw: dict[str, Any], origin: str = "recipe") -> Recipe:
@@ -226,10 +340,7 @@ def validate(raw: dict[str, Any], origin: str = "recipe") -> Recipe:
     try:
         return Recipe.model_validate(raw)
     except ValidationError as exc:
-        lines = [_describe(error) for error in exc.errors()]
-        raise RecipeError(
-            f"{origin}: {len(lines)} problem(s):\n" + "\n".join(f"  - {line}" for line in lines)
-        ) from None
+        raise recipe_error(exc, origin) from None
 
 
 def load_recipe(source: str | None = None, overrides: list[str] | None = None) -> Recipe:

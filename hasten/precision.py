@@ -1,13 +1,18 @@
-"""Numeric precision of training as a context object: fp32, bf16 autocast, fp16 with dynamic loss scaling.
+"""Numeric precision of training as a context object: fp32, bf16 autocast, fp16 with dynamic loss scaling, and
+fp16 weights with fp32 master copies.
 
-Micikevicius et al., "Mixed Precision Training" (2018): 16-bit activations and matmuls, fp32 weights for the
-update, and a loss scale so small fp16 gradients do not flush to zero. bf16 has fp32's exponent range and
+Micikevicius et al., "Mixed Precision Training" (ICLR 2018): 16-bit activations and matmuls, fp32 master weights
+for the update, and a loss scale so small fp16 gradients do not flush to zero. bf16 has fp32's exponent range and
 needs no scaling. Each mode is one object with the same few methods, used by the loop as
 
+    groups = precision.optimizer_groups(groups)   # before the optimizer is made (fp16-master: the masters)
     with precision.autocast():
         loss = ...
     precision.backward(loss)
     stepped = precision.step(optimizer)   # False when the step was skipped for inf/NaN gradients
+
+A skipped step leaves weights and optimizer state untouched; the trainer then does not advance the LR schedule.
+`state_dict()` holds the loss scaler (and fp16-master's masters), which a checkpoint must keep.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from hasten.errors import RecipeError
+
+DEFAULT_INIT_SCALE = 2.0**16  # the loss scale fp16 training starts from (torch and apex use the same)
+DEFAULT_GROWTH_INTERVAL = 2000  # clean steps before the scale doubles
 
 
 class Precision:
@@ -42,6 +50,10 @@ class Precision:
     def prepare(self, model: nn.Module) -> nn.Module:
         """The model as this mode trains it (fp16-master casts the weights)."""
         return model
+
+    def optimizer_groups(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The parameter groups the optimizer should hold (fp16-master: the fp32 masters of the model's)."""
+        return groups
 
     def backward(self, loss: Tensor) -> None:
         loss.backward()
@@ -76,7 +88,12 @@ class FP16(Precision):
     name = "fp16"
     autocast_dtype = torch.float16
 
-    def __init__(self, device: torch.device, init_scale: float = 2.0**16, growth_interval: int = 2000):
+    def __init__(
+        self,
+        device: torch.device,
+        init_scale: float = DEFAULT_INIT_SCALE,
+        growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+    ):
         super().__init__(device)
         self.scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, growth_interval=growth_interval)
 
@@ -101,15 +118,165 @@ class FP16(Precision):
         self.scaler.load_state_dict(state)
 
 
-MODES: dict[str, type[Precision]] = {"fp32": Precision, "bf16": BF16, "fp16": FP16}
+def _is_batch_norm(module: nn.Module) -> bool:
+    return isinstance(module, nn.modules.batchnorm._BatchNorm)
 
 
-def make_precision(name: str, device: torch.device) -> Precision:
-    """The precision mode `name` on `device`, or a RecipeError naming both when the device cannot run it."""
+def _to_half(value: Any) -> Any:
+    return value.half() if isinstance(value, Tensor) and value.is_floating_point() else value
+
+
+def _to_float(value: Any) -> Any:
+    return value.float() if isinstance(value, Tensor) and value.is_floating_point() else value
+
+
+class FP16Master(Precision):
+    """fp16 weights and activations, fp32 master weights for the optimizer (the apex "O2" recipe), step by step:
+
+    1. `prepare` casts the model to fp16, except BatchNorm, which stays fp32 as in apex (`keep_batchnorm_fp32`):
+       its running variance and the per-channel statistics lose too much in fp16, and it costs nothing, since
+       BatchNorm takes fp16 input with fp32 weights and returns fp16. Floating inputs are cast to fp16 on the way
+       in and the output back to fp32 on the way out (forward hooks), so the loss is computed in fp32.
+    2. `optimizer_groups` gives the optimizer an fp32 copy (master) of every parameter instead of the parameter.
+    3. `backward` multiplies the loss by the scale before backpropagating through the fp16 model.
+    4. `step` copies the fp16 gradients into the masters' fp32 gradients, checks them for inf/NaN, and
+       - on inf/NaN: skips the step (masters, weights and optimizer state untouched), halves the scale;
+       - else: divides by the scale, steps the optimizer on the masters, copies the masters back into the fp16
+         weights, and doubles the scale after `growth_interval` clean steps in a row.
+    """
+
+    name = "fp16-master"
+
+    def __init__(
+        self,
+        device: torch.device,
+        init_scale: float = DEFAULT_INIT_SCALE,
+        growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+    ):
+        super().__init__(device)
+        self.scale = float(init_scale)
+        self.growth_interval = growth_interval
+        self.clean_steps = 0  # steps since the scale last changed
+        self.pairs: list[tuple[nn.Parameter, nn.Parameter]] = []  # (fp16 model weight, its fp32 master)
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        model.half()
+        for module in model.modules():
+            if _is_batch_norm(module):
+                module.float()
+        model.register_forward_pre_hook(lambda _module, args: tuple(_to_half(a) for a in args))
+        model.register_forward_hook(lambda _module, _args, output: _to_float(output))
+        return model
+
+    def optimizer_groups(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        mapped = []
+        for group in groups:
+            masters = []
+            for param in group["params"]:
+                master = nn.Parameter(param.detach().float().clone(), requires_grad=param.requires_grad)
+                self.pairs.append((param, master))
+                masters.append(master)
+            mapped.append({**group, "params": masters})
+        return mapped
+
+    def backward(self, loss: Tensor) -> None:
+        (loss.float() * self.scale).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        if not self.pairs:
+            raise RuntimeError("fp16-master: build the optimizer on precision.optimizer_groups(...), not the model")
+        with torch.no_grad():
+            for weight, master in self.pairs:
+                master.grad = None if weight.grad is None else weight.grad.float()
+                weight.grad = None  # the masters own the gradients now; the next backward starts from zero
+            grads = [master.grad for _, master in self.pairs if master.grad is not None]
+            finite = bool(torch.stack([g.isfinite().all() for g in grads]).all()) if grads else True
+            if not finite:
+                for _, master in self.pairs:
+                    master.grad = None
+                self.scale /= 2
+                self.clean_steps = 0
+                return False
+            for g in grads:
+                g.mul_(1.0 / self.scale)
+            optimizer.step()
+            for weight, master in self.pairs:
+                weight.copy_(master)
+        self.clean_steps += 1
+        if self.clean_steps >= self.growth_interval:
+            self.scale *= 2
+            self.clean_steps = 0
+        return True
+
+    @property
+    def loss_scale(self) -> float:
+        return self.scale
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scaler and the fp32 masters: the fp16 weights alone would round them on resume."""
+        return {
+            "scale": self.scale,
+            "growth_interval": self.growth_interval,
+            "clean_steps": self.clean_steps,
+            "masters": [master.detach() for _, master in self.pairs],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scale = float(state["scale"])
+        self.growth_interval = int(state["growth_interval"])
+        self.clean_steps = int(state["clean_steps"])
+        masters = state.get("masters", [])
+        if len(masters) != len(self.pairs):
+            raise ValueError(f"fp16-master state holds {len(masters)} master weights, the model has {len(self.pairs)}")
+        with torch.no_grad():
+            for (weight, master), saved in zip(self.pairs, masters, strict=True):
+                master.copy_(saved)
+                weight.copy_(saved)
+
+
+MODES: dict[str, type[Precision]] = {"fp32": Precision, "bf16": BF16, "fp16": FP16, "fp16-master": FP16Master}
+
+
+def _describe(device: torch.device) -> str:
+    if device.type == "cuda" and torch.cuda.is_available():
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return str(device)
+
+
+def _probe(name: str, device: torch.device) -> None:
+    """Run a tiny convolution, forward and backward, the way mode `name` will; raise RecipeError if it cannot."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp16-master": torch.float16}[name]
+    try:
+        conv = nn.Conv2d(2, 2, 3).to(device)
+        x = torch.randn(2, 2, 5, 5, device=device)
+        if name == "fp16-master":
+            conv, x = conv.half(), x.half()
+            conv(x).float().sum().backward()
+        else:
+            with torch.autocast(device.type, dtype=dtype):
+                out = conv(x)
+            out.float().sum().backward()
+    except Exception as error:  # noqa: BLE001 -- whatever the backend raises (no CUDA build: AssertionError)
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RecipeError(f"precision: {name} cannot run on {_describe(device)}: {first_line}") from None
+
+
+def make_precision(
+    name: str,
+    device: torch.device,
+    init_scale: float = DEFAULT_INIT_SCALE,
+    growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+) -> Precision:
+    """The precision mode `name` on `device`, or a RecipeError naming both when the device cannot run it.
+
+    `init_scale` and `growth_interval` configure the dynamic loss scale of fp16 and fp16-master.
+    """
     if name not in MODES:
-        raise RecipeError(f"precision: {name!r} is not available yet; choose one of {', '.join(MODES)}")
-    if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise RecipeError(
-            f"precision: bf16 needs a GPU with bfloat16 support; {torch.cuda.get_device_name(device)} has none"
-        )
+        raise RecipeError(f"precision: {name!r} is not a precision mode; choose one of {', '.join(MODES)}")
+    if name == "bf16" and device.type == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        raise RecipeError(f"precision: bf16 cannot run on {_describe(device)}: the GPU has no bfloat16 support")
+    if name != "fp32":
+        _probe(name, device)
+    if name in ("fp16", "fp16-master"):
+        return MODES[name](device, init_scale=init_scale, growth_interval=growth_interval)
     return MODES[name](device)

@@ -82,6 +82,19 @@ class RunLog:
             with open(self.dir / "metrics.csv", "w", newline="") as f:
                 csv.writer(f).writerow(fields)
 
+    def resume_metrics(self, fields: list[str], upto_epoch: int) -> None:
+        """Continue metrics.csv after a resume: keep the rows up to `upto_epoch`, drop later ones (redone)."""
+        self._fields = fields
+        if not self.enabled:
+            return
+        path = self.dir / "metrics.csv"
+        rows = list(csv.DictReader(path.open(newline=""))) if path.is_file() else []
+        kept = [r for r in rows if r.get("epoch", "").isdigit() and int(r["epoch"]) <= upto_epoch]
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fields, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(kept)
+
     def epoch(self, row: dict[str, Any], step: int) -> None:
         """One row of metrics.csv, and the same numbers as TensorBoard scalars at `step`."""
         if not self.enabled:

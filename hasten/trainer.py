@@ -4,25 +4,46 @@ Per batch: `on_batch` hooks (mixup, cutmix) take and return (images, soft target
 precision's autocast; backward; the precision's step (which may skip on inf/NaN); the LR schedule advances
 only when the step was taken; `after_step` hooks (EMA) see the model. Each epoch ends with an evaluation on
 the test set, a row of metrics.csv and TensorBoard scalars.
+
+Checkpoints (hasten/checkpoint.py) are taken at optimizer-step boundaries: every `save_every_steps` steps, at
+the end of every `save_every_epochs`-th epoch, and when SIGINT/SIGTERM asks the run to stop (the current step
+finishes first; a second SIGINT aborts at once). They hold everything the run depends on, down to the RNG
+states and the epoch's running loss, so a resumed run continues exactly as if never stopped.
+
+Gradient accumulation (`Plan.accumulate` = k): the gradients of k micro-batches are summed, each one's mean
+loss weighted by its share of the step's examples, then one optimizer step is taken; so a step equals one batch
+of k x batch_size (exactly, without batch norm). The epoch's last group may hold fewer micro-batches; it is
+stepped all the same, weighted by what it holds. Grads live only within a group: checkpoint at step boundaries
+(`State.batch` a multiple of k). The second optimizer step of the run is profiled for `peak_step_memory_bytes`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
+import hasten
+from hasten.checkpoint import load_model_weights, prune, rng_state, save_checkpoint, set_rng_state
 from hasten.data.loader import InMemoryLoader
-from hasten.memory import peak_memory_bytes, reset_peak
+from hasten.distributed import any_rank, unwrap
+from hasten.errors import CheckpointError, HastenError
+from hasten.memory import measure_peak, peak_memory_bytes, reset_peak
 from hasten.precision import Precision
 from hasten.progress import EpochProgress
 from hasten.runlog import RunLog
-from hasten.tricks import one_hot, smooth, soft_cross_entropy
+from hasten.tricks import one_hot, soft_cross_entropy
 
 BatchHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 StepHook = Callable[[nn.Module], None]
@@ -47,10 +68,38 @@ class Plan:
 
     epochs: int
     num_classes: int
-    label_smoothing: float = 0.0
     tta_flip: bool = False
     thresholds: Sequence[float] = (0.90, 0.91, 0.92, 0.93, 0.94)
     progress: bool = True
+    accumulate: int = 1  # micro-batches per optimizer step (gradient accumulation)
+    measure_step_memory: bool = True  # profile one step's peak memory (the run's second optimizer step)
+    on_nan: str = "raise"  # a non-finite loss: "raise" (stop, naming the step) or "skip" (no update, counted)
+
+
+@dataclass
+class Saving:
+    """Where and when checkpoints are written; `recipe` is stored in each, so a checkpoint says what it was."""
+
+    folder: Path
+    every_epochs: int = 1  # 0: not at epoch ends
+    every_steps: int = 0  # 0: off
+    keep: int = 2  # newest kept, besides the best
+    recipe: dict[str, Any] = field(default_factory=dict)
+
+
+class Interrupted(HastenError):
+    """SIGINT or SIGTERM stopped the run after a checkpoint was written; exit code 128 + the signal number."""
+
+    def __init__(self, signum: int, checkpoint: Path | None):
+        where = f"; checkpoint {checkpoint}" if checkpoint else ""
+        super().__init__(f"stopped by {signal.Signals(signum).name} at a step boundary{where}")
+        self.exit_code = 128 + signum
+
+
+class NonFiniteLoss(HastenError):
+    """The loss became inf/NaN with `train.on_nan=raise`; the last good checkpoint is kept."""
+
+    exit_code = 1
 
 
 @dataclass
@@ -58,6 +107,7 @@ class Hooks:
     on_batch: list[BatchHook] = field(default_factory=list)
     after_step: list[StepHook] = field(default_factory=list)
     eval_model: Callable[[nn.Module], nn.Module] | None = None  # e.g. the EMA copy instead of the live model
+    stateful: dict[str, Any] = field(default_factory=dict)  # hooks with state_dict() (EMA, mixing RNG), by name
 
 
 @dataclass
@@ -71,6 +121,13 @@ class State:
     train_seconds: float = 0.0
     time_to_accuracy: dict[str, float | None] = field(default_factory=dict)
     best_accuracy: float = 0.0
+    nonfinite_steps: int = 0  # steps skipped for a non-finite loss (train.on_nan=skip)
+    # the current epoch's running sums, so a run resumed mid-epoch reports the same epoch metrics
+    epoch_loss_sum: float = 0.0
+    epoch_correct: int = 0
+    epoch_seen: int = 0
+    epoch_seconds: float = 0.0
+    best_checkpoint: str | None = None  # file name of the checkpoint with the best test accuracy
 
 
 def _sync(device: torch.device) -> None:
@@ -89,33 +146,146 @@ class Trainer:
         plan: Plan,
         log: RunLog,
         hooks: Hooks | None = None,
+        saving: Saving | None = None,
     ):
         self.model, self.optimizer, self.scheduler, self.precision = model, optimizer, scheduler, precision
         self.train_loader, self.test_loader = loaders
-        self.plan, self.log, self.hooks = plan, log, hooks or Hooks()
+        self.plan, self.log, self.hooks, self.saving = plan, log, hooks or Hooks(), saving
         self.device = next(model.parameters()).device
         self.state = State(time_to_accuracy={f"{t:.2f}": None for t in plan.thresholds})
+        self.peak_step_memory_bytes: int | None = None  # hasten.memory.measure_peak of one optimizer step
+        self.stop_signal: int | None = None  # set by SIGINT/SIGTERM; acted on at the next step boundary
+        self.resumed = False
+
+    # ----- checkpoints -----
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the run depends on, as a checkpoint holds it (tensors and plain containers only)."""
+        return {
+            "format": 1,
+            "hasten_version": hasten.__version__,
+            "recipe": self.saving.recipe if self.saving else {},
+            "model": unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "precision": self.precision.state_dict(),
+            "hooks": {name: hook.state_dict() for name, hook in self.hooks.stateful.items()},
+            "trainer": dataclasses.asdict(self.state),
+            "rng": rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], source: str = "checkpoint") -> None:
+        """Continue from `state` (a `state_dict()`); CheckpointError naming `source` when it does not fit."""
+        missing = [k for k in ("model", "optimizer", "scheduler", "trainer", "rng") if k not in state]
+        if missing:
+            raise CheckpointError(f"{source} is not a hasten training checkpoint: it lacks {', '.join(missing)}")
+        load_model_weights(unwrap(self.model), state["model"], source)
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.precision.load_state_dict(state.get("precision", {}))
+            for name, hook in self.hooks.stateful.items():
+                if name not in state.get("hooks", {}):
+                    raise CheckpointError(f"{source} has no state for {name} (was it trained with another recipe?)")
+                hook.load_state_dict(state["hooks"][name])
+        except (ValueError, KeyError, RuntimeError) as error:
+            raise CheckpointError(f"{source} does not fit this run's optimizer or schedule: {error}") from None
+        self.state = State(**state["trainer"])
+        set_rng_state(state["rng"])
+        self.resumed = True
+
+    def save(self, *, end_of_epoch: bool = False, accuracy: float | None = None) -> Path | None:
+        """Write a checkpoint (rank 0 only) and prune old ones, keeping the newest and the best."""
+        if self.saving is None or not self.log.enabled:
+            return None
+        folder = self.saving.folder
+        path = save_checkpoint(self.state_dict(), folder / f"step-{self.state.step}.pt")
+        if end_of_epoch and accuracy is not None and accuracy >= self.state.best_accuracy:
+            self.state.best_checkpoint = path.name
+        best = (folder / self.state.best_checkpoint,) if self.state.best_checkpoint else ()
+        prune(folder, self.saving.keep, protect=best)
+        return path
+
+    def _keep_epoch_sums(self, loss_sum: Tensor, correct: Tensor, seen: int, seconds: float) -> None:
+        self.state.epoch_loss_sum, self.state.epoch_correct = loss_sum.item(), int(correct.item())
+        self.state.epoch_seen, self.state.epoch_seconds = seen, seconds
+
+    @contextlib.contextmanager
+    def _stop_on_signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM ask for a stop at the next step boundary; a second SIGINT aborts at once."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def request(signum: int, frame: object) -> None:
+            if self.stop_signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self.stop_signal = signum
+
+        previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _check_stop(self) -> None:
+        if any_rank(self.stop_signal is not None, self.device):
+            checkpoint = self.save()
+            raise Interrupted(self.stop_signal or signal.SIGTERM, checkpoint)
+
+    # ----- the loop -----
+
+    def steps_per_epoch(self) -> int:
+        return -(-len(self.train_loader) // self.plan.accumulate)
+
+    def _group_examples(self, group: int) -> int:
+        """Examples in the `group`-th optimizer step of an epoch: k micro-batches, fewer in the epoch's last."""
+        loader, k = self.train_loader, self.plan.accumulate
+        first, end = group * k, min((group + 1) * k, len(loader))  # micro-batch indices [first, end)
+        return min(end * loader.batch_size, loader.shard_size) - first * loader.batch_size
 
     def train_step(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """One optimizer step on one batch; returns the (detached) loss and the count of correct predictions."""
+        self.optimizer.zero_grad(set_to_none=True)
+        result = self.accumulate_grad(images, labels)
+        self.optimizer_step()
+        return result
+
+    def accumulate_grad(self, images: Tensor, labels: Tensor, weight: float = 1.0) -> tuple[Tensor, Tensor]:
+        """Forward and backward of one (micro-)batch, adding to the gradients; its mean loss counts `weight` in the
+        step's loss (its share of the step's examples). Returns the (detached) loss and the correct count."""
         y_soft = one_hot(labels, self.plan.num_classes)
-        if self.plan.label_smoothing:
-            y_soft = smooth(y_soft, self.plan.label_smoothing)
         for hook in self.hooks.on_batch:
             images, y_soft = hook(images, y_soft)
         with self.precision.autocast():
             logits = self.model(images)
             loss = soft_cross_entropy(logits, y_soft)
+        self.precision.backward(loss if weight == 1 else loss * weight)
+        return loss.detach(), (logits.detach().argmax(1) == labels).sum()
+
+    def _nonfinite(self, loss: Tensor) -> None:
+        """A micro-batch's loss was inf/NaN: skip the update (train.on_nan=skip) or stop naming the step."""
         self.optimizer.zero_grad(set_to_none=True)
-        self.precision.backward(loss)
+        if self.plan.on_nan == "skip":
+            self.state.nonfinite_steps += 1
+            return
+        kept = f"; the last good checkpoint is in {self.saving.folder}" if self.saving else ""
+        raise NonFiniteLoss(
+            f"the training loss became {loss.item()} at step {self.state.step + 1} (epoch {self.state.epoch + 1}, "
+            f"batch {self.state.batch}){kept}; lower optim.lr, or set train.on_nan=skip to skip such steps"
+        )
+
+    def optimizer_step(self) -> None:
+        """Apply the accumulated gradients; the schedule and `after_step` hooks only follow a step that was taken."""
         if self.precision.step(self.optimizer):
+            self.log.scalar("lr_per_step", self.optimizer.param_groups[0]["lr"], self.state.step)  # the LR just used
             self.scheduler.step()
             self.state.step += 1
             for after in self.hooks.after_step:
                 after(self.model)
         else:
             self.state.skipped_steps += 1
-        return loss.detach(), (logits.detach().argmax(1) == labels).sum()
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
@@ -140,30 +310,61 @@ class Trainer:
     def train_epoch(self, bar: EpochProgress) -> dict[str, float]:
         self.model.train()
         self.train_loader.set_epoch(self.state.epoch)
-        loss_sum = torch.zeros((), device=self.device)
-        correct = torch.zeros((), device=self.device, dtype=torch.long)
-        seen = 0
+        loss_sum = torch.tensor(self.state.epoch_loss_sum, device=self.device)  # nonzero when resumed mid-epoch
+        correct = torch.tensor(self.state.epoch_correct, device=self.device, dtype=torch.long)
+        seen = self.state.epoch_seen
         _sync(self.device)
-        started = time.perf_counter()
-        for images, labels in self.train_loader.batches(self.state.batch):
-            loss, right = self.train_step(images, labels)
-            loss_sum += loss * len(labels)
-            correct += right
-            seen += len(labels)
-            self.state.batch += 1
-            if bar.due(self.state.batch):
-                elapsed = time.perf_counter() - started
-                bar.update(
-                    self.state.batch,
-                    loss=loss_sum.item() / seen,
-                    accuracy=correct.item() / seen,
-                    images_per_second=seen / max(elapsed, 1e-9),
-                )
+        started = time.perf_counter() - self.state.epoch_seconds
+        batches = iter(self.train_loader.batches(self.state.batch))
+        count, k = len(self.train_loader), self.plan.accumulate
+        probe_at = 1 if self.plan.epochs * self.steps_per_epoch() > 1 else 0  # steady state: optimizer state exists
+        while self.state.batch < count:
+            # one optimizer step: the rest of this group of k micro-batches (the epoch's last group may be short:
+            # it is stepped, each micro-batch weighted by its share of the group's examples, so it is exact too)
+            group = self.state.batch // k
+            group_end = min((group + 1) * k, count)
+            probing = self.plan.measure_step_memory and self.peak_step_memory_bytes is None
+            probing = probing and self.state.step + self.state.skipped_steps == probe_at
+            self.optimizer.zero_grad(set_to_none=True)
+            finite = True
+            with measure_peak(self.device) if probing else contextlib.nullcontext() as peak:
+                examples = self._group_examples(group)
+                while self.state.batch < group_end:
+                    images, labels = next(batches)
+                    last = self.state.batch == group_end - 1
+                    with self.model.no_sync() if isinstance(self.model, DDP) and not last else contextlib.nullcontext():
+                        loss, right = self.accumulate_grad(images, labels, len(labels) / examples)
+                    finite = finite and bool(torch.isfinite(loss))
+                    loss_sum += loss * len(labels)
+                    correct += right
+                    seen += len(labels)
+                    self.state.batch += 1
+                    if bar.due(self.state.batch):
+                        elapsed = time.perf_counter() - started
+                        bar.update(
+                            self.state.batch,
+                            loss=loss_sum.item() / seen,
+                            accuracy=correct.item() / seen,
+                            images_per_second=seen / max(elapsed, 1e-9),
+                        )
+                if finite:
+                    self.optimizer_step()
+                else:
+                    self._nonfinite(loss)
+            if probing:
+                self.peak_step_memory_bytes = peak.bytes
+            every = self.saving.every_steps if self.saving else 0
+            if (every and self.state.step % every == 0 and finite) or self.stop_signal is not None:
+                self._keep_epoch_sums(loss_sum, correct, seen, time.perf_counter() - started)
+                if self.stop_signal is None:
+                    self.save()
+            self._check_stop()
         _sync(self.device)
         seconds = time.perf_counter() - started
         self.state.train_seconds += seconds
         self.state.epoch += 1
         self.state.batch = 0
+        self._keep_epoch_sums(torch.zeros(()), torch.zeros(()), 0, 0.0)
         return {
             "train_loss": loss_sum.item() / max(seen, 1),
             "train_accuracy": correct.item() / max(seen, 1),
@@ -172,10 +373,18 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         """Train for the planned epochs; returns the summary (also written to summary.json)."""
+        if self.state.epoch >= self.plan.epochs:
+            raise CheckpointError(
+                f"nothing to resume: the checkpoint is at the end of the run (epoch {self.state.epoch})"
+            )
         reset_peak(self.device)
         started = time.perf_counter()
-        self.log.start_metrics(METRICS)
-        with EpochProgress(len(self.train_loader), enabled=self.plan.progress and self.log.enabled) as bar:
+        if self.resumed:  # rows of epochs after the checkpoint were never checkpointed: they are redone
+            self.log.resume_metrics(METRICS, upto_epoch=self.state.epoch)
+        else:
+            self.log.start_metrics(METRICS)
+        bar = EpochProgress(len(self.train_loader), enabled=self.plan.progress and self.log.enabled)
+        with self._stop_on_signals(), bar:
             while self.state.epoch < self.plan.epochs:
                 bar.start_epoch(self.state.epoch + 1, self.plan.epochs)
                 row = self.train_epoch(bar)
@@ -197,6 +406,10 @@ class Trainer:
                 )
                 self.log.epoch(row, self.state.step)
                 bar.end_epoch(row)
+                every = self.saving.every_epochs if self.saving else 0
+                if (every and self.state.epoch % every == 0) or self.state.epoch == self.plan.epochs:
+                    self.save(end_of_epoch=True, accuracy=test_accuracy)
+                self._check_stop()
         return self.summary(row, time.perf_counter() - started)
 
     def summary(self, last: dict[str, float], wall_seconds: float) -> dict[str, Any]:
@@ -211,10 +424,12 @@ class Trainer:
             "epochs": self.state.epoch,
             "steps": self.state.step,
             "skipped_steps": self.state.skipped_steps,
+            "nonfinite_steps": self.state.nonfinite_steps,
             "wall_seconds": round(wall_seconds, 3),
             "train_seconds": round(self.state.train_seconds, 3),
             "images_per_second": round(images / max(self.state.train_seconds, 1e-9), 1),
-            "peak_memory_bytes": peak_memory_bytes(self.device),
+            "peak_memory_bytes": peak_memory_bytes(self.device),  # whole run; CPU: process RSS high-water mark
+            "peak_step_memory_bytes": self.peak_step_memory_bytes,  # one step's tensors (hasten.memory)
             "time_to_accuracy": dict(self.state.time_to_accuracy),
         }
         self.log.summary(summary)

@@ -6,6 +6,10 @@ import pytest
 import torch
 
 
+# tiny models: one thread is faster than two, and does not fight the other tests' processes for the cores
+torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_torch():
     torch.manual_seed(0)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -107,21 +110,20 @@ def test_prune_keeps_the_newest_and_protected(tmp_path):
 def test_killed_mid_save_leaves_the_previous_checkpoint_intact(tmp_path):
     path = tmp_path / "step-1.pt"
     save_checkpoint(state(1), path)
-    child = os.fork()
-    if child == 0:  # the child starts a huge save into the same name and is killed during it
-        try:
-            save_checkpoint({"model": {"w": torch.zeros(64, 1024, 1024)}, "step": 2}, path)
-        finally:
-            os._exit(0)
-    import signal
-    import time
-
-    deadline = time.monotonic() + 20
+    # a fresh process (not a fork: OpenMP does not survive fork) starts a big save into the same name
+    script = (
+        "import sys, torch; from hasten.checkpoint import save_checkpoint; "
+        "w = torch.zeros(96, 1024, 1024); print('ready', flush=True); "
+        "save_checkpoint({'model': {'w': w}, 'step': 2}, sys.argv[1])"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 60
     while not any(p.name.endswith(".tmp") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
-        time.sleep(0.001)
+        time.sleep(0.0005)
     assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir()), "the child never started writing"
-    os.kill(child, signal.SIGKILL)
-    os.waitpid(child, 0)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
     assert load_checkpoint(path, require_digest=True)["step"] == 1
     remove_stale_temporaries(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1.pt", "step-1.pt.sha256"]

@@ -66,6 +66,20 @@ def channel_stats(images: Tensor) -> tuple[Tensor, Tensor]:
     return mean.float(), std.float()
 
 
+def shard_indices(n: int, epoch: int, seed: int, shuffle: bool, rank: int, world_size: int, shard_size: int) -> Tensor:
+    """Rank `rank`'s sample indices of `n` for `epoch`: a permutation drawn from (seed, epoch), the same on every
+    rank, wrapped around to `shard_size * world_size` (as DistributedSampler pads), then strided by rank.
+    Shared by every loader, so the same seed gives the same batches whichever path the data takes."""
+    if shuffle:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    else:
+        order = torch.arange(n)
+    total = shard_size * world_size
+    if total > n:
+        order = torch.cat([order, order[: total - n]])
+    return order[rank:total:world_size]
+
+
 class InMemoryLoader:
     """Batches of (normalised float images, int64 labels) sliced from tensors held in memory.
 
@@ -118,15 +132,8 @@ class InMemoryLoader:
 
     def indices(self, epoch: int) -> Tensor:
         """This rank's sample indices for `epoch`, in the order its batches take them."""
-        n = len(self.images)
-        if self.shuffle:
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
-        else:
-            order = torch.arange(n)
-        total = self.shard_size * self.world_size
-        if total > n:  # pad by wrapping around, as DistributedSampler does
-            order = torch.cat([order, order[: total - n]])
-        return order[self.rank : total : self.world_size]
+        n, shard = len(self.images), self.shard_size
+        return shard_indices(n, epoch, self.seed, self.shuffle, self.rank, self.world_size, shard)
 
     def _generator(self, epoch: int, batch: int) -> torch.Generator:
         seed = hash((self.seed, epoch, self.rank, batch)) & 0x7FFF_FFFF_FFFF_FFFF

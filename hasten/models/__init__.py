@@ -17,6 +17,7 @@ def build_model(config: ModelConfig, input_shape: tuple[int, int, int], num_clas
         return build_sequential(config.layers or [], input_shape, num_classes)
     model = ResNet(input_shape[0], num_classes, width=config.width, blocks=config.blocks)
     if config.zero_init_residual:
-        for block in model.residual_blocks():
-            nn.init.zeros_(block.last_bn.weight)
+        from hasten.tricks.zero_init import zero_init_residual  # here: tricks.zero_init imports this package
+
+        zero_init_residual(model)
     return model

@@ -1,7 +1,8 @@
 """Soft targets: labels become probability vectors inside the loop, so label smoothing, mixup and cutmix
 compose in any order and one loss serves them all.
 
-Label smoothing: Szegedy et al., "Rethinking the Inception Architecture" (2016).
+Label smoothing: Szegedy et al., "Rethinking the Inception Architecture for Computer Vision" (2016); one of
+the refinements measured in He et al., "Bag of Tricks for Image Classification" (2019).
 """
 
 from __future__ import annotations
@@ -15,10 +16,23 @@ def one_hot(labels: Tensor, num_classes: int) -> Tensor:
 
 
 def smooth(y_soft: Tensor, eps: float) -> Tensor:
-    """Targets moved `eps` of the way towards the uniform distribution."""
+    """Targets moved `eps` of the way towards the uniform distribution.
+
+    Affine in `y_soft` with weights summing to 1, so it commutes with mixup and cutmix (both convex blends).
+    """
     return y_soft * (1 - eps) + eps / y_soft.shape[1]
 
 
 def soft_cross_entropy(logits: Tensor, y_soft: Tensor) -> Tensor:
     """Mean cross entropy against probability targets; equals F.cross_entropy for one-hot targets."""
     return -(y_soft * logits.float().log_softmax(1)).sum(1).mean()
+
+
+class LabelSmoothing:
+    """Batch hook: smooths the soft targets by `eps`; no randomness."""
+
+    def __init__(self, eps: float):
+        self.eps = eps
+
+    def on_batch(self, images: Tensor, y_soft: Tensor) -> tuple[Tensor, Tensor]:
+        return images, smooth(y_soft, self.eps)

@@ -1,0 +1,359 @@
+"""Image folders: `ROOT/train/<class>/*.png|jpg|...` and `ROOT/val/<class>/...` (or `test/`), decoded with Pillow
+in torch DataLoader worker processes, resized to the recipe's `data.size`, scaled to [0, 1] and normalised.
+
+This is the path for image sets that do not fit in memory, and the input of the worked example (a small CNN
+on a folder of 32x32 colour images). It is not the fast path: every epoch decodes every file again, which
+the in-memory loader never does (benchmarks/imagefolder.py measures the difference). To keep Python out of
+the per-image work where it can, each worker decodes a whole batch into one uint8 tensor; the main process
+then augments and normalises whole batches exactly as `InMemoryLoader` does, with the same seeded order
+(`loader.shard_indices`) and augmentation seeds, so one seed gives the same batches on both paths.
+
+Classes are the sorted names of the folders under `train/`, so label i is the i-th name; `hasten data
+make-folder` (makefolder.py) prefixes them with their label index to keep a dataset's own label order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy
+import torch
+from PIL import Image
+from torch import Tensor
+
+from hasten.data.datasets import ImageDataset
+from hasten.data.loader import Augment, channel_stats, shard_indices
+from hasten.data.transforms import class_interleaved, first_per_class, flip_labels, noise_generator
+from hasten.errors import DataError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+TEST_SPLITS = ("val", "test")  # the held-out split's folder name, first found wins
+GREY_MODES = {"1", "L", "LA", "I", "I;16", "F"}  # Pillow modes read as one channel when data.rgb is unset
+STATS_SAMPLE = 1000  # training images decoded to estimate the per-channel mean and std
+
+
+@dataclass
+class FolderSplit:
+    """One split of an image folder: file paths and their int64 labels."""
+
+    paths: list[str]
+    labels: Tensor
+
+    def take(self, indices: Tensor) -> FolderSplit:
+        return FolderSplit([self.paths[i] for i in indices.tolist()], self.labels[indices])
+
+
+@dataclass
+class ImageFolder:
+    """An image folder on disk: the class names, both splits' files, and how each image is decoded."""
+
+    root: Path
+    classes: list[str]
+    train: FolderSplit
+    test: FolderSplit
+    mode: str  # Pillow mode images are converted to: "RGB" or "L"
+    size: tuple[int, int]  # (width, height) in pixels every image is brought to
+    resize: bool  # False: images of another size are an error rather than resized
+    name: str = "imagefolder"
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of one decoded image."""
+        return (3 if self.mode == "RGB" else 1, self.size[1], self.size[0])
+
+
+def _images_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
+
+
+def _class_folders(split: Path) -> list[Path]:
+    return sorted(p for p in split.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def scan_split(split: Path, classes: list[str]) -> FolderSplit:
+    """The images under `split/<class>/`; a class folder that is not in `classes` is an error naming it."""
+    index = {name: i for i, name in enumerate(classes)}
+    paths: list[str] = []
+    labels: list[int] = []
+    for folder in _class_folders(split):
+        if folder.name not in index:
+            raise DataError(f"{folder}: class {folder.name!r} is not among the training classes (train/ folders)")
+        files = _images_in(folder)
+        paths += [str(p) for p in files]
+        labels += [index[folder.name]] * len(files)
+    return FolderSplit(paths, torch.tensor(labels, dtype=torch.int64))
+
+
+def decode(path: str, mode: str, size: tuple[int, int], resize: bool) -> numpy.ndarray:
+    """One image file as uint8 (C, H, W) in `mode`, brought to `size` (width, height); DataError naming the file."""
+    try:
+        with Image.open(path) as image:
+            if image.size != size and not resize:
+                raise DataError(
+                    f"{path}: {image.size[0]}x{image.size[1]} pixels, but the folder's first training image is "
+                    f"{size[0]}x{size[1]}; set data.size to resize every image"
+                )
+            image = image.convert(mode)
+            if image.size != size:
+                image = image.resize(size, Image.Resampling.BILINEAR)
+            pixels = numpy.asarray(image, dtype=numpy.uint8)
+    except DataError:
+        raise
+    # Pillow reports undecodable, truncated or hostile files as OSError, ValueError, SyntaxError or its
+    # DecompressionBombError, depending on the format plugin
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise DataError(f"{path}: cannot decode as an image ({type(exc).__name__}: {exc})") from None
+    return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+
+
+class BatchDecoder(torch.utils.data.Dataset):
+    """`decoder[list of indices]` -> (uint8 images (B, C, H, W), int64 labels), or the error message as a str.
+
+    A worker's exception reaches the main process wrapped in its traceback text; returning the message lets
+    the loader raise one clean DataError naming the file instead.
+    """
+
+    def __init__(self, split: FolderSplit, mode: str, size: tuple[int, int], resize: bool):
+        self.paths, self.labels = split.paths, split.labels
+        self.mode, self.size, self.resize = mode, size, resize
+        self.shape = (3 if mode == "RGB" else 1, size[1], size[0])
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, indices: list[int]) -> tuple[Tensor, Tensor] | str:
+        images = numpy.empty((len(indices), *self.shape), dtype=numpy.uint8)
+        try:
+            for row, i in enumerate(indices):
+                images[row] = decode(self.paths[i], self.mode, self.size, self.resize)
+        except DataError as error:
+            return str(error)
+        return torch.from_numpy(images), self.labels[indices]
+
+
+def _whole_batch(item: object) -> object:
+    """collate_fn: the decoder already returns whole batches."""
+    return item
+
+
+class _BatchPlan:
+    """The sampler: the index lists of the batches still to come this epoch, set before each pass.
+    DataLoader re-iterates its sampler on every pass, so persistent workers pick up each new epoch's order."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def default_workers() -> int:
+    """Workers when data.workers is unset: one per CPU core but one, at most 4 (see benchmarks/imagefolder.py)."""
+    return max(min(4, (os.cpu_count() or 1) - 1), 0)
+
+
+class ImageFolderLoader:
+    """Batches of (normalised float images, int64 labels) decoded from files by DataLoader workers.
+
+    Same interface and the same sample order as `InMemoryLoader`: `set_epoch`, `batches(start)`, `__len__`,
+    `shard_size`; each rank takes its strided share of the epoch's permutation (padded like DistributedSampler
+    when `pad_shards`, else the remainder is dropped).
+    """
+
+    def __init__(
+        self,
+        decoder: BatchDecoder,
+        batch_size: int,
+        *,
+        mean: Tensor,
+        std: Tensor,
+        shuffle: bool = False,
+        seed: int = 0,
+        augment: Augment | None = None,
+        drop_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        pad_shards: bool = True,
+        channels_last: bool = False,
+        device: torch.device | str = "cpu",
+        workers: int = 0,
+    ):
+        self.decoder, self.batch_size, self.shuffle, self.seed = decoder, batch_size, shuffle, seed
+        self.augment, self.drop_last, self.rank, self.world_size = augment, drop_last, rank, world_size
+        self.pad_shards, self.channels_last, self.workers = pad_shards, channels_last, workers
+        self.device = torch.device(device)
+        self.mean = mean.to(self.device).view(1, -1, 1, 1)
+        self.std = std.to(self.device).view(1, -1, 1, 1)
+        self.epoch = 0
+        self._plan = _BatchPlan()
+        self._loader: torch.utils.data.DataLoader | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    @property
+    def shard_size(self) -> int:
+        n = len(self.decoder)
+        return -(-n // self.world_size) if self.pad_shards else n // self.world_size
+
+    def __len__(self) -> int:
+        full, rest = divmod(self.shard_size, self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def indices(self, epoch: int) -> Tensor:
+        """This rank's sample indices for `epoch`, in the order its batches take them."""
+        n, shard = len(self.decoder), self.shard_size
+        return shard_indices(n, epoch, self.seed, self.shuffle, self.rank, self.world_size, shard)
+
+    def _dataloader(self) -> torch.utils.data.DataLoader:
+        if self._loader is None:  # made once: persistent workers survive from epoch to epoch
+            self._loader = torch.utils.data.DataLoader(
+                self.decoder,
+                batch_size=None,
+                sampler=self._plan,
+                collate_fn=_whole_batch,
+                num_workers=self.workers,
+                persistent_workers=self.workers > 0,
+                prefetch_factor=4 if self.workers else None,  # batches in flight per worker
+                pin_memory=self.device.type == "cuda",
+            )
+        return self._loader
+
+    def _generator(self, epoch: int, batch: int) -> torch.Generator:
+        seed = hash((self.seed, epoch, self.rank, batch)) & 0x7FFF_FFFF_FFFF_FFFF  # as InMemoryLoader seeds it
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    def batches(self, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
+        """The batches of the current epoch from batch index `start` on (a resumed run starts mid-epoch)."""
+        order = self.indices(self.epoch).tolist()
+        self._plan.batches = [order[b * self.batch_size : (b + 1) * self.batch_size] for b in range(start, len(self))]
+        for b, item in enumerate(self._dataloader(), start):
+            if isinstance(item, str):
+                raise DataError(item)
+            images, labels = item
+            images = images.to(self.device, non_blocking=True)
+            if self.augment is not None:
+                images = self.augment(images, self._generator(self.epoch, b))
+            yield self.normalise(images), labels.to(self.device, non_blocking=True)
+
+    def normalise(self, images: Tensor) -> Tensor:
+        x = images.float().div_(255).sub_(self.mean).div_(self.std)
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        return self.batches()
+
+
+def open_image_folder(
+    root: str | Path,
+    *,
+    size: int | None = None,
+    rgb: bool | None = None,
+    subset: int | None = None,
+    test_subset: int | None = None,
+    per_class: int | None = None,
+    label_noise: float = 0.0,
+    seed: int = 0,
+) -> ImageFolder:
+    """Scan `root` (train/ and val/ or test/): classes, files and labels, with the recipe's data keys applied.
+
+    `subset` takes the first N training images visiting the classes in turn (the files are grouped by class,
+    so the first N in file order would be a few classes only); `per_class` the first N of each class;
+    `label_noise` flips that fraction of training labels (seeded). Without `size`, every image must have the
+    first training image's size; without `rgb`, the first image's mode decides (grey: 1 channel, else RGB).
+    """
+    root = Path(root).expanduser()
+    train_dir = root / "train"
+    if not train_dir.is_dir():
+        raise DataError(
+            f"data.root={root}: no train/ folder (expected train/<class>/*.png and val/<class>/...); to make one "
+            "from a dataset: hasten data make-folder fashion-mnist DIR --size 32 --rgb"
+        )
+    test_dir = next((root / s for s in TEST_SPLITS if (root / s).is_dir()), None)
+    if test_dir is None:
+        raise DataError(f"data.root={root}: no val/ or test/ folder next to train/")
+    classes = [p.name for p in _class_folders(train_dir)]
+    if not classes:
+        raise DataError(f"{train_dir}: no class folders (expected train/<class>/*.png)")
+    train, test = scan_split(train_dir, classes), scan_split(test_dir, classes)
+    if not train.paths:
+        raise DataError(f"{train_dir}: no image files ({', '.join(IMAGE_SUFFIXES)}) in its class folders")
+    if subset is not None:
+        train = train.take(class_interleaved(train.labels)[:subset])
+    if per_class is not None:
+        train = train.take(first_per_class(train.labels, per_class))
+    if test_subset is not None:
+        test = test.take(class_interleaved(test.labels)[:test_subset])
+    if label_noise:
+        noisy, _ = flip_labels(train.labels, label_noise, len(classes), noise_generator(seed))
+        train = FolderSplit(train.paths, noisy)
+    first = train.paths[0]
+    try:
+        with Image.open(first) as image:
+            first_size, first_mode = image.size, image.mode
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise DataError(f"{first}: cannot decode as an image ({type(exc).__name__}: {exc})") from None
+    mode = ("L" if first_mode in GREY_MODES else "RGB") if rgb is None else ("RGB" if rgb else "L")
+    return ImageFolder(root, classes, train, test, mode, (size, size) if size else first_size, size is not None)
+
+
+def folder_stats(data: ImageFolder, sample: int = STATS_SAMPLE, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Per-channel mean and std in [0, 1] units, from a seeded sample of up to `sample` training images."""
+    picked = torch.randperm(len(data.train.paths), generator=torch.Generator().manual_seed(seed))[:sample]
+    decoder = BatchDecoder(data.train, data.mode, data.size, data.resize)
+    images = decoder[picked.sort().values.tolist()]  # in file order: kinder to the disk
+    if isinstance(images, str):
+        raise DataError(images)
+    return channel_stats(images[0])
+
+
+def read_into_memory(data: ImageFolder) -> ImageDataset:
+    """Every image of the folder decoded once into an in-memory `ImageDataset` (for code that needs the
+    tensors, such as the naive baseline loop or the in-memory side of benchmarks/imagefolder.py)."""
+    splits = []
+    for split in (data.train, data.test):
+        decoded = BatchDecoder(split, data.mode, data.size, data.resize)[list(range(len(split.paths)))]
+        if isinstance(decoded, str):
+            raise DataError(decoded)
+        splits += decoded
+    return ImageDataset(data.name, *splits, list(data.classes))
+
+
+def image_folder_loaders(
+    data: ImageFolder,
+    batch_size: int,
+    eval_batch_size: int,
+    *,
+    seed: int = 0,
+    augment: Augment | None = None,
+    workers: int | None = None,
+    channels_last: bool = False,
+    device: torch.device | str = "cpu",
+    rank: int = 0,
+    world_size: int = 1,
+) -> tuple[ImageFolderLoader, ImageFolderLoader]:
+    """Training and test loaders over `data`; normalisation statistics come from the training images."""
+    mean, std = folder_stats(data, seed=seed)
+    workers = default_workers() if workers is None else workers
+    common = dict(mean=mean, std=std, channels_last=channels_last, device=device, workers=workers)
+    common |= dict(rank=rank, world_size=world_size)
+    train = ImageFolderLoader(
+        BatchDecoder(data.train, data.mode, data.size, data.resize),
+        batch_size,
+        shuffle=True,
+        seed=seed,
+        augment=augment,
+        **common,
+    )
+    test_decoder = BatchDecoder(data.test, data.mode, data.size, data.resize)
+    return train, ImageFolderLoader(test_decoder, eval_batch_size, pad_shards=False, **common)

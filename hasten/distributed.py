@@ -1,0 +1,174 @@
+"""Data-parallel training on torch.distributed: torchrun's environment, the process group, DDP, rank helpers.
+
+One process per device (TensorFlow's "mirrored strategy" in PyTorch terms): each holds a full model copy,
+takes its share of every batch, and DDP all-reduces gradients during backward. NCCL on CUDA, gloo on CPU.
+`hasten train --devices N` starts N workers through torchrun's own launcher (`torch.distributed.run`), so a
+job started from the CLI behaves exactly like `torchrun --nproc-per-node N -m hasten train ...`: the elastic
+agent watches the workers and stops the whole job, non-zero, when one fails.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+# how long a collective may wait for a missing peer before the job fails instead of hanging
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=int(os.environ.get("HASTEN_DIST_TIMEOUT_MIN", "10")))
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """The process's place in the job, from torchrun's environment variables (single process without them)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    restart_count: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT: > 0 after an elastic restart
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str] | None = None) -> DistEnv:
+        env = os.environ if environ is None else environ
+        return cls(
+            rank=int(env.get("RANK", 0)),
+            world_size=int(env.get("WORLD_SIZE", 1)),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        )
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def device_for(env: DistEnv, requested: str) -> torch.device:
+    """The device of this process: its own GPU (by local rank) under CUDA, else the CPU."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(requested)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def init(env: DistEnv, device: torch.device) -> None:
+    """Join the process group torchrun described (no-op for a single process)."""
+    if not env.is_distributed or dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=COLLECTIVE_TIMEOUT,
+                            device_id=device if device.type == "cuda" else None)  # fmt: skip
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def wrap(model: nn.Module, device: torch.device, *, sync_batchnorm: bool = False) -> nn.Module:
+    """The model wrapped in DistributedDataParallel when there are several processes, else unchanged."""
+    if world_size() == 1:
+        return model
+    if sync_batchnorm:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a DDP (or torch.compile) wrapper, whose state_dict has the plain keys."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+@contextmanager
+def no_sync(model: nn.Module, skip: bool) -> Iterator[None]:
+    """Skip DDP's gradient all-reduce inside (for accumulation micro-steps that do not step)."""
+    if skip and isinstance(model, nn.parallel.DistributedDataParallel):
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise sum over all processes (identity for one process)."""
+    if world_size() == 1:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when `flag` is true on any rank (e.g. a stop signal seen by one)."""
+    if world_size() == 1:
+        return flag
+    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
+def broadcast_object(value: Any, src: int = 0) -> Any:
+    """`value` from rank `src` on every rank."""
+    if world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        dist.barrier()
+
+
+def launch(nproc: int, hasten_args: list[str], *, max_restarts: int = 0) -> int:
+    """Run `python -m hasten <hasten_args>` in `nproc` worker processes through torchrun's launcher.
+
+    Returns the job's exit code; a failed worker makes torchrun stop the others and the job exit non-zero.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    args = get_args_parser().parse_args(
+        ["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--monitor-interval=0.5",
+         "-m", "hasten", *hasten_args]
+    )  # fmt: skip
+    try:
+        run(args)
+    except ChildFailedError as error:
+        failures = error.failures
+        for rank_id, failure in sorted(failures.items()):
+            print(f"hasten: worker rank {rank_id} failed with exit code {failure.exitcode}", file=sys.stderr)
+        first = failures[min(failures)]
+        return first.exitcode if first.exitcode and first.exitcode > 0 else 1
+    return 0

@@ -1,0 +1,382 @@
+"""`hasten bench`: variants of a recipe trained side by side, with time-to-accuracy, throughput, peak memory
+and arithmetic efficiency, median and spread over repeats, written as CSV, JSON, a markdown report and plots.
+
+Discipline after airbench (Keller Jordan, 2024): a warm-up run first (not recorded); then every variant once
+per repeat, interleaved, with the order rotated each repeat, so drift of the machine (clocks, other load)
+hits all variants alike; the median and the range over repeats; the exact recipe, versions and machine saved
+with the numbers. Each run is a fresh Python process by default (`isolate=True`): on a CPU the peak memory
+is the process's resident high-water mark, which in one shared process would only ever grow from run to run,
+and a variant's thread setting would leak into the next.
+
+The built-in `naive` variant is the textbook loop (naive.py), so every report shows the speed-up over it.
+`run_grid` is the public entry point for other experiments (the sweeps reuse it); `bench` adds the files.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import hasten
+from hasten.build import dataset, resolve_device
+from hasten.config import Recipe, apply_overrides, validate
+from hasten.errors import HastenError
+from hasten.experiments.flops import PRECISION_DTYPES, matmul_peak, train_step_flops
+from hasten.experiments.variants import (  # re-exported: the sweep and transfer experiments import them from here
+    NAIVE,
+    Variant,
+    ablation_variants,
+    grid_variants,
+    parse_vary,
+    plan_variants,
+    slug,
+    split_values,
+    variant_recipe,
+)
+from hasten.models import build_model
+from hasten.runlog import environment, write_atomic
+
+__all__ = [
+    "NAIVE",
+    "Variant",
+    "ablation_variants",
+    "aggregate",
+    "bench",
+    "grid_variants",
+    "machine",
+    "parse_vary",
+    "plan_variants",
+    "run_grid",
+    "run_in_process",
+    "run_isolated",
+    "split_values",
+    "variant_recipe",
+    "write_results",
+]
+
+METRICS = ("test_accuracy", "train_seconds", "wall_seconds", "images_per_second", "peak_memory_bytes")
+OPTIONAL_METRICS = ("peak_step_memory_bytes",)  # in hasten runs' summaries, not the naive loop's
+EFFICIENCY = ("achieved_flops_per_second", "peak_fraction")
+
+# ---- one run ---------------------------------------------------------------------------------------------
+
+
+def flops_per_image(recipe: Recipe) -> float:
+    """Forward + backward FLOPs of one training image through the recipe's model."""
+    data = dataset(recipe)
+    model = build_model(recipe.model, data.image_shape, data.num_classes)
+    return train_step_flops(model, data.image_shape, data.num_classes)
+
+
+def run_in_process(recipe: Recipe, kind: str, naive_epochs: int | None = None) -> dict[str, Any]:
+    """One run in this process: its summary, plus `flops_per_image`."""
+    if kind == "naive":
+        from hasten.experiments.naive import train_naive
+
+        summary = train_naive(recipe, naive_epochs)
+    else:
+        from hasten.build import train
+
+        summary = train(recipe)
+    return summary | {"flops_per_image": flops_per_image(recipe)}
+
+
+def run_isolated(recipe: Recipe, kind: str, naive_epochs: int | None, run_dir: Path) -> dict[str, Any]:
+    """One run in a fresh Python process (`python -m hasten.experiments.bench SPEC`); its output goes to
+    `run_dir/worker.log`. A failed run raises HastenError with the error's first line from the log."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec, result = run_dir / "bench-spec.json", run_dir / "bench-result.json"
+    result.unlink(missing_ok=True)
+    spec_data = {"recipe": recipe.model_dump(mode="json"), "kind": kind, "naive_epochs": naive_epochs}
+    write_atomic(spec, json.dumps(spec_data, indent=2) + "\n")
+    package_root = str(Path(hasten.__file__).resolve().parents[1])
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    with open(run_dir / "worker.log", "w") as worker_log:
+        code = subprocess.run(
+            [sys.executable, "-m", "hasten.experiments.bench", str(spec), str(result)],
+            stdout=worker_log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        ).returncode
+    if code != 0 or not result.is_file():
+        lines = (run_dir / "worker.log").read_text(errors="replace").strip().splitlines() or ["no output"]
+        cause = next((line for line in lines if line.startswith("error: ")), lines[-1])  # else a traceback's end
+        raise HastenError(f"{cause.removeprefix('error: ')} (exit {code}; the whole log: {run_dir / 'worker.log'})")
+    return json.loads(result.read_text())
+
+
+def _worker(spec_path: str, result_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        result = run_in_process(Recipe.model_validate(spec["recipe"]), spec["kind"], spec["naive_epochs"])
+    except HastenError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
+    write_atomic(Path(result_path), json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+# ---- the grid --------------------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    """Versions and machine (hasten.runlog.environment) plus CPU model, threads, memory and platform."""
+    cpu_model = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        memory_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        memory_gib = None
+    return environment() | {
+        "cpu_model": cpu_model or platform.processor() or None,
+        "torch_threads": torch.get_num_threads(),
+        "memory_gib": memory_gib,
+        "platform": platform.platform(),
+    }
+
+
+def spread(values: Sequence[float]) -> dict[str, float] | None:
+    """Median, min and max of `values`; None when there are none."""
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def aggregate(runs: list[dict[str, Any]], thresholds: Sequence[str]) -> dict[str, Any]:
+    """A variant's statistics over its successful runs. Time to a threshold: its median counts a run that
+    never got there as infinitely slow, so it is null unless more than half the runs reached it."""
+    done = [run for run in runs if "error" not in run]
+    stats: dict[str, Any] = {"runs": len(done), "failed": len(runs) - len(done)}
+    for key in METRICS + OPTIONAL_METRICS:
+        stats[key] = spread([run["summary"][key] for run in done if run["summary"].get(key) is not None])
+    for key in EFFICIENCY:
+        stats[key] = spread([run[key] for run in done if run.get(key) is not None])
+    stats["time_to_accuracy"] = {}
+    for threshold in thresholds:
+        times = [run["summary"]["time_to_accuracy"].get(threshold) for run in done]
+        reached = sorted(t for t in times if t is not None)
+        ordered = reached + [float("inf")] * (len(times) - len(reached))
+        median = statistics.median(ordered) if ordered else float("inf")
+        stats["time_to_accuracy"][threshold] = {
+            "median": None if median == float("inf") else median,
+            "min": reached[0] if reached else None,
+            "max": reached[-1] if len(reached) == len(times) and reached else None,
+            "reached": len(reached),
+        }
+    return stats
+
+
+def speedups(variants: list[dict[str, Any]], thresholds: Sequence[str]) -> None:
+    """Adds `speedup_vs_naive` (naive's median time / the variant's, per threshold) to each variant."""
+    naive = next((v for v in variants if v["kind"] == "naive"), None)
+    for variant in variants:
+        variant["speedup_vs_naive"] = {}
+        for threshold in thresholds:
+            mine = variant["stats"]["time_to_accuracy"][threshold]["median"]
+            theirs = naive and naive["stats"]["time_to_accuracy"][threshold]["median"]
+            variant["speedup_vs_naive"][threshold] = theirs / mine if theirs and mine else None
+
+
+def run_grid(
+    recipe: Recipe,
+    variants: Sequence[Variant],
+    repeats: int = 3,
+    out: str | Path | None = None,
+    *,
+    warmup: bool = True,
+    isolate: bool = True,
+    naive_epochs: int | None = None,
+    measure_peak: bool = True,
+    peak_seconds: float = 1.0,
+    command: str | None = None,
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> dict[str, Any]:
+    """Train every variant `repeats` times (after one warm-up run), interleaved, and return the results
+    (what results.json holds). Run folders go to `out/runs/<variant>/r<k>`. Every variant's recipe is
+    validated before anything runs. A failed run is recorded with its error and the rest go on."""
+    if repeats < 1:
+        raise HastenError("--repeats must be at least 1")
+    out = Path(out or Path("bench") / recipe.name)
+    folders = {v: out / "runs" / f"{i:02d}-{slug(v.name)}" for i, v in enumerate(variants, 1)}
+    recipes = {v: variant_recipe(recipe, v) for v in variants}  # all validated before anything runs
+    precisions = {v: "fp32" if v.kind == "naive" else recipes[v].precision for v in variants}
+    thresholds = [f"{t:.2f}" for t in recipe.run.thresholds]
+
+    def one_run(variant: Variant, run_dir: Path, epochs: int | None = None) -> dict[str, Any]:
+        changes = [f"run.dir={run_dir}"] + ([f"train.epochs={epochs}"] if epochs else [])
+        run_recipe = validate(apply_overrides(recipes[variant].model_dump(mode="json"), changes))
+        naive_run_epochs = epochs or naive_epochs
+        if isolate:
+            return run_isolated(run_recipe, variant.kind, naive_run_epochs, run_dir)
+        return run_in_process(run_recipe, variant.kind, naive_run_epochs)
+
+    started = datetime.datetime.now(datetime.timezone.utc)
+    if warmup and variants:
+        first = next((v for v in variants if v.kind != "naive"), variants[0])
+        log(f"warm-up: {first.name}, 1 epoch (not recorded)")
+        try:
+            one_run(first, out / "runs" / "warmup", epochs=1)
+        except HastenError as error:  # the variant's own runs will record it
+            log(f"warm-up failed: {error}")
+
+    peaks: dict[str, dict[str, Any]] = {}
+    if measure_peak:
+        if recipe.train.threads:
+            torch.set_num_threads(recipe.train.threads)
+        device = resolve_device(recipe.device)
+        for precision in sorted(set(precisions.values())):
+            flops, size = matmul_peak(PRECISION_DTYPES[precision], device, min_seconds=peak_seconds)
+            tf32 = device.type == "cuda" and precision == "fp32" and torch.backends.cudnn.allow_tf32
+            peaks[precision] = {"flops_per_second": flops, "size": size, "tf32": tf32}
+            log(f"matmul peak {precision}: {flops / 1e9:.1f} GFLOP/s ({size}x{size}, {device.type})")
+
+    runs: dict[Variant, list[dict[str, Any]]] = {v: [] for v in variants}
+    total, count = repeats * len(variants), 0
+    for repeat in range(repeats):
+        order = list(variants[repeat % len(variants) :]) + list(variants[: repeat % len(variants)])
+        for variant in order:
+            count += 1
+            run_dir = folders[variant] / f"r{repeat + 1}"
+            record: dict[str, Any] = {"repeat": repeat + 1, "order": count, "run_dir": str(run_dir)}
+            try:
+                result = one_run(variant, run_dir)
+            except HastenError as error:
+                record["error"] = str(error)
+                log(f"[{count}/{total}] {variant.name} r{repeat + 1}: FAILED: {error}")
+            else:
+                record |= _efficiency(result, peaks.get(precisions[variant]))
+                record["summary"] = {k: v for k, v in result.items() if k not in ("flops_per_image", "run_dir")}
+                record["curve"] = _curve(run_dir)
+                log(f"[{count}/{total}] {variant.name} r{repeat + 1}: {_one_line(result, thresholds)}")
+            runs[variant].append(record)
+
+    results_variants = [
+        {
+            "name": v.name,
+            "kind": v.kind,
+            "overrides": list(v.overrides),
+            "precision": precisions[v],
+            "epochs": (naive_epochs if v.kind == "naive" else None) or recipes[v].train.epochs,
+            "runs": runs[v],
+            "stats": aggregate(runs[v], thresholds),
+        }
+        for v in variants
+    ]
+    speedups(results_variants, thresholds)
+    return {
+        "name": recipe.name,
+        "command": command,
+        "started": started.isoformat(timespec="seconds"),
+        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "repeats": repeats,
+        "warmup": warmup,
+        "isolated": isolate,
+        "thresholds": thresholds,
+        "machine": machine(),
+        "matmul_peak": peaks,
+        "recipe": recipe.model_dump(mode="json"),
+        "variants": results_variants,
+    }
+
+
+def _efficiency(result: dict[str, Any], peak: dict[str, Any] | None) -> dict[str, Any]:
+    flops = result.get("flops_per_image")
+    achieved = flops * result["images_per_second"] if flops else None
+    fraction = achieved / peak["flops_per_second"] if achieved and peak else None
+    return {"flops_per_image": flops, "achieved_flops_per_second": achieved, "peak_fraction": fraction}
+
+
+def _curve(run_dir: Path) -> list[list[float]]:
+    """[[training seconds, test accuracy]] at the end of each epoch, from the run's metrics.csv."""
+    from hasten.report import read_metrics
+
+    return [[row["train_seconds"], row["test_accuracy"]] for row in read_metrics(run_dir)]
+
+
+def _one_line(result: dict[str, Any], thresholds: Sequence[str]) -> str:
+    reached = [f"{float(t):.0%} in {s:.1f}s" for t in thresholds if (s := result["time_to_accuracy"].get(t))]
+    return (
+        f"accuracy {result['test_accuracy']:.4f}, {result['images_per_second']:,.0f} images/s, "
+        f"{result['train_seconds']:.1f}s training" + (f"; {', '.join(reached)}" if reached else "")
+    )
+
+
+# ---- files -----------------------------------------------------------------------------------------------
+
+CSV_FIELDS = [
+    "variant",
+    "kind",
+    "repeat",
+    "order",
+    "overrides",
+    "precision",
+    *METRICS,
+    *OPTIONAL_METRICS,
+    "epochs",
+    "flops_per_image",
+    *EFFICIENCY,
+    "error",
+    "run_dir",
+]
+
+
+def write_results(results: dict[str, Any], out: str | Path) -> list[Path]:
+    """results.json (everything) and results.csv (one row per run, time to each threshold as `time_to_X`)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "results.json", json.dumps(results, indent=2) + "\n")
+    fields = CSV_FIELDS + [f"time_to_{t}" for t in results["thresholds"]]
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fields)
+        writer.writeheader()
+        for variant in results["variants"]:
+            for run in variant["runs"]:
+                summary = run.get("summary", {})
+                row = {
+                    "variant": variant["name"],
+                    "kind": variant["kind"],
+                    "overrides": " ".join(variant["overrides"]),
+                    "precision": variant["precision"],
+                    **{k: run.get(k) for k in ("repeat", "order", "error", "run_dir", "flops_per_image", *EFFICIENCY)},
+                    **{k: summary.get(k) for k in (*METRICS, *OPTIONAL_METRICS, "epochs")},
+                    **{f"time_to_{t}": summary.get("time_to_accuracy", {}).get(t) for t in results["thresholds"]},
+                }
+                writer.writerow(row)
+    return [out / "results.json", out / "results.csv"]
+
+
+def bench(
+    recipe: Recipe,
+    variants: Sequence[Variant],
+    repeats: int = 3,
+    out: str | Path | None = None,
+    **options: Any,
+) -> tuple[dict[str, Any], list[Path]]:
+    """`run_grid`, then results.json, results.csv, report.md and the plots in `out` (default bench/<name>/).
+    Returns the results and the files written."""
+    from hasten.report import write_bench_report
+
+    out = Path(out or Path("bench") / recipe.name)
+    results = run_grid(recipe, variants, repeats, out, **options)
+    return results, write_results(results, out) + write_bench_report(results, out)
+
+
+if __name__ == "__main__":
+    sys.exit(_worker(*sys.argv[1:]))

@@ -1,0 +1,130 @@
+"""What a GAN run shows: sample grids (PNG), the progress bar while it trains, and the results table."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from torch import Tensor, nn
+
+
+@torch.no_grad()
+def generate(generator: nn.Module, noise: Tensor, batch: int = 500) -> Tensor:
+    """G's images for `noise`, fp32, in [-1, 1], in batches of `batch`.
+
+    Batch norm normalises with each batch's own statistics, as in training and as the reference DCGAN code
+    samples, and leaves the running averages alone: early in a run those lag far behind (momentum 0.1 from
+    mean 0, variance 1) and would make every image nearly the same grey.
+    """
+    norms = [m for m in generator.modules() if isinstance(m, nn.BatchNorm2d)]
+    was_training, tracking = generator.training, [m.track_running_stats for m in norms]
+    generator.train()
+    for norm in norms:
+        norm.track_running_stats = False  # in train mode: batch statistics, running averages not updated
+    try:
+        return torch.cat([generator(z).float() for z in noise.split(batch)])
+    finally:
+        for norm, flag in zip(norms, tracking, strict=True):
+            norm.track_running_stats = flag
+        generator.train(was_training)
+
+
+def grid_image(images: Tensor, rows: int, pad: int = 2) -> np.ndarray:
+    """`images` (N, C, H, W) in [-1, 1] tiled row by row, `pad` black pixels apart, as uint8 (H', W') for one
+    channel or (H', W', 3); `rows` rows of ceil(N / rows) images."""
+    n, channels, h, w = images.shape
+    cols = -(-n // rows)
+    canvas = torch.full((channels, rows * h + (rows + 1) * pad, cols * w + (cols + 1) * pad), -1.0)
+    for i, image in enumerate(images.detach().float().cpu()):
+        top, left = pad + (i // cols) * (h + pad), pad + (i % cols) * (w + pad)
+        canvas[:, top : top + h, left : left + w] = image
+    pixels = ((canvas.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return pixels[0].numpy() if channels == 1 else pixels.permute(1, 2, 0).numpy()
+
+
+def save_grid(images: Tensor, path: Path, rows: int) -> np.ndarray:
+    """Write the grid of `images` to `path` as a PNG, one pixel per pixel (8x8 images of 32x32: 274x274 pixels),
+    and return it."""
+    pixels = grid_image(images, rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path)
+    return pixels
+
+
+class GanProgress:
+    """A rich progress bar per epoch (D and G losses so far, images/s), then one line per finished epoch."""
+
+    def __init__(self, batches: int, *, enabled: bool = True, updates_per_epoch: int = 20):
+        self.batches, self.enabled = batches, enabled
+        self.every = max(1, batches // updates_per_epoch)  # reading the losses syncs the device: not every batch
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[text]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+            disable=not enabled,
+        )
+        self.task: Any = None
+
+    def __enter__(self) -> GanProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.progress.__exit__(kind, value, tb)
+
+    def start_epoch(self, epoch: int, epochs: int) -> None:
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.task = self.progress.add_task(f"epoch {epoch}/{epochs}", total=self.batches, text="")
+
+    def advance(self, batch: int, totals: Tensor, seen: int, started: float) -> None:
+        """`totals` holds D's and G's losses summed over the `seen` images since `started`."""
+        if not self.enabled or (batch % self.every and batch != self.batches):
+            return
+        loss_d, loss_g = (totals[:2] / max(seen, 1)).tolist()
+        rate = seen / max(time.perf_counter() - started, 1e-9)
+        self.progress.update(self.task, completed=batch, text=f"D {loss_d:.3f}  G {loss_g:.3f}  {rate:,.0f} img/s")
+
+    def end_epoch(self, row: dict[str, Any]) -> None:
+        if self.enabled:
+            frechet = f"  Fréchet {row['frechet']:.2f}" if row["frechet"] != "" else ""
+            self.progress.console.print(
+                f"epoch {row['epoch']:>2}  D {row['loss_d']:.3f}  G {row['loss_g']:.3f}  "
+                f"D(x) {row['d_real']:.2f}  D(G(z)) {row['d_fake']:.2f}{frechet}  "
+                f"{row['images_per_second']:,.0f} img/s  {row['train_seconds']:.1f} s",
+                highlight=False,
+            )
+
+
+def results_table(summary: dict[str, Any]) -> Table:
+    """The end-of-run table `hasten gan` prints."""
+    table = Table(title=f"results ({summary['precision']})", show_header=False)
+    table.add_row("epochs", f"{summary['epochs']} ({summary['steps']} steps)")
+    table.add_row("losses", f"D {summary['loss_d']:.3f}  G {summary['loss_g']:.3f}")
+    if "frechet_distance" in summary:
+        quality = summary["quality"]
+        table.add_row("Fréchet distance", f"{summary['frechet_distance']:.2f} ({quality['measure']})")
+        table.add_row("  real vs real", f"{quality['real_train_vs_test']:.2f} (train vs test images, same count)")
+        mix = sorted(summary["class_distribution"].items(), key=lambda item: -item[1])
+        table.add_row("class mix", ", ".join(f"{name} {share:.0%}" for name, share in mix if share > 0))
+    if summary["skipped_steps_d"] or summary["skipped_steps_g"] or summary["precision"] == "fp16":
+        table.add_row("loss scales", f"D {summary['loss_scale_d']:g}  G {summary['loss_scale_g']:g}")
+        table.add_row("skipped steps", f"D {summary['skipped_steps_d']}  G {summary['skipped_steps_g']}")
+    table.add_row("throughput", f"{summary['images_per_second']:,.0f} images/s")
+    table.add_row("peak memory", f"{summary['peak_memory_bytes'] / 2**20:,.0f} MiB")
+    table.add_row("wall time", f"{summary['wall_seconds']:.1f} s (training {summary['train_seconds']:.1f} s)")
+    table.add_row("samples", summary["grid"])
+    table.add_row("run folder", summary.get("run_dir", ""))
+    return table

@@ -1,0 +1,67 @@
+"""`hasten schedule`: the LR and momentum of every optimizer step of a recipe's run, and their plot,
+without training. The step count comes from the real data loader, so warmup and cycles fall where they will."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hasten.build import dataset, global_batch, loaders, optimizer_steps, scaled_lr
+from hasten.config import Recipe
+from hasten.schedules import trace, warmup_steps
+
+
+@dataclass
+class ScheduleTrace:
+    lrs: list[float]  # LR at each optimizer step 0..total (the last one is where the run ends)
+    momenta: list[float]  # momentum (SGD) or beta1 (Adam-style) at each step
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+    momentum_scheduled: bool
+
+
+def schedule_trace(recipe: Recipe) -> ScheduleTrace:
+    """The recipe's per-step LR (after the scaling rule) and momentum over the whole run."""
+    train_loader, _ = loaders(recipe, dataset(recipe), torch.device("cpu"))
+    total = optimizer_steps(recipe, train_loader)
+    peak = scaled_lr(recipe.optim, global_batch(recipe))
+    multipliers, momenta = trace(recipe.schedule, total)
+    fixed = recipe.optim.momentum if recipe.optim.name == "sgd" else recipe.optim.betas[0]
+    return ScheduleTrace(
+        lrs=[peak * m for m in multipliers],
+        momenta=momenta if momenta is not None else [fixed] * len(multipliers),
+        steps_per_epoch=len(train_loader),
+        total_steps=total,
+        warmup_steps=warmup_steps(recipe.schedule, total),
+        momentum_scheduled=momenta is not None,
+    )
+
+
+def plot_schedule(result: ScheduleTrace, path: str | Path, title: str) -> Path:
+    """LR (top) and momentum (bottom) against epochs, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [step / result.steps_per_epoch for step in range(len(result.lrs))]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True, constrained_layout=True)
+    top.plot(epochs, result.lrs, color="tab:blue")
+    top.set_ylabel("learning rate")
+    top.set_title(title)
+    if result.warmup_steps:
+        top.axvline(result.warmup_steps / result.steps_per_epoch, color="grey", linestyle=":", label="end of warmup")
+        top.legend(loc="upper right")
+    bottom.plot(epochs, result.momenta, color="tab:orange")
+    bottom.set_ylabel("momentum / beta1" if result.momentum_scheduled else "momentum / beta1 (fixed)")
+    bottom.set_xlabel(f"epoch ({result.steps_per_epoch} optimizer steps each)")
+    for axis in (top, bottom):
+        axis.grid(alpha=0.3)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,140 @@
+"""Variants of a recipe for benchmarks and sweeps: `--vary KEY=V1,V2` grids, one-change-at-a-time
+ablations, and the built-in naive loop, each a `Variant` (a name and recipe overrides).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hasten.config import Recipe, apply_overrides, parse_value, validate
+from hasten.errors import RecipeError
+
+NAIVE = "naive"
+
+# `--ablate` without `--vary`: each technique the recipe switches on, switched off alone
+ABLATIONS = [
+    ("precision", "fp32"),
+    ("train.channels_last", "false"),
+    ("data.augment.flip", "false"),
+    ("data.augment.translate", "0"),
+    ("tricks.label_smoothing", "0"),
+    ("tricks.mixup", "0"),
+    ("tricks.cutmix", "0"),
+    ("tricks.ema", "0"),
+    ("schedule.name", "constant"),
+    ("train.tta_flip", "false"),
+    ("model.zero_init_residual", "false"),
+    ("optim.no_bias_decay", "false"),
+    ("train.compile", "false"),
+]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One column of a bench: recipe overrides on top of the base recipe, or the naive loop."""
+
+    name: str
+    overrides: tuple[str, ...] = ()
+    kind: str = "recipe"  # "recipe": hasten's loop (hasten.build.train); "naive": the textbook loop
+
+
+def split_values(text: str) -> list[str]:
+    """`a,b,[1,2]` -> ['a', 'b', '[1,2]']: commas split values except inside brackets or braces."""
+    values, depth, current = [], 0, ""
+    for char in text:
+        depth += char in "[{("
+        depth -= char in "]})"
+        if char == "," and depth == 0:
+            values.append(current.strip())
+            current = ""
+        else:
+            current += char
+    values.append(current.strip())
+    return values
+
+
+def parse_vary(items: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """`--vary KEY=V1,V2` items -> [(KEY, [V1, V2])]; a malformed item is an error naming it."""
+    parsed = []
+    for item in items:
+        key, sep, text = item.partition("=")
+        values = split_values(text) if sep else []
+        if not key or not sep or not all(values):
+            raise RecipeError(f"--vary {item!r}: write KEY=VALUE1,VALUE2, e.g. --vary precision=fp32,bf16")
+        parsed.append((key, values))
+    return parsed
+
+
+def _labels(keys: Sequence[str]) -> dict[str, str]:
+    """Short names for variant labels: the last part of each key (the last two for a bare `name`), the whole
+    key where two would clash."""
+    leaves = [".".join(key.split(".")[-2:]) if key.endswith(".name") else key.rsplit(".", 1)[-1] for key in keys]
+    return {key: leaf if leaves.count(leaf) == 1 else key for key, leaf in zip(keys, leaves, strict=True)}
+
+
+def lookup(recipe: Recipe, key: str) -> Any:
+    """The value of dotted `key` in the recipe (as YAML would write it); KeyError when there is none."""
+    node: Any = recipe.model_dump(mode="json")
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(key)
+        node = node[part]
+    return node
+
+
+def grid_variants(vary: Sequence[tuple[str, list[str]]]) -> list[Variant]:
+    """Every combination of the varied values, one variant each."""
+    labels = _labels([key for key, _ in vary])
+    variants = []
+    for combination in itertools.product(*(values for _, values in vary)):
+        overrides = tuple(f"{key}={value}" for (key, _), value in zip(vary, combination, strict=True))
+        name = " ".join(f"{labels[key]}={value}" for (key, _), value in zip(vary, combination, strict=True))
+        variants.append(Variant(name, overrides))
+    return variants
+
+
+def ablation_variants(recipe: Recipe, vary: Sequence[tuple[str, list[str]]]) -> list[Variant]:
+    """The recipe as is, then one change at a time: each varied value (or, with none given, each of
+    `ABLATIONS` that the recipe has switched on), skipping values the recipe already has."""
+    changes = [(key, value) for key, values in vary for value in values] if vary else ABLATIONS
+    labels = _labels([key for key, _ in changes])
+    variants = [Variant(recipe.name)]
+    for key, value in changes:
+        try:
+            current = lookup(recipe, key)
+        except KeyError:
+            if vary:
+                raise RecipeError(f"--vary {key}: the recipe has no such key") from None
+            continue  # a technique this version of the recipe does not have
+        if current != parse_value(value):
+            variants.append(Variant(f"{labels[key]}={value}", (f"{key}={value}",)))
+    return variants
+
+
+def plan_variants(recipe: Recipe, vary: Sequence[str] = (), ablate: bool = False, naive: bool = True) -> list[Variant]:
+    """The variants `hasten bench` runs: the naive loop (first, when asked, and not for image folders), then
+    the grid of `--vary` values, or with `ablate` the recipe and one change at a time; else the recipe alone."""
+    parsed = parse_vary(vary)
+    if ablate:
+        variants = ablation_variants(recipe, parsed)
+    elif parsed:
+        variants = grid_variants(parsed)
+    else:
+        variants = [Variant(recipe.name)]
+    naive = naive and recipe.data.name != "imagefolder"  # the naive loop is for in-memory datasets
+    return ([Variant(NAIVE, kind="naive")] if naive else []) + variants
+
+
+def variant_recipe(recipe: Recipe, variant: Variant, run_dir: Path | None = None) -> Recipe:
+    """The base recipe with the variant's overrides, quiet, writing into `run_dir`."""
+    overrides = [*variant.overrides, "run.progress=false"] + ([f"run.dir={run_dir}"] if run_dir else [])
+    return validate(apply_overrides(recipe.model_dump(mode="json"), overrides), f"variant {variant.name!r}")
+
+
+def slug(text: str) -> str:
+    """A folder name for a variant: letters, digits and `=._-`; the rest become `_`."""
+    return "".join(c if c.isalnum() or c in "=._-" else "_" for c in text)[:80]

@@ -1,0 +1,256 @@
+"""`hasten gan`: a DCGAN step in each precision, per-network loss scaling, sample grids, the Fréchet distance,
+resume, and the command end to end, on tiny networks and the synthetic dataset."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hasten.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
+from hasten.cli import main
+from hasten.config import ModelConfig
+from hasten.data import load_dataset
+from hasten.errors import CheckpointError
+from hasten.experiments import gan
+from hasten.experiments.frechet import (
+    ClassifierFeatures,
+    frechet_distance,
+    gaussian_stats,
+    load_classifier,
+    trace_sqrt_product,
+    trace_sqrt_product_eigh,
+)
+from hasten.experiments.gan import build_gan, gan_step, restore, train_gan
+from hasten.experiments.gan_recipe import GanRecipe, load_gan_recipe
+from hasten.experiments.gan_report import generate, save_grid
+from hasten.models import build_model
+from hasten.models.dcgan import SIZE, padded, signed
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny networks run fastest on one thread; train.threads=1 in a recipe sets torch's, process-wide."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny(tmp_path, *extra: str) -> GanRecipe:
+    return load_gan_recipe(
+        "dcgan-fashion",
+        [
+            "data.name=synthetic", "data.synthetic_size=64", "model.width=4", "model.latent=8",
+            "train.batch_size=8", "train.epochs=1", "quality.enabled=false", "run.progress=false",
+            "run.tensorboard=false", "device=cpu", "train.threads=1", f"run.dir={tmp_path / 'run'}", *extra,
+        ],
+    )  # fmt: skip
+
+
+def params(module: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def same(before: list[torch.Tensor], module: torch.nn.Module) -> bool:
+    return all(torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_one_step_in_each_precision_updates_both_networks(tmp_path, precision):
+    # fp16 starts below the default 2^16, which overflows on a first step and skips it
+    parts = build_gan(tiny(tmp_path, f"precision={precision}", "loss_scale.init=256"))
+    g_before, d_before = params(parts.generator), params(parts.discriminator)
+    real, _ = next(iter(parts.loader.batches()))
+    result = gan_step(parts, real)
+    assert result.stepped_d and result.stepped_g
+    assert torch.isfinite(result.loss_d) and torch.isfinite(result.loss_g)
+    assert 0 < result.d_real < 1 and 0 < result.d_fake < 1
+    assert not same(g_before, parts.generator) and not same(d_before, parts.discriminator)
+    weights = [*parts.generator.parameters(), *parts.discriminator.parameters()]
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in weights)  # D unfrozen again after G's step
+
+
+@pytest.mark.parametrize("broken", ["discriminator", "generator"])
+def test_inf_in_one_networks_gradients_skips_only_its_step_and_halves_only_its_scale(tmp_path, broken):
+    parts = build_gan(tiny(tmp_path, "precision=fp16", "loss_scale.init=256"))
+    net = getattr(parts, broken)
+    next(net.parameters()).register_hook(lambda grad: torch.full_like(grad, float("inf")))
+    g_before, d_before = params(parts.generator), params(parts.discriminator)
+    real, _ = next(iter(parts.loader.batches()))
+    result = gan_step(parts, real)
+    d_broken = broken == "discriminator"
+    assert (result.stepped_d, result.stepped_g) == (not d_broken, d_broken)
+    assert same(d_before, parts.discriminator) == d_broken and same(g_before, parts.generator) == (not d_broken)
+    assert (parts.precision_d.loss_scale, parts.precision_g.loss_scale) == (
+        (128.0, 256.0) if d_broken else (256.0, 128.0)
+    )
+    skipped = parts.optimizer_d if d_broken else parts.optimizer_g
+    taken = parts.optimizer_g if d_broken else parts.optimizer_d
+    assert not skipped.state and taken.state  # Adam's moments untouched by the skipped step
+
+
+def test_grid_png_has_the_expected_size_and_pixels(tmp_path):
+    images = -torch.ones(64, 1, SIZE, SIZE)
+    images[0] = 1.0
+    save_grid(images, tmp_path / "grid.png", rows=8)
+    grid = Image.open(tmp_path / "grid.png")
+    assert grid.size == (8 * 32 + 9 * 2, 8 * 32 + 9 * 2) and grid.mode == "L"
+    pixels = np.asarray(grid)
+    assert (pixels[2:34, 2:34] == 255).all() and pixels[:2].max() == 0 and pixels[40:].max() == 0
+    save_grid(torch.zeros(10, 3, SIZE, SIZE), tmp_path / "rgb.png", rows=2)
+    assert Image.open(tmp_path / "rgb.png").size == (5 * 32 + 6 * 2, 2 * 32 + 3 * 2)
+
+
+def test_frechet_distance_exact_values():
+    one_d = frechet_distance((np.array([0.0]), np.array([[1.0]])), (np.array([1.0]), np.array([[4.0]])))
+    assert one_d == pytest.approx(1 + 1 + 4 - 2 * 2)
+    a, b = np.diag([1.0, 9.0]), np.diag([4.0, 1.0])  # diagonal: sum of (sqrt(a) - sqrt(b))^2 plus the mean term
+    assert frechet_distance((np.zeros(2), a), (np.array([3.0, 4.0]), b)) == pytest.approx(25 + 1 + 4)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(200, 6)), rng.normal(size=(200, 6)) @ rng.normal(size=(6, 6))
+    sigma_x, sigma_y = np.cov(x, rowvar=False), np.cov(y, rowvar=False)
+    assert trace_sqrt_product(sigma_x, sigma_y) == pytest.approx(trace_sqrt_product_eigh(sigma_x, sigma_y), rel=1e-6)
+
+
+def test_frechet_on_classifier_features_self_is_zero_real_vs_noise_large():
+    data = load_dataset("synthetic", synthetic_size=256)
+    model = build_model(ModelConfig(width=4), data.image_shape, data.num_classes)  # features need no training
+    features = ClassifierFeatures(model, torch.tensor([0.5]), torch.tensor([0.25]), 28, SIZE)
+    real = signed(padded(data.train_images))
+    first, second = features(real[:128])[0], features(real[128:])[0]
+    noise = features(torch.rand(128, 1, SIZE, SIZE) * 2 - 1)[0]
+    assert features(real[:4])[0].shape == (4, 16)  # the input of the last linear layer: 4 x width channels
+    stats = gaussian_stats(first)
+    assert abs(frechet_distance(stats, stats)) < 1e-6 * np.trace(stats[1])
+    halves = frechet_distance(stats, gaussian_stats(second))
+    assert frechet_distance(stats, gaussian_stats(noise)) > 10 * halves
+
+
+def test_resume_restores_both_optimizers_and_scalers_and_continues_exactly(tmp_path):
+    straight = train_gan(tiny(tmp_path / "a", "precision=fp16", "train.epochs=2"))
+    first = train_gan(tiny(tmp_path / "b", "precision=fp16", "train.epochs=1"))
+    assert first["skipped_steps_d"] + first["skipped_steps_g"] > 0  # the default scale overflows at first
+    saved = load_checkpoint(checkpoints_in(tmp_path / "b" / "run" / "checkpoints")[0])
+    parts = build_gan(tiny(tmp_path / "b", "precision=fp16"))
+    state = restore(parts, saved, tmp_path / "saved.pt")
+    assert state.epoch == 1 and state.step == 8
+    assert parts.precision_d.state_dict() == saved["scaler_d"] and parts.precision_g.state_dict() == saved["scaler_g"]
+    assert parts.precision_d.loss_scale < 2.0**16 and parts.precision_g.loss_scale < 2.0**16
+    for name in ("optimizer_d", "optimizer_g"):
+        restored, expected = getattr(parts, name).state_dict()["state"], saved[name]["state"]
+        assert restored.keys() == expected.keys() and restored
+        assert all(torch.equal(restored[k]["exp_avg"], expected[k]["exp_avg"]) for k in expected)
+
+    resumed = train_gan(tiny(tmp_path / "b", "precision=fp16", "train.epochs=2", "run.resume=auto"))
+    assert {k: resumed[k] for k in ("steps", "loss_d", "loss_g", "loss_scale_d", "loss_scale_g")} == {
+        k: straight[k] for k in ("steps", "loss_d", "loss_g", "loss_scale_d", "loss_scale_g")
+    }
+    end_a, end_b = (load_checkpoint(checkpoints_in(tmp_path / r / "run" / "checkpoints")[0]) for r in "ab")
+    for net in ("generator", "discriminator"):
+        assert all(torch.equal(end_a[net][k], end_b[net][k]) for k in end_a[net])
+    rows = list(csv.DictReader((tmp_path / "b" / "run" / "metrics.csv").open()))
+    assert [r["epoch"] for r in rows] == ["1", "2"]
+
+
+def test_gan_command_end_to_end_with_a_classifier_trained_for_it(tmp_path, capsys):
+    run = tmp_path / "run"
+    classifier = "[model.width=4, train.batch_size=64, train.threads=1, data.augment.translate=0]"
+    code = main([
+        "gan", "dcgan-fashion", "data.name=synthetic", "data.synthetic_size=256", "model.width=4", "model.latent=8",
+        "train.batch_size=32", "train.epochs=2", "train.threads=1", "quality.samples=64", "quality.classifier_epochs=1",
+        f"quality.classifier_overrides={classifier}", "run.progress=false", f"run.dir={run}", "precision=bf16",
+    ])  # fmt: skip
+    assert code == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["epochs"] == 2 and summary["images_per_second"] > 0 and summary["peak_memory_bytes"] > 0
+    assert summary["frechet_distance"] > 0 and summary["quality"]["measure"].endswith("not Inception FID")
+    assert summary["quality"]["classifier_source"].startswith("trained here")
+    assert sum(summary["class_distribution"].values()) == pytest.approx(1, abs=1e-3)
+    assert set(summary["class_distribution"]) == {str(c) for c in range(10)}
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    assert [r["epoch"] for r in rows] == ["1", "2"] and all(float(r["frechet"]) > 0 for r in rows)
+    assert Image.open(run / "samples" / "epoch-002.png").size == (274, 274)
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run / "classifier" / "model.safetensors").is_file()
+    assert json.loads(capsys.readouterr().out)["frechet_distance"] == summary["frechet_distance"]
+
+
+def test_recipe_and_data_errors_exit_2_naming_the_field(tmp_path, capsys):
+    assert main(["gan", "model.widht=3", "precision=fp8", "optim.lr=-1"]) == 2
+    err = capsys.readouterr().err
+    assert "model.widht: unknown key" in err and "precision" in err and "optim.lr" in err
+    assert main(["gan", "data.name=digits", "quality.enabled=false", f"run.dir={tmp_path}"]) == 2
+    assert "data.name" in capsys.readouterr().err
+
+
+def test_samples_use_batch_statistics_and_leave_the_running_averages_alone(tmp_path):
+    parts = build_gan(tiny(tmp_path))
+    buffers = {k: v.clone() for k, v in parts.generator.state_dict().items()}
+    parts.generator.eval()
+    z = torch.randn(16, 8)
+    images = generate(parts.generator, z, batch=8)
+    assert images.shape == (16, 1, SIZE, SIZE) and images.dtype == torch.float32 and images.abs().max() <= 1
+    with torch.no_grad():
+        from_running_averages = parts.generator(z)  # at initialisation: the same grey image for every z
+    assert images.std(0).mean() > 100 * from_running_averages.std(0).mean()
+    assert all(torch.equal(v, parts.generator.state_dict()[k]) for k, v in buffers.items())
+    assert not parts.generator.training and all(
+        m.track_running_stats for m in parts.generator.modules() if isinstance(m, torch.nn.BatchNorm2d)
+    )
+
+
+def test_interrupt_mid_epoch_writes_a_checkpoint_that_resumes_exactly(tmp_path, monkeypatch):
+    straight = train_gan(tiny(tmp_path / "a", "train.epochs=2"))
+    real_step, calls = gan.gan_step, []
+
+    def interrupted_step(parts, real):
+        calls.append(1)
+        if len(calls) == 11:  # the third batch of the second epoch (8 batches an epoch)
+            raise KeyboardInterrupt
+        return real_step(parts, real)
+
+    monkeypatch.setattr(gan, "gan_step", interrupted_step)
+    with pytest.raises(KeyboardInterrupt):
+        train_gan(tiny(tmp_path / "b", "train.epochs=2"))
+    saved = load_checkpoint(checkpoints_in(tmp_path / "b" / "run" / "checkpoints")[0])
+    assert (saved["state"]["epoch"], saved["state"]["batch"], saved["state"]["step"]) == (1, 2, 10)
+    monkeypatch.setattr(gan, "gan_step", real_step)
+    resumed = train_gan(tiny(tmp_path / "b", "train.epochs=2", "run.resume=auto"))
+    assert resumed["steps"] == straight["steps"] == 16
+    assert resumed["loss_d"] == pytest.approx(straight["loss_d"], rel=1e-12)  # the epoch's mean spans the interrupt
+    end_a, end_b = (load_checkpoint(checkpoints_in(tmp_path / r / "run" / "checkpoints")[0]) for r in "ab")
+    assert all(torch.equal(end_a["generator"][k], end_b["generator"][k]) for k in end_a["generator"])
+
+
+def test_resuming_another_precision_or_a_foreign_file_is_an_error_naming_it(tmp_path):
+    train_gan(tiny(tmp_path, "precision=bf16"))
+    path = checkpoints_in(tmp_path / "run" / "checkpoints")[0]
+    with pytest.raises(CheckpointError, match="precision=bf16, this recipe has fp32"):
+        train_gan(tiny(tmp_path, "precision=fp32", "run.resume=auto", "train.epochs=2"))
+    assert "precision: bf16" in (tmp_path / "run" / "recipe.yaml").read_text()  # the run folder left as it was
+    foreign = tmp_path / "weights.pt"
+    torch.save({"model": {"w": torch.zeros(2)}}, foreign)
+    with pytest.raises(CheckpointError, match="not a checkpoint of `hasten gan`"):
+        restore(build_gan(tiny(tmp_path)), load_checkpoint(foreign), foreign)
+    assert path.is_file()
+
+
+def test_given_classifier_is_built_from_its_saved_recipe_or_named_when_it_does_not_fit(tmp_path):
+    data = load_dataset("synthetic", synthetic_size=64)
+    config = ModelConfig(width=4)  # fashion-fast, the fallback recipe, says width 32: the saved recipe wins
+    model = build_model(config, data.image_shape, data.num_classes)
+    save_checkpoint(
+        {"model": model.state_dict(), "recipe": {"model": config.model_dump(mode="json")}}, tmp_path / "c.pt"
+    )
+    loaded = load_classifier(tmp_path / "c.pt", "fashion-fast", [], data)
+    assert all(
+        torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values(), strict=True)
+    )
+    torch.save(model.state_dict(), tmp_path / "plain.pt")
+    with pytest.raises(CheckpointError, match="quality.classifier: .*plain.pt does not fit the model of recipe"):
+        load_classifier(tmp_path / "plain.pt", "fashion-fast", [], data)

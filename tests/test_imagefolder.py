@@ -1,0 +1,205 @@
+"""Image folders: scanning, decoding in workers, the same batches as the in-memory loader, clear errors for bad
+files, `hasten data make-folder`, and a training run that reads a folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy
+import pytest
+import torch
+from PIL import Image
+
+import hasten
+from hasten.cli import main
+from hasten.data import load_dataset
+from hasten.data.imagefolder import (
+    BatchDecoder,
+    ImageFolderLoader,
+    image_folder_loaders,
+    open_image_folder,
+    read_into_memory,
+)
+from hasten.data.loader import Augment, InMemoryLoader
+from hasten.data.makefolder import folder_name
+from hasten.data.transforms import prepare
+from hasten.errors import DataError
+
+CLASSES = ["cat", "dog", "emu"]
+
+
+def write_folder(root: Path, per_class: int = 5, size: int = 6, val_per_class: int = 2) -> dict[str, numpy.ndarray]:
+    """A folder of RGB PNGs whose pixels all equal the image's number (0, 1, 2, ...), so a batch can be traced
+    back to its files; returns the pixel value of each path."""
+    values = {}
+    count = 0
+    for split, n in (("train", per_class), ("val", val_per_class)):
+        for cls in CLASSES:
+            folder = root / split / cls
+            folder.mkdir(parents=True)
+            for i in range(n):
+                pixels = numpy.full((size, size, 3), count, dtype=numpy.uint8)
+                path = folder / f"{i:03d}.png"
+                Image.fromarray(pixels).save(path)
+                values[str(path)] = count
+                count += 1
+    (root / "train" / "cat" / "notes.txt").write_text("not an image, ignored")
+    return values
+
+
+def test_scan_classes_labels_and_shape(tmp_path: Path) -> None:
+    write_folder(tmp_path)
+    data = open_image_folder(tmp_path)
+    assert data.classes == CLASSES and data.num_classes == 3
+    assert len(data.train.paths) == 15 and len(data.test.paths) == 6
+    assert data.train.labels.tolist() == [0] * 5 + [1] * 5 + [2] * 5
+    assert data.image_shape == (3, 6, 6) and data.mode == "RGB"
+    assert open_image_folder(tmp_path, size=4, rgb=False).image_shape == (1, 4, 4)
+    # subset visits the classes in turn; per_class takes the first N of each
+    assert open_image_folder(tmp_path, subset=4).train.labels.tolist() == [0, 1, 2, 0]
+    assert open_image_folder(tmp_path, per_class=2).train.labels.tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_batches_decode_every_file_once_normalised_and_labelled(tmp_path: Path) -> None:
+    values = write_folder(tmp_path)
+    data = open_image_folder(tmp_path)
+    decoder = BatchDecoder(data.train, data.mode, data.size, data.resize)
+    # mean 0, std 1/255: a normalised pixel equals its uint8 value
+    loader = ImageFolderLoader(decoder, 4, mean=torch.zeros(3), std=torch.ones(3) / 255, shuffle=True, seed=1)
+    assert len(loader) == 4 and loader.shard_size == 15
+    seen = []
+    for images, labels in loader:
+        assert images.dtype == torch.float32 and labels.dtype == torch.int64 and images.shape[1:] == (3, 6, 6)
+        seen += images[:, 0, 0, 0].round().long().tolist()
+        for value, label in zip(images[:, 0, 0, 0].tolist(), labels.tolist(), strict=True):
+            path = next(p for p, v in values.items() if v == round(value))
+            assert CLASSES[label] == Path(path).parent.name
+    train_values = sorted(v for p, v in values.items() if "/train/" in p)
+    assert sorted(seen) == train_values
+
+
+def test_same_batches_as_the_in_memory_loader_with_and_without_workers(tmp_path: Path) -> None:
+    write_folder(tmp_path, per_class=7)
+    data = open_image_folder(tmp_path)
+    decoder = BatchDecoder(data.train, data.mode, data.size, data.resize)
+    images, labels = decoder[list(range(len(decoder)))]
+    common = dict(mean=torch.zeros(3), std=torch.ones(3), shuffle=True, seed=3, augment=Augment(flip=True, translate=1))
+    memory = InMemoryLoader(images, labels, 5, **common)
+    for workers in (0, 1):
+        folder = ImageFolderLoader(decoder, 5, workers=workers, **common)
+        for epoch in (0, 1):  # the second epoch reuses the persistent workers
+            memory.set_epoch(epoch)
+            folder.set_epoch(epoch)
+            pairs = list(zip(memory, folder, strict=True))
+            assert all(torch.equal(m[0], f[0]) and torch.equal(m[1], f[1]) for m, f in pairs)
+        resumed = list(folder.batches(start=2))  # mid-epoch resume, as the in-memory loader does it
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(resumed, list(memory)[2:], strict=True))
+
+
+def test_read_into_memory_matches_the_files(tmp_path: Path) -> None:
+    values = write_folder(tmp_path)
+    data = read_into_memory(open_image_folder(tmp_path, rgb=False))
+    assert data.train_images.shape == (15, 1, 6, 6) and data.test_images.shape == (6, 1, 6, 6)
+    assert data.classes == CLASSES and data.train_labels.tolist() == [0] * 5 + [1] * 5 + [2] * 5
+    first_val = min(v for p, v in values.items() if "/val/" in p)
+    assert int(data.test_images[0, 0, 0, 0]) == first_val  # grey of an equal-channel pixel is its value
+
+
+def test_ranks_partition_the_epoch(tmp_path: Path) -> None:
+    write_folder(tmp_path, per_class=4)  # 12 images over 5 ranks: padded to 15
+    data = open_image_folder(tmp_path)
+    decoder = BatchDecoder(data.train, data.mode, data.size, data.resize)
+    stats = dict(mean=torch.zeros(3), std=torch.ones(3) / 255)
+    shards = [
+        torch.cat(
+            [x[:, 0, 0, 0] for x, _ in ImageFolderLoader(decoder, 2, shuffle=True, rank=r, world_size=5, **stats)]
+        )
+        for r in range(5)
+    ]
+    union = torch.cat(shards).round().long()
+    assert {len(s) for s in shards} == {3} and len(set(union.tolist())) == 12
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_corrupt_image_is_a_data_error_naming_the_file(tmp_path: Path, workers: int) -> None:
+    write_folder(tmp_path)
+    bad = tmp_path / "train" / "dog" / "002.png"
+    bad.write_bytes(bad.read_bytes()[:40])  # a truncated PNG
+    data = open_image_folder(tmp_path)
+    with pytest.raises(DataError, match=r"dog/002\.png.*cannot decode"):
+        train, _ = image_folder_loaders(data, 4, 4, workers=workers)  # the normalisation statistics read it
+    decoder = BatchDecoder(data.train, data.mode, data.size, data.resize)
+    loader = ImageFolderLoader(decoder, 4, mean=torch.zeros(3), std=torch.ones(3), workers=workers)
+    with pytest.raises(DataError, match=r"dog/002\.png.*cannot decode") as error:
+        list(loader)
+    assert "Traceback" not in str(error.value)
+
+
+def test_corrupt_file_met_during_training_names_it(tmp_path: Path) -> None:
+    write_folder(tmp_path)
+    data = open_image_folder(tmp_path)
+    train, test = image_folder_loaders(data, 4, 4, workers=1)
+    bad = tmp_path / "val" / "emu" / "001.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    list(train)
+    with pytest.raises(DataError) as error:
+        list(test)
+    assert str(bad) in str(error.value) and "Traceback" not in str(error.value)
+
+
+def test_sizes_must_match_unless_resized(tmp_path: Path) -> None:
+    write_folder(tmp_path)
+    odd = tmp_path / "train" / "emu" / "zzz.jpg"
+    Image.fromarray(numpy.zeros((9, 7, 3), dtype=numpy.uint8)).save(odd)
+    with pytest.raises(DataError, match=r"zzz\.jpg: 7x9 pixels.*data\.size"):
+        image_folder_loaders(open_image_folder(tmp_path), 16, 4, workers=0)
+    resized, _ = image_folder_loaders(open_image_folder(tmp_path, size=5), 16, 4, workers=0)
+    (images, _), *_ = list(resized)
+    assert images.shape == (16, 3, 5, 5)
+
+
+def test_missing_folders_are_named(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no train/ folder.*make-folder"):
+        open_image_folder(tmp_path)
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    with pytest.raises(DataError, match="no val/ or test/"):
+        open_image_folder(tmp_path)
+    (tmp_path / "val" / "b").mkdir(parents=True)
+    with pytest.raises(DataError, match="class 'b' is not among the training classes"):
+        open_image_folder(tmp_path)
+
+
+def test_make_folder_writes_each_class_and_split(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "digits-16"
+    assert main(["data", "make-folder", "digits", str(out), "--size", "16", "--rgb", "--limit", "40"]) == 0
+    assert "40 training and 40 validation" in capsys.readouterr().out
+    digits = prepare(load_dataset("digits"), size=16, rgb=True)
+    assert sorted(p.name for p in (out / "train").iterdir()) == [folder_name(i, str(i), 10) for i in range(10)]
+    for split, images, labels in (("train", digits.train_images, digits.train_labels), ("val", None, None)):
+        files = sorted((out / split).glob("*/*.png"))
+        assert len(files) == 40
+        if images is None:
+            continue
+        for path in files[:5]:
+            index = int(path.stem)
+            with Image.open(path) as image:
+                assert image.size == (16, 16) and image.mode == "RGB"
+                assert numpy.array_equal(numpy.asarray(image).transpose(2, 0, 1), images[index].numpy())
+            assert path.parent.name == folder_name(int(labels[index]), str(int(labels[index])), 10)
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # the staging folder is gone
+    assert main(["data", "make-folder", "digits", str(out)]) == 2  # never written over
+    assert "already exist" in capsys.readouterr().err
+    assert main(["data", "info", "digits", "--size", "8"]) == 2
+
+
+def test_training_reads_the_folder_end_to_end(tmp_path: Path, tiny_overrides: list[str]) -> None:
+    out = tmp_path / "folder"
+    assert main(["data", "make-folder", "synthetic", str(out), "--size", "12", "--rgb", "--limit", "96"]) == 0
+    overrides = [o for o in tiny_overrides if not o.startswith(("data.", "model.width"))]
+    summary = hasten.train(
+        "seed-cnn-32", [*overrides, f"data.root={out}", "data.size=12", "data.workers=1", "train.epochs=1"]
+    )
+    assert summary["epochs"] == 1 and 0 <= summary["test_accuracy"] <= 1
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["steps"] == 6  # 96 images, batch 16

@@ -1,0 +1,198 @@
+"""The bag of tricks: each pure function against hand-computed values, each adapter in a 2-step training run,
+and bad trick settings as recipe errors naming the field."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import hasten
+from hasten.build import build
+from hasten.config import ModelConfig, load_recipe
+from hasten.models import ResNet, build_model
+from hasten.runlog import RunLog
+from hasten.trainer import Plan, Trainer
+from hasten.tricks import (
+    EMA,
+    BatchMixing,
+    LabelSmoothing,
+    cutmix,
+    cutmix_box,
+    ema_update,
+    mixup,
+    one_hot,
+    param_groups,
+    smooth,
+    soft_cross_entropy,
+    zero_init_residual,
+)
+
+
+def test_label_smoothing_gives_exact_targets():
+    y = one_hot(torch.tensor([1, 3]), 4)
+    expected = torch.tensor([[0.025, 0.925, 0.025, 0.025], [0.025, 0.025, 0.025, 0.925]])
+    assert torch.allclose(smooth(y, 0.1), expected, atol=1e-7, rtol=0)
+    images = torch.randn(2, 1, 3, 3)
+    out_images, out_y = LabelSmoothing(0.1).on_batch(images, y)
+    assert out_images is images and torch.equal(out_y, smooth(y, 0.1))
+
+
+def test_soft_cross_entropy_equals_the_hard_one():
+    logits, labels = torch.randn(6, 5), torch.tensor([0, 4, 2, 2, 1, 3])
+    hard = nn.functional.cross_entropy(logits, labels)
+    assert torch.allclose(soft_cross_entropy(logits, one_hot(labels, 5)), hard, atol=1e-6)
+    smoothed = nn.functional.cross_entropy(logits, labels, label_smoothing=0.2)
+    assert torch.allclose(soft_cross_entropy(logits, smooth(one_hot(labels, 5), 0.2)), smoothed, atol=1e-6)
+
+
+def test_mixup_with_pinned_lambda_and_permutation():
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    y = torch.eye(3)
+    mixed_x, mixed_y = mixup(x, y, 0.75, torch.tensor([2, 0, 1]))
+    assert torch.equal(mixed_x, torch.tensor([[2.0, 3.0], [2.5, 3.5], [4.5, 5.5]]))
+    assert torch.equal(mixed_y, torch.tensor([[0.75, 0.0, 0.25], [0.25, 0.75, 0.0], [0.0, 0.25, 0.75]]))
+
+
+def test_cutmix_with_pinned_box_and_permutation():
+    x = torch.stack([torch.zeros(1, 4, 4), torch.ones(1, 4, 4)])
+    y = torch.eye(2)
+    mixed_x, mixed_y = cutmix(x, y, (1, 3, 0, 2), torch.tensor([1, 0]))  # rows 1-2, columns 0-1: 4 of 16 pixels
+    expected = torch.zeros(1, 4, 4)
+    expected[:, 1:3, 0:2] = 1
+    assert torch.equal(mixed_x[0], expected)
+    assert torch.equal(mixed_x[1], 1 - expected)
+    assert torch.equal(mixed_y, torch.tensor([[0.75, 0.25], [0.25, 0.75]]))
+    assert torch.equal(x[0], torch.zeros(1, 4, 4))  # the input is not changed in place
+
+
+def test_cutmix_box_has_the_area_lambda_asks_for_and_is_clipped_at_the_edge():
+    assert cutmix_box(0.75, 8, 8, (0.5, 0.5)) == (2, 6, 2, 6)  # a quarter of the area, centred
+    assert cutmix_box(0.75, 8, 8, (0.0, 1.0)) == (0, 2, 6, 8)  # clipped: the targets follow the real area
+    assert cutmix_box(1.0, 8, 8, (0.5, 0.5)) == (4, 4, 4, 4)  # lambda 1: an empty box
+
+
+@pytest.mark.parametrize("mixup_alpha, cutmix_alpha", [(0.4, 0.0), (0.0, 1.0), (0.4, 1.0)])
+def test_batch_mixing_is_seeded_and_keeps_targets_distributions(mixup_alpha, cutmix_alpha):
+    images, y = torch.randn(8, 1, 6, 6), one_hot(torch.arange(8) % 3, 3)
+    first = BatchMixing(mixup_alpha, cutmix_alpha, np.random.default_rng(5))
+    state = first.state_dict()
+    a = first.on_batch(images, y)
+    second = BatchMixing(mixup_alpha, cutmix_alpha, np.random.default_rng(99))
+    second.load_state_dict(state)
+    b = second.on_batch(images, y)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert torch.allclose(a[1].sum(1), torch.ones(8))
+    assert not torch.equal(a[0], images)
+
+
+def test_no_bias_decay_puts_exactly_the_1d_parameters_in_the_no_decay_group():
+    model = ResNet(1, 10, width=4, blocks=[1, 1])
+    decay, no_decay = param_groups(model, 5e-4, no_bias_decay=True)
+    one_d = {id(p) for p in model.parameters() if p.ndim == 1}
+    assert {id(p) for p in no_decay["params"]} == one_d and no_decay["weight_decay"] == 0.0
+    assert {id(p) for p in decay["params"]} == {id(p) for p in model.parameters()} - one_d
+    assert decay["weight_decay"] == 5e-4
+    assert one_d >= {id(model.head.bias), id(model.stem[1].weight), id(model.stem[1].bias)}
+    (only,) = param_groups(model, 5e-4, no_bias_decay=False)
+    assert len(only["params"]) == len(list(model.parameters())) and only["weight_decay"] == 5e-4
+
+
+def test_zero_init_leaves_the_named_gammas_at_zero():
+    torch.manual_seed(0)
+    model = ResNet(1, 10, width=4, blocks=[1, 2])
+    zeroed = zero_init_residual(model)
+    assert zeroed == ["stages.0.2.second.1.weight", "stages.1.2.second.1.weight", "stages.1.3.second.1.weight"]
+    params = dict(model.named_parameters())
+    for name in zeroed:
+        assert torch.count_nonzero(params[name]) == 0
+    other_gammas = [n for n, p in params.items() if n.endswith("1.weight") and p.ndim == 1 and n not in zeroed]
+    assert other_gammas and all(torch.all(params[n] == 1) for n in other_gammas)
+    built = build_model(ModelConfig(width=4, blocks=[1, 2], zero_init_residual=True), (1, 28, 28), 10)
+    assert all(torch.count_nonzero(dict(built.named_parameters())[n]) == 0 for n in zeroed)
+
+
+def test_ema_after_known_updates_equals_the_hand_computed_average():
+    model = nn.Sequential(nn.Linear(2, 1), nn.BatchNorm1d(1))
+    decay = 0.9
+    ema = EMA(model, decay)
+    assert ema.eval_model(model) is model  # nothing averaged yet: evaluate the live model
+    values = [1.0, 3.0, -2.0]
+    for value in values:
+        with torch.no_grad():
+            for tensor in (*model.parameters(), model[1].running_mean):
+                tensor.fill_(value)
+        ema.after_step(model)
+    expected = values[0]  # the first update copies
+    for value in values[1:]:
+        expected = ema_update(torch.tensor(expected), torch.tensor(value), decay).item()
+    assert expected == pytest.approx(decay * (decay * 1.0 + 0.1 * 3.0) + 0.1 * -2.0)
+    averaged = ema.eval_model(model)
+    assert averaged is not model
+    for tensor in (*averaged.parameters(), averaged[1].running_mean):  # buffers (BN statistics) too
+        assert torch.allclose(tensor, torch.full_like(tensor, expected))
+    restored = EMA(model, decay)
+    restored.load_state_dict(ema.state_dict())
+    assert torch.allclose(restored.eval_model(model)[0].weight, torch.full((1, 2), expected))
+
+
+def test_ema_model_is_the_one_evaluated(tiny_overrides):
+    recipe = load_recipe("fashion-fast", [*tiny_overrides, "data.synthetic_size=64", "tricks.ema=0.5"])
+    parts = build(recipe)
+
+    def trainer(model: nn.Module, hooks=None) -> Trainer:
+        plan = Plan(epochs=1, num_classes=10, progress=False)
+        loaders = (parts.train_loader, parts.test_loader)
+        log = RunLog("unused", enabled=False)
+        return Trainer(model, parts.optimizer, parts.scheduler, parts.precision, loaders, plan, log, hooks)
+
+    with_ema = trainer(parts.model, parts.hooks)
+    with_ema.fit()
+    averaged = parts.trick_state["ema"].averaged.module
+    assert with_ema.evaluate() == trainer(averaged).evaluate()
+    assert with_ema.evaluate() != trainer(parts.model).evaluate()
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("tricks.mixup=-0.2", "tricks.mixup"),
+        ("tricks.cutmix=-1", "tricks.cutmix"),
+        ("tricks.ema=1.5", "tricks.ema: the decay must be in \\(0, 1\\)"),
+        ("tricks.ema=1", "tricks.ema"),
+        ("tricks.ema=-0.5", "tricks.ema"),
+        ("tricks.label_smoothing=1", "tricks.label_smoothing"),
+        ("train.label_smoothing=0.1", "moved to tricks.label_smoothing"),
+    ],
+)
+def test_bad_tricks_are_recipe_errors_naming_the_field(override, field):
+    with pytest.raises(hasten.errors.RecipeError, match=field):
+        load_recipe("fashion-fast", [override])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["tricks.label_smoothing=0.2"],
+        ["tricks.mixup=0.2"],
+        ["tricks.cutmix=1.0"],
+        ["tricks.mixup=0.2", "tricks.cutmix=1.0", "tricks.label_smoothing=0.1"],
+        ["tricks.ema=0.9"],
+        ["model.zero_init_residual=true"],
+        ["optim.no_bias_decay=false"],
+    ],
+)
+def test_each_trick_in_a_two_step_run(tiny_overrides, overrides):
+    summary = hasten.train("fashion-fast", [*tiny_overrides, "data.synthetic_size=32", "train.epochs=1", *overrides])
+    assert summary["steps"] == 2 and math.isfinite(summary["train_loss"]) and math.isfinite(summary["test_loss"])
+
+
+def test_mixup_draws_repeat_with_the_seed(tiny_overrides, tmp_path):
+    def loss(seed: int) -> float:
+        overrides = [*tiny_overrides, "data.synthetic_size=32", "train.epochs=1", "tricks.mixup=0.4", f"seed={seed}"]
+        return hasten.train("fashion-fast", [*overrides, f"run.dir={tmp_path / str(seed)}"])["train_loss"]
+
+    assert loss(1) == loss(1) != loss(2)
