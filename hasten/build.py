@@ -250,7 +250,6 @@ def train(recipe: Recipe) -> dict[str, Any]:
     folder = run_dir(recipe)
     checkpoint = resume_from(recipe, folder / "checkpoints")  # before anything in the run folder is written
     log = RunLog(folder, tensorboard=recipe.run.tensorboard)
-    log.write_recipe(to_yaml(recipe))
     plan = Plan(
         epochs=recipe.train.epochs,
         num_classes=len(parts.data.classes),
@@ -276,10 +275,15 @@ def train(recipe: Recipe) -> dict[str, Any]:
     )
     if checkpoint is not None:
         path, state = checkpoint
-        trainer.load_state_dict(state, str(path))
+        try:
+            trainer.load_state_dict(state, str(path))
+        except CheckpointError:
+            log.close()
+            raise
         print(f"resuming from {path} (epoch {trainer.state.epoch}, step {trainer.state.step})", file=sys.stderr)
     elif log.enabled:
         remove_stale_temporaries(saving.folder)
+    log.write_recipe(to_yaml(recipe))  # only once the checkpoint, if any, fitted: a failed resume changes nothing
     try:
         summary = trainer.fit()
     finally:

@@ -1,0 +1,133 @@
+"""Exact resume, stop on signals, non-finite losses and bad checkpoints, through the trainer and the CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import hasten
+from hasten.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
+from hasten.cli import main
+
+TRICKY = ["data.augment.flip=true", "data.augment.translate=2", "tricks.label_smoothing=0.1", "tricks.mixup=0.4"]
+
+
+def metrics(folder: Path) -> list[dict[str, str]]:
+    rows = csv.DictReader((folder / "metrics.csv").open())
+    return [{k: v for k, v in row.items() if "second" not in k} for row in rows]
+
+
+def final_weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(checkpoints_in(folder / "checkpoints")[0])["model"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_resume_mid_epoch_is_exact(tiny_overrides, tmp_path, precision):
+    common = [*tiny_overrides, *TRICKY, f"precision={precision}", "run.save_every_steps=7", "run.keep=100"]
+    whole = tmp_path / "whole"
+    hasten.train(None, [*common, f"run.dir={whole}"])
+    middle = whole / "checkpoints" / "step-35.pt"  # epoch 2 of 2, mid-epoch (24 steps per epoch)
+    assert load_checkpoint(middle)["trainer"]["batch"] not in (0, 24)
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    (resumed / "metrics.csv").write_text((whole / "metrics.csv").read_text())
+    hasten.train(None, [*common, f"run.dir={resumed}", f"resume={middle}"])
+    assert metrics(resumed) == metrics(whole)
+    a, b = final_weights(whole), final_weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    if precision == "fp16":  # the loss scaler's state came back too (not reset to its initial scale)
+        assert load_checkpoint(middle)["precision"], "the fp16 checkpoint holds the scaler's state"
+
+
+def test_keeps_the_newest_and_the_best(tiny_overrides, tmp_path):
+    hasten.train(None, [*tiny_overrides, "train.epochs=3", "run.keep=1", f"run.dir={tmp_path / 'r'}"])
+    names = [p.name for p in checkpoints_in(tmp_path / "r" / "checkpoints")]
+    assert names[0] == "step-72.pt" and len(names) <= 2
+    assert all((tmp_path / "r" / "checkpoints" / f"{n}.sha256").is_file() for n in names)
+
+
+def test_sigterm_checkpoints_exits_143_and_resume_auto_finishes(tiny_overrides, tmp_path):
+    run = tmp_path / "run"
+    args = [a for a in tiny_overrides if not a.startswith(("run.dir", "train.epochs"))]
+    cmd = [sys.executable, "-m", "hasten", "train", *args, "train.epochs=200", f"run.dir={run}", "train.threads=1"]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not checkpoints_in(run / "checkpoints") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 143, err
+    assert "SIGTERM" in err
+    newest = checkpoints_in(run / "checkpoints")[0]
+    state = load_checkpoint(newest, require_digest=True)
+    assert 0 < state["trainer"]["step"] < 200 * 24
+    code = main(["train", *args, "train.epochs=3", f"run.dir={run}", "resume=auto"])
+    epochs_done = state["trainer"]["epoch"]
+    if epochs_done >= 3:
+        assert code == 2  # nothing left to do: said so
+    else:
+        assert code == 0
+        assert json.loads((run / "summary.json").read_text())["epochs"] == 3
+
+
+def test_on_nan_raise_names_the_step_and_skip_counts(tiny_overrides, tmp_path, capsys):
+    diverge = [*tiny_overrides, "precision=fp32", "optim.lr=1e30", "optim.base_batch=null", "schedule.name=constant"]
+    code = main(["train", *diverge, f"run.dir={tmp_path / 'a'}"])
+    assert code == 1
+    assert "at step" in capsys.readouterr().err
+    summary = hasten.train(None, [*diverge, "train.on_nan=skip", f"run.dir={tmp_path / 'b'}"])
+    assert summary["nonfinite_steps"] > 0
+
+
+def test_bad_checkpoints_are_clear_errors_and_overwrite_nothing(tiny_overrides, tmp_path, capsys):
+    run = tmp_path / "run"
+    hasten.train(None, [*tiny_overrides, "train.epochs=1", f"run.dir={run}"])
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "tensorboard" not in p.parts}
+
+    assert main(["train", *tiny_overrides, f"run.dir={run}", f"resume={tmp_path / 'missing.pt'}"]) == 2
+    assert "not found" in capsys.readouterr().err
+
+    other = [*tiny_overrides, "model.width=4", f"run.dir={run}", f"resume={checkpoints_in(run / 'checkpoints')[0]}"]
+    assert main(["train", *other]) == 2
+    err = capsys.readouterr().err
+    assert "another model" in err and "shapes differ" in err and "stem.0.weight" in err
+
+    flipped = tmp_path / "flipped.pt"
+    data = bytearray(checkpoints_in(run / "checkpoints")[0].read_bytes())
+    data[len(data) // 3] ^= 0x55
+    flipped.write_bytes(bytes(data))
+    (tmp_path / "flipped.pt.sha256").write_text(
+        (checkpoints_in(run / "checkpoints")[0].with_suffix(".pt.sha256")).read_text()
+    )
+    assert main(["train", *tiny_overrides, f"run.dir={run}", f"resume={flipped}"]) == 2
+    assert "corrupt" in capsys.readouterr().err
+
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "tensorboard" not in p.parts}
+    assert after == before
+
+
+def test_export_cli_writes_safetensors(tiny_overrides, tmp_path):
+    hasten.train(None, [*tiny_overrides, "train.epochs=1", f"run.dir={tmp_path / 'r'}"])
+    newest = checkpoints_in(tmp_path / "r" / "checkpoints")[0]
+    assert main(["export", str(newest), str(tmp_path / "m.safetensors")]) == 0
+    from safetensors.torch import load_file
+
+    exported = load_file(str(tmp_path / "m.safetensors"))
+    model = load_checkpoint(newest)["model"]
+    assert exported.keys() == model.keys() and all(torch.equal(exported[k], model[k]) for k in model)
+
+
+def test_checkpoint_from_elsewhere_without_trainer_state_is_refused(tiny_overrides, tmp_path, capsys):
+    plain = save_checkpoint({"model": {"w": torch.zeros(1)}}, tmp_path / "plain.pt")
+    assert main(["train", *tiny_overrides, f"resume={plain}"]) == 2
+    assert "not a hasten training checkpoint" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "run" / "metrics.csv")
