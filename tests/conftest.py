@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-
 # tiny models: one thread is faster than two, and does not fight the other tests' processes for the cores
 torch.set_num_threads(1)
 
