@@ -34,8 +34,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check hasten tests benchmarks
 	$(BIN)/ruff format --check hasten tests benchmarks
 
-bench: $(STAMP)
-	$(BIN)/python benchmarks/run_all.py
+# every benchmark, one after another (each measures its variants side by side in one run); on 2 CPU cores this
+# takes about an hour. Each script's docstring says what it measures; results land in bench/.
+bench: data
+	$(BIN)/python benchmarks/precision.py
+	$(BIN)/python benchmarks/tricks.py
+	$(BIN)/python benchmarks/imagefolder.py
+	$(BIN)/python benchmarks/gan.py
+	$(BIN)/hasten bench fashion-fast --repeats 3
 
 # hasten beside PyTorch Lightning on the same recipe (benchmarks/peers/); the extra is installed only here, with
 # the torch already in the venv named as a requirement so pip keeps it. PEERS_ARGS, e.g. "--repeats 1", is passed on

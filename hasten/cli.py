@@ -33,21 +33,23 @@ def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
     return None, args
 
 
-def _format_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+def _show(summary: dict[str, Any], as_table: bool, table: Any) -> None:
+    """A finished run's summary: as a rich table with the progress bar on, else as JSON (for scripts)."""
+    if as_table:
+        Console().print(table(summary))
+    else:
+        print(json.dumps(summary, indent=2))
 
 
 def results_table(summary: dict[str, Any]) -> Table:
+    from hasten.memory import format_bytes
+
     table = Table(title="results", show_header=False)
     table.add_row("test accuracy", f"{summary['test_accuracy']:.4f}")
     table.add_row("epochs", str(summary["epochs"]))
     table.add_row("wall time", f"{summary['wall_seconds']:.1f} s (training {summary['train_seconds']:.1f} s)")
     table.add_row("throughput", f"{summary['images_per_second']:,.0f} images/s")
-    table.add_row("peak memory", _format_bytes(summary["peak_memory_bytes"]))
+    table.add_row("peak memory", format_bytes(summary["peak_memory_bytes"]))
     for threshold, seconds in summary["time_to_accuracy"].items():
         table.add_row(f"time to {float(threshold):.0%}", "not reached" if seconds is None else f"{seconds:.1f} s")
     table.add_row("run folder", summary.get("run_dir", ""))
@@ -61,11 +63,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     recipe = load_recipe(source, overrides)  # recipe errors show before torch and the data are loaded
     from hasten.build import train
 
-    summary = train(recipe)
-    if recipe.run.progress:
-        Console().print(results_table(summary))
-    else:
-        print(json.dumps(summary, indent=2))
+    _show(train(recipe), recipe.run.progress, results_table)
     return 0
 
 
@@ -253,11 +251,7 @@ def cmd_gan(ns: argparse.Namespace) -> int:
     from hasten.experiments.gan import train_gan
     from hasten.experiments.gan_report import results_table as gan_results_table
 
-    summary = train_gan(recipe)
-    if recipe.run.progress:
-        Console().print(gan_results_table(summary))
-    else:
-        print(json.dumps(summary, indent=2))
+    _show(train_gan(recipe), recipe.run.progress, gan_results_table)
     return 0
 
 
