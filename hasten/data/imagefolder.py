@@ -25,7 +25,7 @@ from PIL import Image
 from torch import Tensor
 
 from hasten.data.datasets import ImageDataset
-from hasten.data.loader import Augment, channel_stats, shard_indices
+from hasten.data.loader import Augment, ShardedEpochs, channel_stats
 from hasten.data.transforms import class_interleaved, first_per_class, flip_labels, noise_generator
 from hasten.errors import DataError
 
@@ -162,7 +162,7 @@ def default_workers() -> int:
     return max(min(4, (os.cpu_count() or 1) - 1), 0)
 
 
-class ImageFolderLoader:
+class ImageFolderLoader(ShardedEpochs):
     """Batches of (normalised float images, int64 labels) decoded from files by DataLoader workers.
 
     Same interface and the same sample order as `InMemoryLoader`: `set_epoch`, `batches(start)`, `__len__`,
@@ -198,22 +198,9 @@ class ImageFolderLoader:
         self._plan = _BatchPlan()
         self._loader: torch.utils.data.DataLoader | None = None
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
     @property
-    def shard_size(self) -> int:
-        n = len(self.decoder)
-        return -(-n // self.world_size) if self.pad_shards else n // self.world_size
-
-    def __len__(self) -> int:
-        full, rest = divmod(self.shard_size, self.batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
-
-    def indices(self, epoch: int) -> Tensor:
-        """This rank's sample indices for `epoch`, in the order its batches take them."""
-        n, shard = len(self.decoder), self.shard_size
-        return shard_indices(n, epoch, self.seed, self.shuffle, self.rank, self.world_size, shard)
+    def num_samples(self) -> int:
+        return len(self.decoder)
 
     def _dataloader(self) -> torch.utils.data.DataLoader:
         if self._loader is None:  # made once: persistent workers survive from epoch to epoch

@@ -80,7 +80,42 @@ def shard_indices(n: int, epoch: int, seed: int, shuffle: bool, rank: int, world
     return order[rank:total:world_size]
 
 
-class InMemoryLoader:
+class ShardedEpochs:
+    """The part both loaders share: each epoch's seeded order, this rank's shard of it, and its batch count.
+    Subclasses set batch_size, shuffle, seed, drop_last, rank, world_size, pad_shards, epoch and `num_samples`."""
+
+    batch_size: int
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    rank: int
+    world_size: int
+    pad_shards: bool
+    epoch: int = 0
+
+    @property
+    def num_samples(self) -> int:
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    @property
+    def shard_size(self) -> int:
+        n = self.num_samples
+        return -(-n // self.world_size) if self.pad_shards else n // self.world_size
+
+    def __len__(self) -> int:
+        full, rest = divmod(self.shard_size, self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def indices(self, epoch: int) -> Tensor:
+        """This rank's sample indices for `epoch`, in the order its batches take them."""
+        n = self.num_samples
+        return shard_indices(n, epoch, self.seed, self.shuffle, self.rank, self.world_size, self.shard_size)
+
+
+class InMemoryLoader(ShardedEpochs):
     """Batches of (normalised float images, int64 labels) sliced from tensors held in memory.
 
     `drop_last` drops the final short batch of each rank's share; `pad_shards` repeats samples so every rank
@@ -118,22 +153,9 @@ class InMemoryLoader:
         self.std = std.to(self.device).view(1, -1, 1, 1)
         self.epoch = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
     @property
-    def shard_size(self) -> int:
-        n = len(self.images)
-        return -(-n // self.world_size) if self.pad_shards else n // self.world_size
-
-    def __len__(self) -> int:
-        full, rest = divmod(self.shard_size, self.batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
-
-    def indices(self, epoch: int) -> Tensor:
-        """This rank's sample indices for `epoch`, in the order its batches take them."""
-        n, shard = len(self.images), self.shard_size
-        return shard_indices(n, epoch, self.seed, self.shuffle, self.rank, self.world_size, shard)
+    def num_samples(self) -> int:
+        return len(self.images)
 
     def _generator(self, epoch: int, batch: int) -> torch.Generator:
         seed = hash((self.seed, epoch, self.rank, batch)) & 0x7FFF_FFFF_FFFF_FFFF
