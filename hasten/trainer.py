@@ -43,6 +43,7 @@ from hasten.memory import measure_peak, peak_memory_bytes, reset_peak
 from hasten.precision import Precision
 from hasten.progress import EpochProgress
 from hasten.runlog import RunLog
+from hasten.schedules import Scheduler
 from hasten.tricks import one_hot, soft_cross_entropy
 
 BatchHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -140,7 +141,7 @@ class Trainer:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        scheduler: Scheduler | torch.optim.lr_scheduler.LRScheduler,
         precision: Precision,
         loaders: tuple[InMemoryLoader, InMemoryLoader],
         plan: Plan,
