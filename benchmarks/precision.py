@@ -28,8 +28,8 @@ Ratios are to fp32 in the same run. The targets (checked and reported, never ass
 bf16+channels_last >= 3x fp32's images/s; bf16 peak memory <= 0.6x; checkpointing >= 40% less memory for
 <= 35% more time; every mode's accuracy within 0.5 points of fp32's.
 
-    .venv/bin/python benchmarks/precision.py           # the full run (~10 min on 2 busy cores: fp16 is slow on CPU)
-    .venv/bin/python benchmarks/precision.py --quick   # smoke run: batch 64, 4 steps, no compile (~2 min)
+    .venv/bin/python benchmarks/precision.py           # the full run (~5 min here: fp16 is slow on CPU)
+    .venv/bin/python benchmarks/precision.py --quick   # smoke run: batch 64, 4 steps, no compile (~15 s)
 
 Writes report.md (table + command + machine), results.json (everything, with the exact recipes) and
 precision.png (bar charts) into --out (default bench/precision).
@@ -283,9 +283,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         values = [r[key] / 2**20 if key == "peak_step_memory_bytes" else r[key] for r in rows]
         ax.barh(names, values, color=["#888" if n == "fp32" else "#3a7" for n in names])
         ax.set_xlabel(label)
-        ax.invert_yaxis() if ax is axes[0] else None
         if key == "test_accuracy":
             ax.set_xlim(min(values) - 0.05, max(values) + 0.02)
+    axes[0].invert_yaxis()  # shared: the first variant on top in every panel
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -54,8 +55,6 @@ def available_memory_bytes() -> int:
                     return int(line.split()[1]) * 1024  # reported in KiB
     except OSError:
         pass
-    import os
-
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
