@@ -23,6 +23,7 @@ from hasten.data import ImageDataset, load_dataset
 from hasten.data.imagefolder import ImageFolder, ImageFolderLoader, image_folder_loaders, open_image_folder
 from hasten.data.loader import Augment, InMemoryLoader, channel_stats
 from hasten.data.transforms import prepare
+from hasten.distributed import world_size
 from hasten.errors import CheckpointError, RecipeError
 from hasten.finetune import Freeze, discriminative_groups, pretrained_from_config, save_weights
 from hasten.models import ResNet, build_model
@@ -99,12 +100,6 @@ def loaders(
     )
     test = InMemoryLoader(data.test_images, data.test_labels, recipe.train.eval_batch_size, pad_shards=False, **common)
     return train, test
-
-
-def world_size() -> int:
-    """Processes in the job: torch.distributed's world size when a process group is up, else 1."""
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    return torch.distributed.get_world_size() if distributed else 1
 
 
 def global_batch(recipe: Recipe) -> int:

@@ -79,12 +79,17 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+def _initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
 def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+    """Processes in the job: the process group's size when one is up, else 1."""
+    return dist.get_world_size() if _initialized() else 1
 
 
 def rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+    return dist.get_rank() if _initialized() else 0
 
 
 def is_main() -> bool:
