@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hasten import distributed
 from hasten.checkpoint import checkpoints_in, latest_usable, load_checkpoint, remove_stale_temporaries
 from hasten.compiling import compile_model
 from hasten.config import OptimConfig, Recipe, to_yaml
@@ -23,7 +24,7 @@ from hasten.data import ImageDataset, load_dataset
 from hasten.data.imagefolder import ImageFolder, ImageFolderLoader, image_folder_loaders, open_image_folder
 from hasten.data.loader import Augment, InMemoryLoader, channel_stats
 from hasten.data.transforms import prepare
-from hasten.distributed import world_size
+from hasten.distributed import DistEnv, world_size
 from hasten.errors import CheckpointError, RecipeError
 from hasten.finetune import Freeze, discriminative_groups, pretrained_from_config, save_weights
 from hasten.models import ResNet, build_model
@@ -72,6 +73,7 @@ def loaders(
     """Training and test loaders; normalisation statistics come from the training images. In-memory data is
     sliced into batches; an image folder is decoded by DataLoader workers."""
     aug = recipe.data.augment
+    remainder = recipe.train.remainder
     if isinstance(data, ImageFolder):
         return image_folder_loaders(
             data,
@@ -84,6 +86,7 @@ def loaders(
             device=device,
             rank=rank,
             world_size=world_size,
+            remainder=remainder,
         )
     mean, std = channel_stats(data.train_images)
     common = dict(
@@ -96,9 +99,10 @@ def loaders(
         shuffle=True,
         seed=recipe.seed,
         augment=Augment(aug.flip, aug.translate) if (aug.flip or aug.translate) else None,
+        remainder=remainder,
         **common,
     )
-    test = InMemoryLoader(data.test_images, data.test_labels, recipe.train.eval_batch_size, pad_shards=False, **common)
+    test = InMemoryLoader(data.test_images, data.test_labels, recipe.train.eval_batch_size, remainder="split", **common)
     return train, test
 
 
@@ -137,6 +141,7 @@ def tricks(recipe: Recipe, model: nn.Module, rank: int = 0) -> tuple[Hooks, dict
         mixing = BatchMixing(config.mixup, config.cutmix, np.random.default_rng([recipe.seed, rank]))
         hooks.on_batch.append(mixing.on_batch)
         stateful["mixing"] = mixing
+        hooks.rank_local.add("mixing")  # its stream differs per rank: checkpoints keep one per rank
     if config.ema:
         ema = EMA(model, config.ema)
         hooks.after_step.append(ema.after_step)
@@ -174,14 +179,21 @@ class Parts:
 
 
 def build(recipe: Recipe) -> Parts:
-    device = resolve_device(recipe.device)
+    """Under torchrun (several processes) this joins the process group first: each rank gets its own device,
+    its shard of every epoch, its own random streams for augmentation, mixing and dropout, and the model
+    wrapped in DistributedDataParallel; the model starts from the same weights everywhere (DDP broadcasts
+    rank 0's)."""
+    env = DistEnv.from_environ()
+    device = distributed.device_for(env, recipe.device)
+    distributed.init(env, device)
+    rank, world = distributed.rank(), world_size()
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
     scale = recipe.loss_scale
     precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)  # before data is read
     seed_everything(recipe.seed)
     data = dataset(recipe)
-    train_loader, test_loader = loaders(recipe, data, device)
+    train_loader, test_loader = loaders(recipe, data, device, rank, world)
     model = build_model(recipe.model, data.image_shape, len(data.classes))
     if recipe.model.pretrained:
         print(pretrained_from_config(model, recipe.model).describe(), file=sys.stderr)
@@ -192,6 +204,8 @@ def build(recipe: Recipe) -> Parts:
         if not isinstance(model, ResNet):
             raise RecipeError("train.checkpoint_activations: only model.name=resnet has blocks to checkpoint")
         model.checkpoint_activations = True
+    if recipe.train.sync_batchnorm and world > 1:  # before the optimizer and EMA see the modules; keeps the params
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = precision.prepare(model)
     lr = scaled_lr(recipe.optim, global_batch(recipe))
     decay, no_bias_decay = recipe.optim.weight_decay, recipe.optim.no_bias_decay
@@ -201,13 +215,16 @@ def build(recipe: Recipe) -> Parts:
         groups = param_groups(model, decay, no_bias_decay)
     opt = optimizer(recipe.optim, precision.optimizer_groups(groups), lr)  # fp16-master: the fp32 masters
     schedule = scheduler(opt, recipe.schedule, optimizer_steps(recipe, train_loader))
-    hooks, trick_state = tricks(recipe, model)
+    hooks, trick_state = tricks(recipe, model, rank)
     if recipe.train.freeze_epochs:  # after the optimizer, which must hold the frozen parameters too
-        if world_size() > 1:
+        if world > 1:
             raise RecipeError("train.freeze_epochs: not supported with several processes yet (DDP fixes its set)")
         freeze = Freeze(model, recipe.train.freeze_epochs * steps_per_epoch(recipe, train_loader))
         hooks.after_step.append(freeze.after_step)
         trick_state["freeze"] = freeze
+    if world > 1:
+        seed_everything(recipe.seed * 1_000_003 + rank)  # after the weights: dropout masks differ per rank
+        model = distributed.wrap(model, device)  # after the EMA copy and the optimizer, which hold the inner model
     compiled = False
     if recipe.train.compile:  # last: the EMA copy above stays eager
         model, failure = compile_model(model, next(iter(train_loader))[0], precision.autocast)
@@ -223,7 +240,8 @@ def build(recipe: Recipe) -> Parts:
 
 def resume_from(recipe: Recipe, folder: Path) -> tuple[Path, dict[str, Any]] | None:
     """The checkpoint to continue from: `resume=PATH`, or with `resume=auto` (and after an elastic restart by
-    torchrun) the newest complete one in the run's checkpoints folder; None to start afresh."""
+    torchrun) the newest complete one in the run's checkpoints folder; None to start afresh. With several
+    processes rank 0 chooses and the others load the file it chose."""
     source = recipe.resume
     if source is None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         source = "auto"  # torchrun restarted the workers: continue from the last checkpoint
@@ -231,12 +249,22 @@ def resume_from(recipe: Recipe, folder: Path) -> tuple[Path, dict[str, Any]] | N
         return None
     if source != "auto":
         return Path(source), load_checkpoint(source)
-    found = latest_usable(folder)
-    if found is None and checkpoints_in(folder):
-        raise CheckpointError(f"resume=auto: no usable checkpoint in {folder} (each was skipped, see the warnings)")
-    if found is None:
-        print(f"resume=auto: no checkpoint in {folder} yet; starting afresh", file=sys.stderr)
-    return found
+    found, error = None, None
+    if distributed.is_main():
+        try:
+            found = latest_usable(folder)
+            if found is None and checkpoints_in(folder):
+                error = f"resume=auto: no usable checkpoint in {folder} (each was skipped, see the warnings)"
+        except CheckpointError as failure:
+            error = str(failure)
+    chosen, error = distributed.broadcast_object((found[0] if found else None, error))
+    if error:
+        raise CheckpointError(error)
+    if chosen is None:
+        if distributed.is_main():
+            print(f"resume=auto: no checkpoint in {folder} yet; starting afresh", file=sys.stderr)
+        return None
+    return found if found is not None else (chosen, load_checkpoint(chosen, require_digest=True))
 
 
 def train(recipe: Recipe) -> dict[str, Any]:
@@ -244,7 +272,7 @@ def train(recipe: Recipe) -> dict[str, Any]:
     parts = build(recipe)
     folder = run_dir(recipe)
     checkpoint = resume_from(recipe, folder / "checkpoints")  # before anything in the run folder is written
-    log = RunLog(folder, tensorboard=recipe.run.tensorboard)
+    log = RunLog(folder, enabled=distributed.is_main(), tensorboard=recipe.run.tensorboard)
     plan = Plan(
         epochs=recipe.train.epochs,
         num_classes=len(parts.data.classes),
@@ -275,7 +303,8 @@ def train(recipe: Recipe) -> dict[str, Any]:
         except CheckpointError:
             log.close()
             raise
-        print(f"resuming from {path} (epoch {trainer.state.epoch}, step {trainer.state.step})", file=sys.stderr)
+        if log.enabled:
+            print(f"resuming from {path} (epoch {trainer.state.epoch}, step {trainer.state.step})", file=sys.stderr)
     elif log.enabled:
         remove_stale_temporaries(saving.folder)
     log.write_recipe(to_yaml(recipe))  # only once the checkpoint, if any, fitted: a failed resume changes nothing

@@ -135,11 +135,25 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
 
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank when `flag` is true on any rank (e.g. a stop signal seen by one)."""
+    return agree([flag], device)[0]
+
+
+def agree(flags: list[bool], device: torch.device) -> list[bool]:
+    """Each flag true on every rank when it is true on any rank: one all-reduce for several decisions."""
     if world_size() == 1:
-        return flag
-    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+        return list(flags)
+    tensor = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item())
+    return [bool(v) for v in tensor.tolist()]
+
+
+def gather_objects(value: Any) -> list[Any]:
+    """`value` of every rank, in rank order, on every rank (a one-item list for one process)."""
+    if world_size() == 1:
+        return [value]
+    values: list[Any] = [None] * world_size()
+    dist.all_gather_object(values, value)
+    return values
 
 
 def broadcast_object(value: Any, src: int = 0) -> Any:

@@ -15,6 +15,12 @@ loss weighted by its share of the step's examples, then one optimizer step is ta
 of k x batch_size (exactly, without batch norm). The epoch's last group may hold fewer micro-batches; it is
 stepped all the same, weighted by what it holds. Grads live only within a group: checkpoint at step boundaries
 (`State.batch` a multiple of k). The second optimizer step of the run is profiled for `peak_step_memory_bytes`.
+
+Several processes (DDP): every rank runs this loop on its shard; the decisions that must be the same everywhere
+(a non-finite loss on some rank, a stop signal seen by some rank) are agreed by one all-reduce per step;
+evaluation runs on each rank's split of the test set, sums reduced, so the accuracy is over every test image
+once; a checkpoint gathers each rank's own state (RNG streams, mixing generator, epoch sums) and rank 0
+writes it. Only rank 0's RunLog writes files.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import contextlib
 import dataclasses
 import math
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import hasten
 from hasten.checkpoint import load_model_weights, prune, rng_state, save_checkpoint, set_rng_state
 from hasten.data.loader import InMemoryLoader
-from hasten.distributed import any_rank, unwrap
+from hasten.distributed import agree, all_reduce_sum, any_rank, gather_objects, rank, unwrap, world_size
 from hasten.errors import CheckpointError, HastenError
 from hasten.memory import measure_peak, peak_memory_bytes, reset_peak
 from hasten.precision import Precision
@@ -109,6 +116,7 @@ class Hooks:
     after_step: list[StepHook] = field(default_factory=list)
     eval_model: Callable[[nn.Module], nn.Module] | None = None  # e.g. the EMA copy instead of the live model
     stateful: dict[str, Any] = field(default_factory=dict)  # hooks with state_dict() (EMA, mixing RNG), by name
+    rank_local: set[str] = field(default_factory=set)  # names in `stateful` whose state differs per rank
 
 
 @dataclass
@@ -160,47 +168,82 @@ class Trainer:
 
     # ----- checkpoints -----
 
-    def state_dict(self) -> dict[str, Any]:
-        """Everything the run depends on, as a checkpoint holds it (tensors and plain containers only)."""
+    def _rank_state(self) -> dict[str, Any]:
+        """What differs per rank: RNG streams, rank-local hooks (the mixing generator), the epoch's running sums."""
+        s = self.state
         return {
-            "format": 1,
+            "rng": rng_state(),
+            "hooks": {name: self.hooks.stateful[name].state_dict() for name in sorted(self.hooks.rank_local)},
+            "epoch_sums": {"epoch_loss_sum": s.epoch_loss_sum, "epoch_correct": s.epoch_correct,
+                           "epoch_seen": s.epoch_seen, "epoch_seconds": s.epoch_seconds},
+        }  # fmt: skip
+
+    def state_dict(self, ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Everything the run depends on, as a checkpoint holds it (tensors and plain containers only).
+        `ranks`: every rank's `_rank_state()`, gathered (a collective); default: this process's alone."""
+        shared = {k: v for k, v in self.hooks.stateful.items() if k not in self.hooks.rank_local}
+        return {
+            "format": 2,
             "hasten_version": hasten.__version__,
             "recipe": self.saving.recipe if self.saving else {},
             "model": unwrap(self.model).state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "precision": self.precision.state_dict(),
-            "hooks": {name: hook.state_dict() for name, hook in self.hooks.stateful.items()},
+            "hooks": {name: hook.state_dict() for name, hook in shared.items()},
             "trainer": dataclasses.asdict(self.state),
-            "rng": rng_state(),
+            "ranks": ranks if ranks is not None else [self._rank_state()],
         }
 
     def load_state_dict(self, state: dict[str, Any], source: str = "checkpoint") -> None:
         """Continue from `state` (a `state_dict()`); CheckpointError naming `source` when it does not fit."""
-        missing = [k for k in ("model", "optimizer", "scheduler", "trainer", "rng") if k not in state]
+        missing = [k for k in ("model", "optimizer", "scheduler", "trainer") if k not in state]
+        if "ranks" not in state and "rng" not in state:
+            missing.append("ranks")
         if missing:
             raise CheckpointError(f"{source} is not a hasten training checkpoint: it lacks {', '.join(missing)}")
+        mine = self._own_rank_state(state, source)
         load_model_weights(unwrap(self.model), state["model"], source)
         try:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             self.precision.load_state_dict(state.get("precision", {}))
             for name, hook in self.hooks.stateful.items():
-                if name not in state.get("hooks", {}):
+                saved = state.get("hooks", {}) | mine.get("hooks", {})
+                if name not in saved:
                     raise CheckpointError(f"{source} has no state for {name} (was it trained with another recipe?)")
-                hook.load_state_dict(state["hooks"][name])
+                hook.load_state_dict(saved[name])
         except (ValueError, KeyError, RuntimeError) as error:
             raise CheckpointError(f"{source} does not fit this run's optimizer or schedule: {error}") from None
-        self.state = State(**state["trainer"])
-        set_rng_state(state["rng"])
+        self.state = State(**(state["trainer"] | mine.get("epoch_sums", {})))
+        set_rng_state(mine["rng"])
         self.resumed = True
 
+    def _own_rank_state(self, state: dict[str, Any], source: str) -> dict[str, Any]:
+        """This rank's part of a checkpoint. Another number of processes may resume from an epoch's end (each
+        rank then takes the state of rank r mod the old count), never from mid-epoch: the shards would change."""
+        ranks = state.get("ranks") or [{"rng": state["rng"], "hooks": {}}]  # format 1: one process
+        here, saved = world_size(), len(ranks)
+        if saved != here:
+            if state["trainer"].get("batch", 0):
+                raise CheckpointError(
+                    f"{source} was written mid-epoch by {saved} process(es) and this run has {here}: resume it with "
+                    f"--devices {saved}, or from a checkpoint taken at the end of an epoch"
+                )
+            if rank() == 0:
+                print(f"{source}: written by {saved} process(es), resumed with {here}", file=sys.stderr)
+        return ranks[rank() % saved]
+
     def save(self, *, end_of_epoch: bool = False, accuracy: float | None = None) -> Path | None:
-        """Write a checkpoint (rank 0 only) and prune old ones, keeping the newest and the best."""
-        if self.saving is None or not self.log.enabled:
+        """Write a checkpoint and prune old ones, keeping the newest and the best. Every rank calls this at the
+        same point: each one's own state is gathered, and rank 0 writes."""
+        if self.saving is None:
+            return None
+        ranks = gather_objects(self._rank_state())
+        if not self.log.enabled:
             return None
         folder = self.saving.folder
-        path = save_checkpoint(self.state_dict(), folder / f"step-{self.state.step}.pt")
+        path = save_checkpoint(self.state_dict(ranks), folder / f"step-{self.state.step}.pt")
         if end_of_epoch and accuracy is not None and accuracy >= self.state.best_accuracy:
             self.state.best_checkpoint = path.name
         best = (folder / self.state.best_checkpoint,) if self.state.best_checkpoint else ()
@@ -230,8 +273,9 @@ class Trainer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _check_stop(self) -> None:
-        if any_rank(self.stop_signal is not None, self.device):
+    def _check_stop(self, stop: bool | None = None) -> None:
+        """Checkpoint and stop when a signal came to any rank (`stop`: already agreed across the ranks)."""
+        if stop if stop is not None else any_rank(self.stop_signal is not None, self.device):
             checkpoint = self.save()
             raise Interrupted(self.stop_signal or signal.SIGTERM, checkpoint)
 
@@ -266,14 +310,16 @@ class Trainer:
         return loss.detach(), (logits.detach().argmax(1) == labels).sum()
 
     def _nonfinite(self, loss: Tensor) -> None:
-        """A micro-batch's loss was inf/NaN: skip the update (train.on_nan=skip) or stop naming the step."""
+        """A micro-batch's loss was inf/NaN (on this or another rank): skip the update (train.on_nan=skip) or
+        stop naming the step."""
         self.optimizer.zero_grad(set_to_none=True)
         if self.plan.on_nan == "skip":
             self.state.nonfinite_steps += 1
             return
         kept = f"; the last good checkpoint is in {self.saving.folder}" if self.saving else ""
+        value = f"became {loss.item()}" if not torch.isfinite(loss) else "became non-finite on another rank"
         raise NonFiniteLoss(
-            f"the training loss became {loss.item()} at step {self.state.step + 1} (epoch {self.state.epoch + 1}, "
+            f"the training loss {value} at step {self.state.step + 1} (epoch {self.state.epoch + 1}, "
             f"batch {self.state.batch}){kept}; lower optim.lr, or set train.on_nan=skip to skip such steps"
         )
 
@@ -290,8 +336,9 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
-        """Test loss and accuracy over the whole test set."""
-        model = self.hooks.eval_model(self.model) if self.hooks.eval_model else self.model
+        """Test loss and accuracy over the whole test set: each rank evaluates its split, the sums are reduced."""
+        model = unwrap(self.model)  # the plain module: no DDP forward hooks or buffer broadcasts in evaluation
+        model = self.hooks.eval_model(model) if self.hooks.eval_model else model
         was_training = model.training
         model.eval()
         loss_sum = torch.zeros((), device=self.device)
@@ -306,7 +353,8 @@ class Trainer:
             correct += (logits.argmax(1) == labels).sum()
             count += len(labels)
         model.train(was_training)
-        return loss_sum.item() / count, correct.item() / count
+        loss_total, correct_total, count_total = all_reduce_sum([loss_sum.item(), correct.item(), count], self.device)
+        return loss_total / max(count_total, 1), correct_total / max(count_total, 1)
 
     def train_epoch(self, bar: EpochProgress) -> dict[str, float]:
         self.model.train()
@@ -348,28 +396,31 @@ class Trainer:
                             accuracy=correct.item() / seen,
                             images_per_second=seen / max(elapsed, 1e-9),
                         )
-                if finite:
-                    self.optimizer_step()
-                else:
+                # one agreement for the step (one all-reduce with several processes, none with one)
+                nonfinite, stop = agree([not finite, self.stop_signal is not None], self.device)
+                if nonfinite:
                     self._nonfinite(loss)
+                else:
+                    self.optimizer_step()
             if probing:
                 self.peak_step_memory_bytes = peak.bytes
             every = self.saving.every_steps if self.saving else 0
-            if (every and self.state.step % every == 0 and finite) or self.stop_signal is not None:
+            if (every and self.state.step % every == 0 and not nonfinite) or stop:
                 self._keep_epoch_sums(loss_sum, correct, seen, time.perf_counter() - started)
-                if self.stop_signal is None:
+                if not stop:
                     self.save()
-            self._check_stop()
+            self._check_stop(stop)
         _sync(self.device)
         seconds = time.perf_counter() - started
         self.state.train_seconds += seconds
         self.state.epoch += 1
         self.state.batch = 0
         self._keep_epoch_sums(torch.zeros(()), torch.zeros(()), 0, 0.0)
-        return {
-            "train_loss": loss_sum.item() / max(seen, 1),
-            "train_accuracy": correct.item() / max(seen, 1),
-            "images_per_second": seen / max(seconds, 1e-9),
+        loss_total, correct_total, seen_total = all_reduce_sum([loss_sum.item(), correct.item(), seen], self.device)
+        return {  # over all ranks
+            "train_loss": loss_total / max(seen_total, 1),
+            "train_accuracy": correct_total / max(seen_total, 1),
+            "images_per_second": seen_total / max(seconds, 1e-9),
         }
 
     def fit(self) -> dict[str, Any]:
@@ -415,7 +466,8 @@ class Trainer:
 
     def summary(self, last: dict[str, float], wall_seconds: float) -> dict[str, Any]:
         """The run's results; `wall_seconds` counts evaluation too, `train_seconds` only the training steps."""
-        images = len(self.train_loader) and self.train_loader.shard_size * self.state.epoch
+        loader = self.train_loader  # images over all ranks
+        images = len(loader) and loader.shard_size * loader.world_size * self.state.epoch
         summary = {
             "test_accuracy": last["test_accuracy"],
             "test_loss": last["test_loss"],

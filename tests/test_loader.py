@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hasten.data.loader import Augment, InMemoryLoader, channel_stats, flip, translate
@@ -59,8 +60,44 @@ def test_ranks_partition_the_epoch():
     assert len({len(s) for s in shards}) == 1  # padded to equal length
     union = torch.cat(shards)
     assert set(union.tolist()) == set(range(100)) and len(union) == 102  # 2 wrapped-around samples
-    dropped = [torch.cat([y for _, y in make_loader(rank=r, world_size=3, pad_shards=False)]) for r in range(3)]
+    dropped = [torch.cat([y for _, y in make_loader(rank=r, world_size=3, remainder="drop")]) for r in range(3)]
     assert sorted(torch.cat(dropped).tolist()) == list(range(99))
+
+
+@pytest.mark.parametrize("world", [2, 3, 7])
+def test_remainder_rules_over_a_shuffled_epoch(world):
+    """pad: equal shards, every sample at least once; drop: equal shards, each sample at most once, fewer than
+    `world` left out; split: every sample exactly once, shard sizes differ by at most one."""
+
+    def shards(remainder):
+        loaders = [
+            make_loader(shuffle=True, seed=3, rank=r, world_size=world, remainder=remainder) for r in range(world)
+        ]
+        for loader in loaders:
+            loader.set_epoch(4)
+        return [torch.cat([y for _, y in loader]).tolist() for loader in loaders]
+
+    padded, dropped, split = shards("pad"), shards("drop"), shards("split")
+    assert len({len(s) for s in padded}) == 1 and set(sum(padded, [])) == set(range(100))
+    flat = sum(dropped, [])
+    assert len({len(s) for s in dropped}) == 1 and len(flat) == len(set(flat)) and 100 - world < len(flat) <= 100
+    assert sorted(sum(split, [])) == list(range(100)) and max(map(len, split)) - min(map(len, split)) <= 1
+
+
+def test_pad_wraps_a_set_smaller_than_the_ranks():
+    images = torch.arange(2, dtype=torch.uint8).view(2, 1, 1, 1)
+    shards = [
+        InMemoryLoader(images, torch.arange(2), 4, mean=torch.zeros(1), std=torch.ones(1), rank=r, world_size=5)
+        for r in range(5)
+    ]
+    assert [len(s.indices(0)) for s in shards] == [1] * 5 and set(
+        torch.cat([s.indices(0) for s in shards]).tolist()
+    ) == {0, 1}
+
+
+def test_unknown_remainder_rule_is_named():
+    with pytest.raises(ValueError, match="remainder.*'wrap'"):
+        make_loader(remainder="wrap")
 
 
 def test_flip_and_translate_exact_values():

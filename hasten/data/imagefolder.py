@@ -166,8 +166,8 @@ class ImageFolderLoader(ShardedEpochs):
     """Batches of (normalised float images, int64 labels) decoded from files by DataLoader workers.
 
     Same interface and the same sample order as `InMemoryLoader`: `set_epoch`, `batches(start)`, `__len__`,
-    `shard_size`; each rank takes its strided share of the epoch's permutation (padded like DistributedSampler
-    when `pad_shards`, else the remainder is dropped).
+    `shard_size`; each rank takes its strided share of the epoch's permutation, the remainder padded, dropped
+    or split as `remainder` says (hasten/data/loader.py).
     """
 
     def __init__(
@@ -183,14 +183,14 @@ class ImageFolderLoader(ShardedEpochs):
         drop_last: bool = False,
         rank: int = 0,
         world_size: int = 1,
-        pad_shards: bool = True,
+        remainder: str = "pad",
         channels_last: bool = False,
         device: torch.device | str = "cpu",
         workers: int = 0,
     ):
         self.decoder, self.batch_size, self.shuffle, self.seed = decoder, batch_size, shuffle, seed
         self.augment, self.drop_last, self.rank, self.world_size = augment, drop_last, rank, world_size
-        self.pad_shards, self.channels_last, self.workers = pad_shards, channels_last, workers
+        self.remainder, self.channels_last, self.workers = remainder, channels_last, workers
         self.device = torch.device(device)
         self.mean = mean.to(self.device).view(1, -1, 1, 1)
         self.std = std.to(self.device).view(1, -1, 1, 1)
@@ -328,8 +328,10 @@ def image_folder_loaders(
     device: torch.device | str = "cpu",
     rank: int = 0,
     world_size: int = 1,
+    remainder: str = "pad",
 ) -> tuple[ImageFolderLoader, ImageFolderLoader]:
-    """Training and test loaders over `data`; normalisation statistics come from the training images."""
+    """Training and test loaders over `data`; normalisation statistics come from the training images. The
+    training set's remainder over the ranks follows `remainder`; the test set is split, each image once."""
     mean, std = folder_stats(data, seed=seed)
     workers = default_workers() if workers is None else workers
     common = dict(mean=mean, std=std, channels_last=channels_last, device=device, workers=workers)
@@ -340,7 +342,8 @@ def image_folder_loaders(
         shuffle=True,
         seed=seed,
         augment=augment,
+        remainder=remainder,
         **common,
     )
     test_decoder = BatchDecoder(data.test, data.mode, data.size, data.resize)
-    return train, ImageFolderLoader(test_decoder, eval_batch_size, pad_shards=False, **common)
+    return train, ImageFolderLoader(test_decoder, eval_batch_size, remainder="split", **common)

@@ -6,6 +6,11 @@ DataLoader workers, no collate. The shuffle of epoch `e` is a permutation drawn 
 every rank; each rank takes its strided share, so every sample is seen once per epoch across ranks.
 Augmentation draws from a generator seeded by (seed, epoch, rank, batch), so any batch can be recomputed
 exactly, which is what exact resume and rank-distinct streams need.
+
+What happens to the samples left over when the set does not divide by the ranks (`remainder`): "pad" repeats
+the first ones so every rank gets the same count (DistributedSampler's default), "drop" leaves them out of the
+epoch (DistributedSampler's drop_last), "split" gives each sample to exactly one rank, so shards differ by one
+(evaluation: no collective runs per batch there, and every test image counts exactly once).
 """
 
 from __future__ import annotations
@@ -66,23 +71,39 @@ def channel_stats(images: Tensor) -> tuple[Tensor, Tensor]:
     return mean.float(), std.float()
 
 
-def shard_indices(n: int, epoch: int, seed: int, shuffle: bool, rank: int, world_size: int, shard_size: int) -> Tensor:
+REMAINDERS = ("pad", "drop", "split")
+
+
+def shard_size(n: int, rank: int, world_size: int, remainder: str) -> int:
+    """How many of `n` samples rank `rank` takes per epoch under the `remainder` rule."""
+    if remainder == "pad":
+        return -(-n // world_size)
+    if remainder == "drop":
+        return n // world_size
+    if remainder == "split":
+        return len(range(rank, n, world_size))
+    raise ValueError(f"remainder must be one of {', '.join(REMAINDERS)}, got {remainder!r}")
+
+
+def shard_indices(n: int, epoch: int, seed: int, shuffle: bool, rank: int, world_size: int, remainder: str) -> Tensor:
     """Rank `rank`'s sample indices of `n` for `epoch`: a permutation drawn from (seed, epoch), the same on every
-    rank, wrapped around to `shard_size * world_size` (as DistributedSampler pads), then strided by rank.
+    rank, padded by wrapping around or cut per `remainder` (as DistributedSampler does), then strided by rank.
     Shared by every loader, so the same seed gives the same batches whichever path the data takes."""
     if shuffle:
         order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
     else:
         order = torch.arange(n)
-    total = shard_size * world_size
+    if remainder == "split":
+        return order[rank::world_size]
+    total = shard_size(n, rank, world_size, remainder) * world_size
     if total > n:
-        order = torch.cat([order, order[: total - n]])
+        order = torch.cat([order.repeat(total // n), order[: total % n]])  # wraps more than once for tiny sets
     return order[rank:total:world_size]
 
 
 class ShardedEpochs:
     """The part both loaders share: each epoch's seeded order, this rank's shard of it, and its batch count.
-    Subclasses set batch_size, shuffle, seed, drop_last, rank, world_size, pad_shards, epoch and `num_samples`."""
+    Subclasses set batch_size, shuffle, seed, drop_last, rank, world_size, remainder, epoch and `num_samples`."""
 
     batch_size: int
     shuffle: bool
@@ -90,7 +111,7 @@ class ShardedEpochs:
     drop_last: bool
     rank: int
     world_size: int
-    pad_shards: bool
+    remainder: str  # "pad", "drop" or "split" (module docstring)
     epoch: int = 0
 
     @property
@@ -102,8 +123,7 @@ class ShardedEpochs:
 
     @property
     def shard_size(self) -> int:
-        n = self.num_samples
-        return -(-n // self.world_size) if self.pad_shards else n // self.world_size
+        return shard_size(self.num_samples, self.rank, self.world_size, self.remainder)
 
     def __len__(self) -> int:
         full, rest = divmod(self.shard_size, self.batch_size)
@@ -112,14 +132,14 @@ class ShardedEpochs:
     def indices(self, epoch: int) -> Tensor:
         """This rank's sample indices for `epoch`, in the order its batches take them."""
         n = self.num_samples
-        return shard_indices(n, epoch, self.seed, self.shuffle, self.rank, self.world_size, self.shard_size)
+        return shard_indices(n, epoch, self.seed, self.shuffle, self.rank, self.world_size, self.remainder)
 
 
 class InMemoryLoader(ShardedEpochs):
     """Batches of (normalised float images, int64 labels) sliced from tensors held in memory.
 
-    `drop_last` drops the final short batch of each rank's share; `pad_shards` repeats samples so every rank
-    gets the same count (as DistributedSampler does), otherwise the remainder is dropped so ranks stay in step.
+    `drop_last` drops the final short batch of each rank's share; `remainder` says what happens to the samples
+    that do not divide by the ranks (module docstring).
     """
 
     def __init__(
@@ -136,7 +156,7 @@ class InMemoryLoader(ShardedEpochs):
         drop_last: bool = False,
         rank: int = 0,
         world_size: int = 1,
-        pad_shards: bool = True,
+        remainder: str = "pad",
         channels_last: bool = False,
         device: torch.device | str = "cpu",
     ):
@@ -147,7 +167,8 @@ class InMemoryLoader(ShardedEpochs):
         self.device = torch.device(device)
         self.images, self.labels = images.to(self.device), labels.to(self.device)
         self.batch_size, self.shuffle, self.seed, self.augment = batch_size, shuffle, seed, augment
-        self.drop_last, self.rank, self.world_size, self.pad_shards = drop_last, rank, world_size, pad_shards
+        shard_size(len(images), rank, world_size, remainder)  # an unknown rule fails here, naming itself
+        self.drop_last, self.rank, self.world_size, self.remainder = drop_last, rank, world_size, remainder
         self.channels_last = channels_last
         self.mean = mean.to(self.device).view(1, -1, 1, 1)
         self.std = std.to(self.device).view(1, -1, 1, 1)
