@@ -205,6 +205,11 @@ def build(recipe: Recipe) -> Parts:
             raise RecipeError("train.checkpoint_activations: only model.name=resnet has blocks to checkpoint")
         model.checkpoint_activations = True
     if recipe.train.sync_batchnorm and world > 1:  # before the optimizer and EMA see the modules; keeps the params
+        if device.type == "cpu":
+            raise RecipeError(
+                "train.sync_batchnorm: torch's SyncBatchNorm runs on GPUs only; CPU ranks keep their own batch "
+                "statistics (set it false, or run on GPUs)"
+            )
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = precision.prepare(model)
     lr = scaled_lr(recipe.optim, global_batch(recipe))
@@ -308,10 +313,20 @@ def train(recipe: Recipe) -> dict[str, Any]:
     elif log.enabled:
         remove_stale_temporaries(saving.folder)
     log.write_recipe(to_yaml(recipe))  # only once the checkpoint, if any, fitted: a failed resume changes nothing
+    batch = global_batch(recipe)
+    if log.enabled:  # the resolved scaling: what the LR rule was given and what it made of it
+        how = f"{recipe.train.batch_size} x {recipe.train.accumulate} accumulated x {world_size()} process(es)"
+        o = recipe.optim
+        rule = f"{o.scaling} rule from {o.lr:g} per {o.base_batch}" if o.base_batch else "no optim.base_batch: as given"
+        print(f"global batch {batch} ({how}); peak LR {parts.lr:.4g} ({rule})", file=sys.stderr)
     try:
         summary = trainer.fit()
+        model = distributed.unwrap(parts.model)
+        if recipe.run.save_weights and log.enabled:  # the weights evaluated: the EMA copy when there is one
+            save_weights(parts.hooks.eval_model(model) if parts.hooks.eval_model else model, log.dir)
+        summary |= {"run_dir": str(log.dir), "lr": parts.lr, "global_batch": batch, "world_size": world_size()}
+        log.summary(summary)
+        distributed.barrier()  # the ranks end together, once rank 0 has written everything
     finally:
         log.close()
-    if recipe.run.save_weights and log.enabled:  # the weights that were evaluated: the EMA copy when there is one
-        save_weights(parts.hooks.eval_model(parts.model) if parts.hooks.eval_model else parts.model, log.dir)
-    return summary | {"run_dir": str(log.dir), "lr": parts.lr}
+    return summary

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -61,10 +62,34 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
     source, overrides = _split_recipe(ns.args)
     recipe = load_recipe(source, overrides)  # recipe errors show before torch and the data are loaded
+    if ns.devices < 1 or ns.max_restarts < 0:
+        raise HastenError("--devices must be at least 1 and --max-restarts at least 0")
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+    if ns.devices > 1 or ns.max_restarts:
+        if under_torchrun:
+            raise HastenError("--devices/--max-restarts: this process was started by torchrun; give them to torchrun")
+        return _launch(recipe.device, ns.devices, ["train", *ns.args], ns.max_restarts)
     from hasten.build import train
+    from hasten.distributed import is_main
 
-    _show(train(recipe), recipe.run.progress, results_table)
+    summary = train(recipe)
+    if is_main():  # every rank has the same results; one prints them
+        _show(summary, recipe.run.progress, results_table)
     return 0
+
+
+def _launch(device: str, devices: int, args: list[str], max_restarts: int) -> int:
+    """`devices` worker processes of `hasten ARGS` through torchrun's launcher, one per GPU on CUDA."""
+    import torch
+
+    from hasten.distributed import launch
+
+    gpus = torch.cuda.device_count() if device in ("auto", "cuda") or device.startswith("cuda") else 0
+    if device.startswith("cuda") and devices > gpus:
+        raise HastenError(f"--devices {devices}: this machine has {gpus} CUDA device(s)")
+    if device == "auto" and 0 < gpus < devices:
+        raise HastenError(f"--devices {devices}: this machine has {gpus} CUDA device(s); use device=cpu for CPU ranks")
+    return launch(devices, args, max_restarts=max_restarts)
 
 
 def cmd_data(ns: argparse.Namespace) -> int:
@@ -284,6 +309,21 @@ def commands() -> dict[str, argparse.ArgumentParser]:
         "key=value overrides, e.g. 'hasten train fashion-fast precision=bf16 optim.lr=0.2'.",
     )
     train.add_argument("args", nargs="*", metavar="[RECIPE] [key=value ...]")
+    train.add_argument(
+        "--devices",
+        type=int,
+        default=1,
+        metavar="N",
+        help="data-parallel over N processes on this machine (one per GPU; gloo on CPU), started through "
+        "torchrun's launcher; for several machines run torchrun yourself (README)",
+    )
+    train.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --devices: restart the workers up to K times after a failure, resuming from the last checkpoint",
+    )
     train.set_defaults(run=cmd_train)
 
     data = argparse.ArgumentParser(
@@ -443,14 +483,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parsers = commands()
     top = top_parser(parsers).parse_args(argv)
     ns = parsers[top.command].parse_intermixed_args(top.rest)
+    # a worker of a job with several processes names its rank in what it prints on the way out
+    who = f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
     try:
         return ns.run(ns)
     except HastenError as error:
-        console.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
+        console.print(f"[red]{who}error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
         return error.exit_code
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/yellow]")
+        console.print(f"[yellow]{who}interrupted[/yellow]")
         return 130
+    finally:
+        if "hasten.distributed" in sys.modules:  # leave the process group cleanly (no-op when none is up)
+            sys.modules["hasten.distributed"].shutdown()
 
 
 if __name__ == "__main__":

@@ -70,8 +70,12 @@ def init(env: DistEnv, device: torch.device) -> None:
     if not env.is_distributed or dist.is_initialized():
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=COLLECTIVE_TIMEOUT,
-                            device_id=device if device.type == "cuda" else None)  # fmt: skip
+    # torchrun's store outlives an elastic restart, and the process group's keys (each rank's address) would be
+    # read back from the failed attempt; a prefix per attempt keeps the restarted workers to their own keys
+    store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size, timeout=COLLECTIVE_TIMEOUT))
+    store = dist.PrefixStore(f"hasten/attempt-{env.restart_count}", store)
+    dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
+                            timeout=COLLECTIVE_TIMEOUT, device_id=device if device.type == "cuda" else None)  # fmt: skip
 
 
 def shutdown() -> None:
@@ -170,24 +174,34 @@ def barrier() -> None:
         dist.barrier()
 
 
-def launch(nproc: int, hasten_args: list[str], *, max_restarts: int = 0) -> int:
-    """Run `python -m hasten <hasten_args>` in `nproc` worker processes through torchrun's launcher.
+def launch(nproc: int, args: list[str], *, max_restarts: int = 0, script: str | None = None) -> int:
+    """Run `python -m hasten ARGS` (or `python SCRIPT ARGS`) in `nproc` worker processes through torchrun's
+    launcher, on this machine, with a free rendezvous port.
 
-    Returns the job's exit code; a failed worker makes torchrun stop the others and the job exit non-zero.
+    Returns the job's exit code. A worker that fails makes torchrun stop the others (SIGTERM, then SIGKILL
+    after its grace period) and the job exit with the failed worker's code, after a line naming its rank;
+    with `max_restarts`, torchrun first restarts all workers that many times (they resume from the last
+    checkpoint). SIGINT/SIGTERM to this process are passed on to the workers, which checkpoint and stop.
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    args = get_args_parser().parse_args(
-        ["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--monitor-interval=0.5",
-         "-m", "hasten", *hasten_args]
-    )  # fmt: skip
+    target = [script] if script else ["-m", "hasten"]
+    # torchrun would set 1 thread per worker and warn; share the cores instead (a GPU worker needs few)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    options = ["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--monitor-interval=0.5"]
     try:
-        run(args)
+        run(get_args_parser().parse_args([*options, *target, *args]))
     except ChildFailedError as error:
         failures = error.failures
         for rank_id, failure in sorted(failures.items()):
-            print(f"hasten: worker rank {rank_id} failed with exit code {failure.exitcode}", file=sys.stderr)
-        first = failures[min(failures)]
-        return first.exitcode if first.exitcode and first.exitcode > 0 else 1
+            code = failure.exitcode
+            how = f"was killed by signal {-code}" if code < 0 else f"failed with exit code {code}"
+            print(f"hasten: worker rank {rank_id} {how}", file=sys.stderr)
+        first = failures[min(failures)].exitcode
+        return first if first > 0 else 128 - first  # a signal's death as the shell reports it
+    except SignalException as stop:
+        print(f"hasten: stopped by {stop.sigval.name}; the workers were asked to checkpoint and stop", file=sys.stderr)
+        return 128 + int(stop.sigval)
     return 0
