@@ -131,3 +131,40 @@ def test_checkpoint_from_elsewhere_without_trainer_state_is_refused(tiny_overrid
     assert main(["train", *tiny_overrides, f"resume={plain}"]) == 2
     assert "not a hasten training checkpoint" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "run" / "metrics.csv")
+
+
+# in a child process: every attempt to write, create, rename or remove under FOLDER fails as on a read-only
+# file system (chmod alone does not stop root, who runs many CI jobs), then `hasten ARGS`
+READ_ONLY_CHILD = """
+import errno, os, sys
+folder = os.path.realpath(sys.argv[1])
+def hook(event, args):
+    writing = event == "open" and (
+        (isinstance(args[1], str) and any(c in args[1] for c in "wax+"))
+        or (args[1] is None and (args[2] or 0) & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+    )
+    changing = event in ("os.mkdir", "os.rename", "os.replace", "os.remove", "os.unlink", "os.rmdir", "os.chmod")
+    if (writing or changing) and isinstance(args[0], (str, bytes, os.PathLike)):
+        if os.path.realpath(os.fsdecode(args[0])).startswith(folder):
+            raise PermissionError(errno.EROFS, "Read-only file system", os.fsdecode(args[0]))
+sys.addaudithook(hook)
+from hasten.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_resume_into_a_read_only_run_folder_is_a_clear_error(tiny_overrides, tmp_path):
+    run = tmp_path / "run"
+    hasten.train(None, [*tiny_overrides, "train.epochs=1", f"run.dir={run}"])
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for path in [run, *run.rglob("*")]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    try:
+        args = ["train", *tiny_overrides, f"run.dir={run}", "resume=auto", "train.threads=1"]
+        child = subprocess.run([sys.executable, "-c", READ_ONLY_CHILD, str(run), *args], capture_output=True, text=True)
+    finally:
+        for path in [run, *run.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    assert child.returncode == 2, child.stderr
+    assert f"run.dir: cannot write to {run}" in child.stderr
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
