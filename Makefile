@@ -41,6 +41,7 @@ bench: data
 	$(BIN)/python benchmarks/tricks.py
 	$(BIN)/python benchmarks/imagefolder.py
 	$(BIN)/python benchmarks/gan.py
+	$(BIN)/python benchmarks/distributed.py
 	$(BIN)/hasten bench fashion-fast --repeats 3
 
 # hasten beside PyTorch Lightning on the same recipe (benchmarks/peers/); the extra is installed only here, with

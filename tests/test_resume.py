@@ -168,3 +168,47 @@ def test_resume_into_a_read_only_run_folder_is_a_clear_error(tiny_overrides, tmp
     assert child.returncode == 2, child.stderr
     assert f"run.dir: cannot write to {run}" in child.stderr
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def _start_training(args: list[str], run: Path) -> subprocess.Popen:
+    """`hasten train ARGS` in a child, checkpointing every step, returned once its loop has taken a step (so its
+    signal handlers are in place)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "hasten",
+        "train",
+        *args,
+        f"run.dir={run}",
+        "train.threads=1",
+        "run.save_every_steps=1",
+    ]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not checkpoints_in(run / "checkpoints") and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.02)
+    return child
+
+
+def test_sigint_checkpoints_and_exits_130(tiny_overrides, tmp_path):
+    run = tmp_path / "run"
+    args = [a for a in tiny_overrides if not a.startswith(("run.dir", "train.epochs"))] + ["train.epochs=200"]
+    child = _start_training(args, run)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130, err
+    assert "stopped by SIGINT at a step boundary; checkpoint" in err
+    assert load_checkpoint(checkpoints_in(run / "checkpoints")[0], require_digest=True)["trainer"]["step"] > 0
+
+
+def test_a_second_sigint_aborts_at_once(tiny_overrides, tmp_path):
+    run = tmp_path / "run"
+    slow = ["model.width=64", "train.batch_size=384", "data.synthetic_size=1536", "train.epochs=50"]  # ~1 s steps
+    args = [a for a in tiny_overrides if not a.startswith(("run.dir", "train.epochs", "model.width", "train.batch"))]
+    child = _start_training([*args, *slow], run)
+    child.send_signal(signal.SIGINT)  # asks for a stop at the end of the current (slow) step
+    time.sleep(0.1)
+    child.send_signal(signal.SIGINT)  # aborts without waiting for it
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130, err
+    assert "interrupted" in err and "stopped by SIGINT" not in err
