@@ -74,8 +74,10 @@ def init(env: DistEnv, device: torch.device) -> None:
     # read back from the failed attempt; a prefix per attempt keeps the restarted workers to their own keys
     store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size, timeout=COLLECTIVE_TIMEOUT))
     store = dist.PrefixStore(f"hasten/attempt-{env.restart_count}", store)
-    dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
-                            timeout=COLLECTIVE_TIMEOUT, device_id=device if device.type == "cuda" else None)  # fmt: skip
+    pinned = device if device.type == "cuda" else None
+    dist.init_process_group(
+        backend, store=store, rank=env.rank, world_size=env.world_size, timeout=COLLECTIVE_TIMEOUT, device_id=pinned
+    )
 
 
 def shutdown() -> None:

@@ -48,6 +48,10 @@ def test_bench_writes_every_output_with_the_naive_loop_beside_the_variants(tiny_
         run = variant["runs"][0]
         assert "error" not in run and run["flops_per_image"] > 0 and 0 < run["peak_fraction"]
         assert variant["stats"]["images_per_second"]["median"] > 0
+        if variant["kind"] == "naive":  # no bare step for the textbook loop
+            assert run["bare_step_images_per_second"] is None and run["train_of_bare"] is None
+        else:  # the run against its own step alone: overhead makes the run slower (loosely: tiny runs are noisy)
+            assert run["bare_step_images_per_second"] > 0 and 0 < run["wall_of_bare"] < run["train_of_bare"]
 
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["variant"] for r in rows] == [NAIVE, "lr=0.2", "lr=1e-9"]
@@ -55,7 +59,7 @@ def test_bench_writes_every_output_with_the_naive_loop_beside_the_variants(tiny_
 
     report = (out / "report.md").read_text()
     assert "| variant |" in report and "![test accuracy against training time](accuracy_vs_time.png)" in report
-    assert "| lr=1e-9 |" in report and "—" in report and "Matmul peak" in report
+    assert "| lr=1e-9 |" in report and "—" in report and "Matmul peak" in report and "of bare step" in report
     # the naive run's folder has the same files as a hasten run
     naive_dir = out / "runs" / "01-naive" / "r1"
     assert {"metrics.csv", "summary.json", "recipe.yaml"} <= {p.name for p in naive_dir.iterdir()}

@@ -22,6 +22,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,14 @@ __all__ = [
 
 METRICS = ("test_accuracy", "train_seconds", "wall_seconds", "images_per_second", "peak_memory_bytes")
 OPTIONAL_METRICS = ("peak_step_memory_bytes",)  # in hasten runs' summaries, not the naive loop's
-EFFICIENCY = ("achieved_flops_per_second", "peak_fraction")
+# arithmetic (FLOP/s, fraction of the matmul peak) and overhead: the run's throughput over the bare step's
+EFFICIENCY = (
+    "achieved_flops_per_second",
+    "peak_fraction",
+    "bare_step_images_per_second",
+    "train_of_bare",
+    "wall_of_bare",
+)
 
 # ---- one run ---------------------------------------------------------------------------------------------
 
@@ -79,17 +87,44 @@ def flops_per_image(recipe: Recipe) -> float:
     return train_step_flops(model, data.image_shape, data.num_classes)
 
 
+def bare_step_images_per_second(recipe: Recipe, steps: int = 20, warmup: int = 3) -> float:
+    """Images/s of the recipe's training step alone: the loop's own `train_step` (hooks, precision, optimizer,
+    schedule) repeated on one batch already in memory; no data slicing, augmentation, evaluation or logging.
+    What the whole run's throughput is measured against: the gap is the loop's overhead."""
+    from hasten.build import build
+    from hasten.runlog import RunLog
+    from hasten.trainer import Plan, Trainer
+
+    parts = build(recipe)
+    loaders = (parts.train_loader, parts.test_loader)
+    plan = Plan(recipe.train.epochs, len(parts.data.classes), measure_step_memory=False, progress=False)
+    trainer = Trainer(parts.model, parts.optimizer, parts.scheduler, parts.precision, loaders, plan,
+                      RunLog(".", enabled=False), parts.hooks)  # fmt: skip
+    images, labels = next(iter(parts.train_loader))
+    parts.model.train()
+    for _ in range(warmup):
+        trainer.train_step(images, labels)
+    sync = torch.cuda.synchronize if parts.device.type == "cuda" else lambda: None
+    sync()
+    started = time.perf_counter()
+    for _ in range(steps):
+        trainer.train_step(images, labels)
+    sync()
+    return steps * len(labels) / (time.perf_counter() - started)
+
+
 def run_in_process(recipe: Recipe, kind: str, naive_epochs: int | None = None) -> dict[str, Any]:
-    """One run in this process: its summary, plus `flops_per_image`."""
+    """One run in this process: its summary, plus `flops_per_image` and (hasten runs) the bare step's speed."""
     if kind == "naive":
         from hasten.experiments.naive import train_naive
 
         summary = train_naive(recipe, naive_epochs)
-    else:
-        from hasten.build import train
+        return summary | {"flops_per_image": flops_per_image(recipe)}
+    from hasten.build import train
 
-        summary = train(recipe)
-    return summary | {"flops_per_image": flops_per_image(recipe)}
+    summary = train(recipe)
+    bare = bare_step_images_per_second(recipe)
+    return summary | {"flops_per_image": flops_per_image(recipe), "bare_step_images_per_second": bare}
 
 
 def run_isolated(recipe: Recipe, kind: str, naive_epochs: int | None, run_dir: Path) -> dict[str, Any]:
@@ -262,7 +297,8 @@ def run_grid(
                 log(f"[{count}/{total}] {variant.name} r{repeat + 1}: FAILED: {error}")
             else:
                 record |= _efficiency(result, peaks.get(precisions[variant]))
-                record["summary"] = {k: v for k, v in result.items() if k not in ("flops_per_image", "run_dir")}
+                dropped = ("flops_per_image", "run_dir", "bare_step_images_per_second")
+                record["summary"] = {k: v for k, v in result.items() if k not in dropped}
                 record["curve"] = _curve(run_dir)
                 log(f"[{count}/{total}] {variant.name} r{repeat + 1}: {_one_line(result, thresholds)}")
             runs[variant].append(record)
@@ -300,7 +336,16 @@ def _efficiency(result: dict[str, Any], peak: dict[str, Any] | None) -> dict[str
     flops = result.get("flops_per_image")
     achieved = flops * result["images_per_second"] if flops else None
     fraction = achieved / peak["flops_per_second"] if achieved and peak else None
-    return {"flops_per_image": flops, "achieved_flops_per_second": achieved, "peak_fraction": fraction}
+    bare = result.get("bare_step_images_per_second")
+    images = result["images_per_second"] * result["train_seconds"]  # every training image of the run
+    return {
+        "flops_per_image": flops,
+        "achieved_flops_per_second": achieved,
+        "peak_fraction": fraction,
+        "bare_step_images_per_second": bare,
+        "train_of_bare": result["images_per_second"] / bare if bare else None,  # data + augmentation + loop
+        "wall_of_bare": images / result["wall_seconds"] / bare if bare and result["wall_seconds"] else None,  # + eval
+    }
 
 
 def _curve(run_dir: Path) -> list[list[float]]:
