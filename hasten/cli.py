@@ -205,8 +205,9 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     from hasten.experiments.bench import bench, plan_variants
     from hasten.report import bench_table
 
-    variants = plan_variants(recipe, ns.vary, ns.ablate, naive=not ns.no_naive)
+    variants = plan_variants(recipe, ns.vary, ns.ablate, naive=not ns.no_naive, also=ns.also)
     flags = [f"--vary={item}" for item in ns.vary] + ["--ablate"] * ns.ablate + [f"--repeats={ns.repeats}"]
+    flags += [f"--also={item}" for item in ns.also]
     flags += [f"--naive-epochs={ns.naive_epochs}"] * (ns.naive_epochs is not None) + ["--no-naive"] * ns.no_naive
     flags += ["--no-warmup"] * ns.no_warmup + ["--in-process"] * ns.in_process + [f"--out={ns.out}"] * bool(ns.out)
     command = shlex.join(["hasten", "bench", *ns.args, *flags])  # as parsed, so the report shows what ran
@@ -396,6 +397,13 @@ def commands() -> dict[str, argparse.ArgumentParser]:
         "--ablate",
         action="store_true",
         help="the recipe, then one change at a time: the --vary values, or else each technique switched off",
+    )
+    bench.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="RECIPE",
+        help="another recipe (name or YAML) to run beside, e.g. --also fashion-94 (repeatable)",
     )
     bench.add_argument("--repeats", type=int, default=3, help="runs of each variant (default 3)")
     bench.add_argument("--out", metavar="DIR", help="output folder (default: bench/<recipe name>)")

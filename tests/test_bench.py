@@ -13,10 +13,11 @@ from torch import nn
 
 from hasten.cli import main
 from hasten.config import load_recipe
+from hasten.errors import RecipeError
 from hasten.experiments.bench import NAIVE, Variant, aggregate, bench, plan_variants
 from hasten.experiments.flops import matmul_peak, train_step_flops
 from hasten.experiments.naive import naive_recipe
-from hasten.experiments.variants import parse_vary, split_values
+from hasten.experiments.variants import parse_vary, split_values, variant_recipe
 
 OUTPUTS = ["results.csv", "results.json", "report.md", "accuracy_vs_time.png", "images_per_second.png"]
 
@@ -159,3 +160,18 @@ def test_train_step_flops_counts_forward_and_backward_matmuls():
 def test_matmul_peak_is_positive_and_reports_its_size():
     flops, size = matmul_peak(torch.float32, torch.device("cpu"), size=128, min_seconds=0.02)
     assert flops > 0 and size == 128
+
+
+def test_also_runs_another_recipe_as_the_overrides_that_make_it():
+    base = load_recipe("fashion-fast")
+    variants = plan_variants(base, also=["double-descent", "seed-cnn-32"], naive=False)
+    assert [v.name for v in variants] == ["fashion-fast", "double-descent", "seed-cnn-32"]
+    for variant in variants[1:]:
+        made, wanted = variant_recipe(base, variant).model_dump(), load_recipe(variant.name).model_dump()
+        made["run"].pop("progress"), wanted["run"].pop("progress")  # the bench runs quietly
+        assert made == wanted
+    assert any(o.startswith("model.layers=[") for o in variants[2].overrides)  # a list of mappings, whole
+    with pytest.raises(RecipeError, match="--also fashion-fast: each variant needs its own name"):
+        plan_variants(base, also=["fashion-fast"])
+    with pytest.raises(RecipeError, match="no-such-recipe"):
+        plan_variants(base, also=["no-such-recipe"])

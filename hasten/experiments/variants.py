@@ -1,16 +1,18 @@
 """Variants of a recipe for benchmarks and sweeps: `--vary KEY=V1,V2` grids, one-change-at-a-time
-ablations, and the built-in naive loop, each a `Variant` (a name and recipe overrides).
+ablations, other recipes (`--also RECIPE`, as the overrides that turn the base into them), and the built-in
+naive loop, each a `Variant` (a name and recipe overrides).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hasten.config import Recipe, apply_overrides, parse_value, validate
+from hasten.config import Recipe, apply_overrides, load_recipe, parse_value, validate
 from hasten.errors import RecipeError
 
 NAIVE = "naive"
@@ -115,9 +117,31 @@ def ablation_variants(recipe: Recipe, vary: Sequence[tuple[str, list[str]]]) -> 
     return variants
 
 
-def plan_variants(recipe: Recipe, vary: Sequence[str] = (), ablate: bool = False, naive: bool = True) -> list[Variant]:
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}: sections become dotted keys; lists and values stay whole."""
+    if not isinstance(node, dict) or not node:
+        return {prefix: node}
+    flat: dict[str, Any] = {}
+    for key, value in node.items():
+        flat |= _flatten(value, f"{prefix}.{key}" if prefix else key)
+    return flat
+
+
+def recipe_variant(base: Recipe, other: Recipe) -> Variant:
+    """`other` as a variant of `base`: the overrides (one per differing key, values as JSON, which YAML reads
+    back exactly) that turn the one into the other. The run folder is not carried over."""
+    mine, theirs = _flatten(base.model_dump(mode="json")), _flatten(other.model_dump(mode="json"))
+    keys = [k for k in theirs if k != "run.dir" and (k not in mine or mine[k] != theirs[k])]
+    return Variant(other.name, tuple(f"{k}={json.dumps(theirs[k])}" for k in keys))
+
+
+def plan_variants(
+    recipe: Recipe, vary: Sequence[str] = (), ablate: bool = False, naive: bool = True, also: Sequence[str] = ()
+) -> list[Variant]:
     """The variants `hasten bench` runs: the naive loop (first, when asked, and not for image folders), then
-    the grid of `--vary` values, or with `ablate` the recipe and one change at a time; else the recipe alone."""
+    the grid of `--vary` values, or with `ablate` the recipe and one change at a time; else the recipe alone;
+    then each recipe of `also` (a name or YAML path), run as the base with the overrides that make it."""
+    others = [recipe_variant(recipe, load_recipe(source)) for source in also]  # their errors first
     parsed = parse_vary(vary)
     if ablate:
         variants = ablation_variants(recipe, parsed)
@@ -126,7 +150,11 @@ def plan_variants(recipe: Recipe, vary: Sequence[str] = (), ablate: bool = False
     else:
         variants = [Variant(recipe.name)]
     naive = naive and recipe.data.name != "imagefolder"  # the naive loop is for in-memory datasets
-    return ([Variant(NAIVE, kind="naive")] if naive else []) + variants
+    named = {v.name for v in variants}
+    clashes = [v.name for v in others if v.name in named or v.name == NAIVE]
+    if clashes or len({v.name for v in others}) < len(others):
+        raise RecipeError(f"--also {', '.join(clashes) or 'a recipe twice'}: each variant needs its own name")
+    return ([Variant(NAIVE, kind="naive")] if naive else []) + variants + others
 
 
 def variant_recipe(recipe: Recipe, variant: Variant, run_dir: Path | None = None) -> Recipe:
