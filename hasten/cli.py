@@ -447,7 +447,7 @@ def commands() -> dict[str, argparse.ArgumentParser]:
         prog="hasten gan",
         description="Train the DCGAN of RECIPE (default: dcgan-fashion) with dotted key=value overrides, e.g. "
         "'hasten gan dcgan-fashion precision=fp16 train.epochs=2'. Writes a sample grid per epoch, metrics.csv, "
-        "TensorBoard events, checkpoints (run.resume=auto continues) and a Fréchet distance on features of a "
+        "TensorBoard events, checkpoints (resume=auto continues) and a Fréchet distance on features of a "
         "hasten classifier (not Inception FID).",
     )
     gan.add_argument("args", nargs="*", metavar="[RECIPE] [key=value ...]")

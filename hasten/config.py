@@ -321,7 +321,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return result
 
 
-MOVED = {"train.label_smoothing": "tricks.label_smoothing"}  # keys that moved, so old recipes get a pointer
+MOVED = {
+    "train.label_smoothing": "tricks.label_smoothing",
+    "run.resume": "resume",
+}  # keys that moved, so old recipes get a pointer
 
 
 def _describe(error: dict[str, Any]) -> str:

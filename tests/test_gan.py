@@ -15,7 +15,7 @@ from hasten.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
 from hasten.cli import main
 from hasten.config import ModelConfig
 from hasten.data import load_dataset
-from hasten.errors import CheckpointError
+from hasten.errors import CheckpointError, RecipeError
 from hasten.experiments import gan
 from hasten.experiments.frechet import (
     ClassifierFeatures,
@@ -146,7 +146,7 @@ def test_resume_restores_both_optimizers_and_scalers_and_continues_exactly(tmp_p
         assert restored.keys() == expected.keys() and restored
         assert all(torch.equal(restored[k]["exp_avg"], expected[k]["exp_avg"]) for k in expected)
 
-    resumed = train_gan(tiny(tmp_path / "b", "precision=fp16", "train.epochs=2", "run.resume=auto"))
+    resumed = train_gan(tiny(tmp_path / "b", "precision=fp16", "train.epochs=2", "resume=auto"))
     assert {k: resumed[k] for k in ("steps", "loss_d", "loss_g", "loss_scale_d", "loss_scale_g")} == {
         k: straight[k] for k in ("steps", "loss_d", "loss_g", "loss_scale_d", "loss_scale_g")
     }
@@ -220,7 +220,7 @@ def test_interrupt_mid_epoch_writes_a_checkpoint_that_resumes_exactly(tmp_path, 
     saved = load_checkpoint(checkpoints_in(tmp_path / "b" / "run" / "checkpoints")[0])
     assert (saved["state"]["epoch"], saved["state"]["batch"], saved["state"]["step"]) == (1, 2, 10)
     monkeypatch.setattr(gan, "gan_step", real_step)
-    resumed = train_gan(tiny(tmp_path / "b", "train.epochs=2", "run.resume=auto"))
+    resumed = train_gan(tiny(tmp_path / "b", "train.epochs=2", "resume=auto"))
     assert resumed["steps"] == straight["steps"] == 16
     assert resumed["loss_d"] == pytest.approx(straight["loss_d"], rel=1e-12)  # the epoch's mean spans the interrupt
     end_a, end_b = (load_checkpoint(checkpoints_in(tmp_path / r / "run" / "checkpoints")[0]) for r in "ab")
@@ -231,7 +231,7 @@ def test_resuming_another_precision_or_a_foreign_file_is_an_error_naming_it(tmp_
     train_gan(tiny(tmp_path, "precision=bf16"))
     path = checkpoints_in(tmp_path / "run" / "checkpoints")[0]
     with pytest.raises(CheckpointError, match="precision=bf16, this recipe has fp32"):
-        train_gan(tiny(tmp_path, "precision=fp32", "run.resume=auto", "train.epochs=2"))
+        train_gan(tiny(tmp_path, "precision=fp32", "resume=auto", "train.epochs=2"))
     assert "precision: bf16" in (tmp_path / "run" / "recipe.yaml").read_text()  # the run folder left as it was
     foreign = tmp_path / "weights.pt"
     torch.save({"model": {"w": torch.zeros(2)}}, foreign)
@@ -254,3 +254,9 @@ def test_given_classifier_is_built_from_its_saved_recipe_or_named_when_it_does_n
     torch.save(model.state_dict(), tmp_path / "plain.pt")
     with pytest.raises(CheckpointError, match="quality.classifier: .*plain.pt does not fit the model of recipe"):
         load_classifier(tmp_path / "plain.pt", "fashion-fast", [], data)
+
+
+def test_resume_is_top_level_as_for_train_and_the_old_key_points_there():
+    assert load_gan_recipe(None, ["resume=auto"]).resume == "auto"
+    with pytest.raises(RecipeError, match=r"run.resume: unknown key \(moved to resume\)"):
+        load_gan_recipe(None, ["run.resume=auto"])

@@ -13,7 +13,7 @@ in fp32 outside autocast: no 16-bit binary cross-entropy, no dtype mismatch betw
 Each epoch: a PNG grid of samples from a fixed noise batch (run.dir/samples/epoch-NNN.png), a row of
 metrics.csv and TensorBoard scalars (G and D losses, D's mean output on real and generated images, loss
 scales, skipped steps, the Fréchet distance on hasten-classifier features), and a checkpoint of both
-networks, both optimizers, both scalers, the position and the RNG states, from which `run.resume=auto`
+networks, both optimizers, both scalers, the position and the RNG states, from which `resume=auto`
 continues as if never stopped. Quality measures live in hasten/experiments/frechet.py.
 """
 
@@ -199,14 +199,12 @@ def check_resumable(recipe: GanRecipe, saved: dict[str, Any], path: Path) -> Non
     """A CheckpointError naming the file unless it is a `hasten gan` checkpoint of the same model and precision."""
     missing = [key for key in CHECKPOINT_KEYS if key not in saved]
     if missing:
-        raise CheckpointError(
-            f"run.resume: {path} is not a checkpoint of `hasten gan` (it has no {', '.join(missing)})"
-        )
+        raise CheckpointError(f"resume: {path} is not a checkpoint of `hasten gan` (it has no {', '.join(missing)})")
     ours = recipe.model_dump(mode="json")
     for key in ("model", "precision"):
         if saved["recipe"][key] != ours[key]:
             raise CheckpointError(
-                f"run.resume: {path} was trained with {key}={saved['recipe'][key]}, this recipe has {ours[key]}"
+                f"resume: {path} was trained with {key}={saved['recipe'][key]}, this recipe has {ours[key]}"
             )
 
 
@@ -224,12 +222,12 @@ def restore(parts: GanParts, saved: dict[str, Any], path: Path) -> GanState:
 
 
 def resume_point(recipe: GanRecipe, folder: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The checkpoint `run.resume` names: `auto` is the newest complete one in `folder` (None when there is none)."""
-    if recipe.run.resume is None:
+    """The checkpoint `resume` names: `auto` is the newest complete one in `folder` (None when there is none)."""
+    if recipe.resume is None:
         return None
-    if recipe.run.resume == "auto":
+    if recipe.resume == "auto":
         return latest_usable(folder)
-    path = Path(recipe.run.resume)
+    path = Path(recipe.resume)
     return path, load_checkpoint(path, require_digest=True)
 
 
@@ -345,7 +343,7 @@ def train_gan(recipe: GanRecipe) -> dict[str, Any]:
                     train_epoch(parts, state, log, bar)
                 except KeyboardInterrupt:
                     path = save(parts, state, checkpoints)
-                    console.print(f"interrupted: checkpoint {path} (run.resume=auto continues)", highlight=False)
+                    console.print(f"interrupted: checkpoint {path} (resume=auto continues)", highlight=False)
                     raise
                 row, measured = end_epoch(parts, state, probe, log, folder)
                 bar.end_epoch(row)

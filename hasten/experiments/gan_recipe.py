@@ -70,7 +70,6 @@ class GanRun(Section):
     dir: str | None = None  # default: runs/<recipe name>
     progress: bool = True  # rich progress bar; false: the summary is printed as JSON
     tensorboard: bool = True
-    resume: str | None = None  # auto: the newest complete checkpoint in run.dir/checkpoints, if any; or a path
     keep: Annotated[int, Field(ge=1)] = 2  # checkpoints kept (one per epoch, the newest)
     grid: Annotated[int, Field(ge=1, le=32)] = 8  # sample grid of grid x grid images from fixed noise
 
@@ -81,6 +80,7 @@ class GanRecipe(Section):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     loss_scale: LossScaleConfig = LossScaleConfig()  # fp16: each network's scaler starts here, separately
     device: str = "auto"  # auto: cuda when available, else cpu
+    resume: str | None = None  # auto: the newest complete checkpoint in run.dir/checkpoints, if any; or a path
     data: GanData = GanData()
     model: GanModel = GanModel()
     optim: GanOptim = GanOptim()
