@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from torch import Tensor, nn
+
+from hasten.progress import EpochBar
 
 
 @torch.no_grad()
@@ -59,43 +58,16 @@ def save_grid(images: Tensor, path: Path, rows: int) -> np.ndarray:
     return pixels
 
 
-class GanProgress:
+class GanProgress(EpochBar):
     """A rich progress bar per epoch (D and G losses so far, images/s), then one line per finished epoch."""
-
-    def __init__(self, batches: int, *, enabled: bool = True, updates_per_epoch: int = 20):
-        self.batches, self.enabled = batches, enabled
-        self.every = max(1, batches // updates_per_epoch)  # reading the losses syncs the device: not every batch
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[text]}"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=True,
-            disable=not enabled,
-        )
-        self.task: Any = None
-
-    def __enter__(self) -> GanProgress:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
-        self.progress.__exit__(kind, value, tb)
-
-    def start_epoch(self, epoch: int, epochs: int) -> None:
-        if self.task is not None:
-            self.progress.remove_task(self.task)
-        self.task = self.progress.add_task(f"epoch {epoch}/{epochs}", total=self.batches, text="")
 
     def advance(self, batch: int, totals: Tensor, seen: int, started: float) -> None:
         """`totals` holds D's and G's losses summed over the `seen` images since `started`."""
-        if not self.enabled or (batch % self.every and batch != self.batches):
+        if not self.due(batch):
             return
         loss_d, loss_g = (totals[:2] / max(seen, 1)).tolist()
         rate = seen / max(time.perf_counter() - started, 1e-9)
-        self.progress.update(self.task, completed=batch, text=f"D {loss_d:.3f}  G {loss_g:.3f}  {rate:,.0f} img/s")
+        self.show(batch, f"D {loss_d:.3f}  G {loss_g:.3f}  {rate:,.0f} img/s")
 
     def end_epoch(self, row: dict[str, Any]) -> None:
         if self.enabled:
