@@ -83,3 +83,13 @@ def test_invalid_yaml_names_the_file(tmp_path):
 def test_sequential_model_needs_layers():
     with pytest.raises(RecipeError, match="model.layers"):
         validate({"model": {"name": "sequential"}})
+
+
+def test_every_shipped_recipe_validates_under_its_own_name():
+    from hasten.experiments.gan_recipe import load_gan_recipe
+
+    names = shipped_recipes()
+    assert {"fashion-fast", "fashion-sprint", "fashion-94"} <= set(names)
+    for name in names:
+        recipe = load_gan_recipe(name) if name.startswith("dcgan") else load_recipe(name)
+        assert recipe.name == name
