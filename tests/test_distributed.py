@@ -43,6 +43,7 @@ BASE = [  # over the default recipe (fashion-fast): fp32, a small sequential mod
     SEQUENTIAL,
     "train.epochs=2",
     "train.eval_batch_size=32",
+    "tricks.ema=0",  # the live weights are evaluated (fashion-fast has an EMA)
     "optim.name=sgd",
     "optim.lr=0.05",
     "optim.base_batch=32",
