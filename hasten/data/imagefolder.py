@@ -188,13 +188,10 @@ class ImageFolderLoader(ShardedEpochs):
         device: torch.device | str = "cpu",
         workers: int = 0,
     ):
-        self.decoder, self.batch_size, self.shuffle, self.seed = decoder, batch_size, shuffle, seed
-        self.augment, self.drop_last, self.rank, self.world_size = augment, drop_last, rank, world_size
-        self.remainder, self.channels_last, self.workers = remainder, channels_last, workers
-        self.device = torch.device(device)
-        self.mean = mean.to(self.device).view(1, -1, 1, 1)
-        self.std = std.to(self.device).view(1, -1, 1, 1)
-        self.epoch = 0
+        super().__init__(batch_size, mean=mean, std=std, shuffle=shuffle, seed=seed, augment=augment,
+                         drop_last=drop_last, rank=rank, world_size=world_size, remainder=remainder,
+                         channels_last=channels_last, device=device)  # fmt: skip
+        self.decoder, self.workers = decoder, workers
         self._plan = _BatchPlan()
         self._loader: torch.utils.data.DataLoader | None = None
 
@@ -216,10 +213,6 @@ class ImageFolderLoader(ShardedEpochs):
             )
         return self._loader
 
-    def _generator(self, epoch: int, batch: int) -> torch.Generator:
-        seed = hash((self.seed, epoch, self.rank, batch)) & 0x7FFF_FFFF_FFFF_FFFF  # as InMemoryLoader seeds it
-        return torch.Generator(device=self.device).manual_seed(seed)
-
     def batches(self, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
         """The batches of the current epoch from batch index `start` on (a resumed run starts mid-epoch)."""
         order = self.indices(self.epoch).tolist()
@@ -232,13 +225,6 @@ class ImageFolderLoader(ShardedEpochs):
             if self.augment is not None:
                 images = self.augment(images, self._generator(self.epoch, b))
             yield self.normalise(images), labels.to(self.device, non_blocking=True)
-
-    def normalise(self, images: Tensor) -> Tensor:
-        x = images.float().div_(255).sub_(self.mean).div_(self.std)
-        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
-
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        return self.batches()
 
 
 def open_image_folder(

@@ -102,17 +102,49 @@ def shard_indices(n: int, epoch: int, seed: int, shuffle: bool, rank: int, world
 
 
 class ShardedEpochs:
-    """The part both loaders share: each epoch's seeded order, this rank's shard of it, and its batch count.
-    Subclasses set batch_size, shuffle, seed, drop_last, rank, world_size, remainder, epoch and `num_samples`."""
+    """The part both loaders share: the batching, sharding and normalisation settings, each epoch's seeded
+    order, this rank's shard of it, its batch count, and the normalisation of a uint8 batch. Subclasses provide
+    `num_samples` and `batches(start)`."""
 
-    batch_size: int
-    shuffle: bool
-    seed: int
-    drop_last: bool
-    rank: int
-    world_size: int
-    remainder: str  # "pad", "drop" or "split" (module docstring)
-    epoch: int = 0
+    def __init__(
+        self,
+        batch_size: int,
+        *,
+        mean: Tensor,
+        std: Tensor,
+        shuffle: bool = False,
+        seed: int = 0,
+        augment: Augment | None = None,
+        drop_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        remainder: str = "pad",  # "pad", "drop" or "split" (module docstring)
+        channels_last: bool = False,
+        device: torch.device | str = "cpu",
+    ):
+        if remainder not in REMAINDERS:
+            raise ValueError(f"remainder must be one of {', '.join(REMAINDERS)}, got {remainder!r}")
+        self.batch_size, self.shuffle, self.seed, self.augment = batch_size, shuffle, seed, augment
+        self.drop_last, self.rank, self.world_size, self.remainder = drop_last, rank, world_size, remainder
+        self.channels_last, self.device = channels_last, torch.device(device)
+        self.mean = mean.to(self.device).view(1, -1, 1, 1)
+        self.std = std.to(self.device).view(1, -1, 1, 1)
+        self.epoch = 0
+
+    def batches(self, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
+        raise NotImplementedError
+
+    def _generator(self, epoch: int, batch: int) -> torch.Generator:
+        """The augmentation stream of one batch: from (seed, epoch, rank, batch), so any batch can be redone."""
+        seed = hash((self.seed, epoch, self.rank, batch)) & 0x7FFF_FFFF_FFFF_FFFF
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    def normalise(self, images: Tensor) -> Tensor:
+        x = images.float().div_(255).sub_(self.mean).div_(self.std)
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        return self.batches()
 
     @property
     def num_samples(self) -> int:
@@ -164,23 +196,14 @@ class InMemoryLoader(ShardedEpochs):
             raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
         if len(images) != len(labels):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        self.device = torch.device(device)
+        super().__init__(batch_size, mean=mean, std=std, shuffle=shuffle, seed=seed, augment=augment,
+                         drop_last=drop_last, rank=rank, world_size=world_size, remainder=remainder,
+                         channels_last=channels_last, device=device)  # fmt: skip
         self.images, self.labels = images.to(self.device), labels.to(self.device)
-        self.batch_size, self.shuffle, self.seed, self.augment = batch_size, shuffle, seed, augment
-        shard_size(len(images), rank, world_size, remainder)  # an unknown rule fails here, naming itself
-        self.drop_last, self.rank, self.world_size, self.remainder = drop_last, rank, world_size, remainder
-        self.channels_last = channels_last
-        self.mean = mean.to(self.device).view(1, -1, 1, 1)
-        self.std = std.to(self.device).view(1, -1, 1, 1)
-        self.epoch = 0
 
     @property
     def num_samples(self) -> int:
         return len(self.images)
-
-    def _generator(self, epoch: int, batch: int) -> torch.Generator:
-        seed = hash((self.seed, epoch, self.rank, batch)) & 0x7FFF_FFFF_FFFF_FFFF
-        return torch.Generator(device=self.device).manual_seed(seed)
 
     def batches(self, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
         """The batches of the current epoch from batch index `start` on (a resumed run starts mid-epoch)."""
@@ -191,10 +214,3 @@ class InMemoryLoader(ShardedEpochs):
             if self.augment is not None:
                 images = self.augment(images, self._generator(self.epoch, b))
             yield self.normalise(images), self.labels[idx]
-
-    def normalise(self, images: Tensor) -> Tensor:
-        x = images.float().div_(255).sub_(self.mean).div_(self.std)
-        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
-
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        return self.batches()
