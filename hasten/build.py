@@ -243,6 +243,14 @@ def build(recipe: Recipe) -> Parts:
     return parts
 
 
+def trainer_for(parts: Parts, plan: Plan, log: RunLog, saving: Saving | None = None) -> Trainer:
+    """The loop over what `build` made, with the recipe's hooks."""
+    loaders = (parts.train_loader, parts.test_loader)
+    return Trainer(
+        parts.model, parts.optimizer, parts.scheduler, parts.precision, loaders, plan, log, parts.hooks, saving
+    )
+
+
 def resume_from(recipe: Recipe, folder: Path) -> tuple[Path, dict[str, Any]] | None:
     """The checkpoint to continue from: `resume=PATH`, or with `resume=auto` (and after an elastic restart by
     torchrun) the newest complete one in the run's checkpoints folder; None to start afresh. With several
@@ -290,17 +298,7 @@ def train(recipe: Recipe) -> dict[str, Any]:
     parts.hooks.stateful.update(parts.trick_state)
     saving = Saving(log.dir / "checkpoints", recipe.run.save_every, recipe.run.save_every_steps, recipe.run.keep,
                     recipe.model_dump(mode="json"))  # fmt: skip
-    trainer = Trainer(
-        parts.model,
-        parts.optimizer,
-        parts.scheduler,
-        parts.precision,
-        (parts.train_loader, parts.test_loader),
-        plan,
-        log,
-        parts.hooks,
-        saving,
-    )
+    trainer = trainer_for(parts, plan, log, saving)
     if checkpoint is not None:
         path, state = checkpoint
         try:

@@ -91,15 +91,13 @@ def bare_step_images_per_second(recipe: Recipe, steps: int = 20, warmup: int = 3
     """Images/s of the recipe's training step alone: the loop's own `train_step` (hooks, precision, optimizer,
     schedule) repeated on one batch already in memory; no data slicing, augmentation, evaluation or logging.
     What the whole run's throughput is measured against: the gap is the loop's overhead."""
-    from hasten.build import build
+    from hasten.build import build, trainer_for
     from hasten.runlog import RunLog
-    from hasten.trainer import Plan, Trainer
+    from hasten.trainer import Plan
 
     parts = build(recipe)
-    loaders = (parts.train_loader, parts.test_loader)
     plan = Plan(recipe.train.epochs, len(parts.data.classes), measure_step_memory=False, progress=False)
-    trainer = Trainer(parts.model, parts.optimizer, parts.scheduler, parts.precision, loaders, plan,
-                      RunLog(".", enabled=False), parts.hooks)  # fmt: skip
+    trainer = trainer_for(parts, plan, RunLog(".", enabled=False))
     images, labels = next(iter(parts.train_loader))
     parts.model.train()
     for _ in range(warmup):
