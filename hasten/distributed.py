@@ -139,6 +139,17 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return tensor.tolist()
 
 
+@torch.no_grad()
+def average_batch_norm_statistics(model: nn.Module) -> None:
+    """Replace every batch-norm layer's running mean and variance by their average over the ranks."""
+    world = world_size()
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.running_mean is not None:
+            for buffer in (module.running_mean, module.running_var):
+                dist.all_reduce(buffer)
+                buffer.div_(world)
+
+
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank when `flag` is true on any rank (e.g. a stop signal seen by one)."""
     return agree([flag], device)[0]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.optim.swa_utils import update_bn
 
 import hasten
 from hasten.build import build
@@ -28,6 +29,7 @@ from hasten.tricks import (
     param_groups,
     smooth,
     soft_cross_entropy,
+    warmup_decay,
     zero_init_residual,
 )
 
@@ -115,10 +117,16 @@ def test_zero_init_leaves_the_named_gammas_at_zero():
     assert all(torch.count_nonzero(dict(built.named_parameters())[n]) == 0 for n in zeroed)
 
 
+def test_ema_decay_warms_up_to_its_ceiling():
+    assert [warmup_decay(0.99, t) for t in (0, 1, 10)] == pytest.approx([0.1, 2 / 11, 11 / 20])
+    assert warmup_decay(0.99, 10_000) == 0.99  # the ceiling, once (1 + t) / (10 + t) passes it
+    assert warmup_decay(0.5, 8) == 0.5  # (1 + 8) / (10 + 8) reaches 0.5
+
+
 def test_ema_after_known_updates_equals_the_hand_computed_average():
     model = nn.Sequential(nn.Linear(2, 1), nn.BatchNorm1d(1))
     decay = 0.9
-    ema = EMA(model, decay)
+    ema = EMA(model, decay)  # no calibration: the averaged BN statistics are what it evaluates
     assert ema.eval_model(model) is model  # nothing averaged yet: evaluate the live model
     values = [1.0, 3.0, -2.0]
     for value in values:
@@ -127,16 +135,43 @@ def test_ema_after_known_updates_equals_the_hand_computed_average():
                 tensor.fill_(value)
         ema.after_step(model)
     expected = values[0]  # the first update copies
-    for value in values[1:]:
-        expected = ema_update(torch.tensor(expected), torch.tensor(value), decay).item()
-    assert expected == pytest.approx(decay * (decay * 1.0 + 0.1 * 3.0) + 0.1 * -2.0)
+    for t, value in enumerate(values[1:], start=1):  # update t uses the warmed-up decay
+        expected = ema_update(torch.tensor(expected), torch.tensor(value), warmup_decay(decay, t)).item()
+    d1, d2 = 2 / 11, 3 / 12
+    assert expected == pytest.approx(d2 * (d1 * 1.0 + (1 - d1) * 3.0) + (1 - d2) * -2.0)
     averaged = ema.eval_model(model)
     assert averaged is not model
     for tensor in (*averaged.parameters(), averaged[1].running_mean):  # buffers (BN statistics) too
         assert torch.allclose(tensor, torch.full_like(tensor, expected))
     restored = EMA(model, decay)
     restored.load_state_dict(ema.state_dict())
+    assert restored.updates == 3
     assert torch.allclose(restored.eval_model(model)[0].weight, torch.full((1, 2), expected))
+
+
+def test_ema_batch_norm_statistics_are_recomputed_for_its_weights():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    batches = [torch.randn(8, 3) * 2 + 1 for _ in range(3)]
+    calls = []
+
+    def calibrate(module: nn.Module) -> None:
+        calls.append(module)
+        update_bn(batches, module)
+
+    ema = EMA(model, 0.9, calibrate)
+    for _ in range(2):
+        with torch.no_grad():
+            model[0].weight.add_(0.5)
+        ema.after_step(model)
+    averaged = ema.eval_model(model)
+    assert calls == [averaged]
+    with torch.no_grad():  # the statistics of the averaged weights' own activations, not averaged ones
+        activations = averaged[0](torch.cat(batches))
+    assert torch.allclose(averaged[1].running_mean, activations.mean(0), atol=1e-5)
+    ema.eval_model(model)
+    assert len(calls) == 1  # no new step: not recomputed
+    assert EMA(nn.Linear(3, 4), 0.9, calibrate).calibrate is None  # nothing to recompute without batch norm
 
 
 def test_ema_model_is_the_one_evaluated(tiny_overrides):
