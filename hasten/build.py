@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.optim.swa_utils import update_bn
 
 from hasten import distributed
 from hasten.checkpoint import checkpoints_in, latest_usable, load_checkpoint, remove_stale_temporaries
@@ -23,6 +26,7 @@ from hasten.config import OptimConfig, Recipe, to_yaml
 from hasten.data import ImageDataset, load_dataset
 from hasten.data.imagefolder import ImageFolder, ImageFolderLoader, image_folder_loaders, open_image_folder
 from hasten.data.loader import Augment, InMemoryLoader, channel_stats
+from hasten.data.registry import mirror_invariant
 from hasten.data.transforms import prepare
 from hasten.distributed import DistEnv, world_size
 from hasten.errors import CheckpointError, RecipeError
@@ -106,6 +110,50 @@ def loaders(
     return train, test
 
 
+def train_size(data: ImageDataset | ImageFolder) -> int:
+    """Training images in the dataset (all ranks together)."""
+    return len(data.train.labels) if isinstance(data, ImageFolder) else len(data.train_labels)
+
+
+MIN_AUTO_BATCH = 16  # train.min_steps_per_epoch halves the batch no further: BN statistics get noisy below
+
+
+def steps_batch(images: int, batch: int, accumulate: int, world: int, min_steps: int) -> int:
+    """The largest batch <= `batch`, halving (not below MIN_AUTO_BATCH), at which an epoch of `images` split over
+    `world` ranks with `accumulate` micro-batches per step has at least `min_steps` optimizer steps."""
+    while batch > MIN_AUTO_BATCH and -(-images // (batch * accumulate * world)) < min_steps:
+        batch = max(batch // 2, MIN_AUTO_BATCH)
+    return batch
+
+
+def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: int = 1) -> tuple[Recipe, list[str]]:
+    """The recipe with its data-dependent settings decided for `data`, and one note per decision for the opening
+    lines: flips and flip TTA where the dataset allows them (`auto`), and a batch small enough to leave
+    `train.min_steps_per_epoch` optimizer steps an epoch. The returned recipe is what recipe.yaml records."""
+    resolved, notes = recipe.model_copy(deep=True), []
+    allowed = mirror_invariant(data.name)
+    why = f"{data.name} is mirror-invariant" if allowed else f"a mirror may change the class of {data.name} images"
+    aug, train_cfg = resolved.data.augment, resolved.train
+    if aug.flip == "auto":
+        aug.flip = allowed
+        notes.append(f"flips {'on' if allowed else 'off'} ({why}; data.augment.flip=auto)")
+    if train_cfg.tta_flip == "auto":
+        train_cfg.tta_flip = allowed
+        if allowed:
+            notes.append("flip TTA on (train.tta_flip=auto)")
+    if train_cfg.min_steps_per_epoch:
+        n, asked = train_size(data), train_cfg.batch_size
+        batch = steps_batch(n, asked, train_cfg.accumulate, world, train_cfg.min_steps_per_epoch)
+        if batch != asked:
+            train_cfg.batch_size = batch
+            steps = -(-n // (batch * train_cfg.accumulate * world))
+            notes.append(
+                f"batch {asked} -> {batch}: {n:,} training images give {steps} steps an epoch "
+                f"(train.min_steps_per_epoch={train_cfg.min_steps_per_epoch}; 0 keeps the batch)"
+            )
+    return resolved, notes
+
+
 def global_batch(recipe: Recipe) -> int:
     """Examples per optimizer step across all processes: batch size x accumulation steps x world size.
 
@@ -119,6 +167,11 @@ def scaled_lr(config: OptimConfig, global_batch: int) -> float:
     return scale_lr(config.lr, config.base_batch, global_batch, config.scaling)
 
 
+def lr_scale(recipe: Recipe) -> float:
+    """The factor the batch-size rule multiplied `optim.lr` by (1 without `optim.base_batch`)."""
+    return scale_lr(1.0, recipe.optim.base_batch, global_batch(recipe), recipe.optim.scaling)
+
+
 def steps_per_epoch(recipe: Recipe, train_loader: InMemoryLoader) -> int:
     """Optimizer steps per epoch: one per `train.accumulate` micro-batches, the last group possibly short."""
     return -(-len(train_loader) // recipe.train.accumulate)
@@ -129,10 +182,28 @@ def optimizer_steps(recipe: Recipe, train_loader: InMemoryLoader) -> int:
     return recipe.train.epochs * steps_per_epoch(recipe, train_loader)
 
 
-def tricks(recipe: Recipe, model: nn.Module, rank: int = 0) -> tuple[Hooks, dict[str, Any]]:
+def bn_calibration(loader: InMemoryLoader, precision: Precision, images: int) -> Callable[[nn.Module], None]:
+    """A function that recomputes a model's batch-norm statistics over the first `images` training images of the
+    current epoch (as augmented for training, never mixed), under the run's autocast; with several processes
+    the statistics are then averaged over the ranks, so every rank evaluates the same model."""
+
+    def calibrate(module: nn.Module) -> None:
+        count = max(1, -(-images // loader.batch_size))
+        with precision.autocast():
+            update_bn(itertools.islice(loader.batches(0), count), module)
+        if world_size() > 1:
+            distributed.average_batch_norm_statistics(module)
+
+    return calibrate
+
+
+def tricks(
+    recipe: Recipe, model: nn.Module, rank: int = 0, calibrate: Callable[[nn.Module], None] | None = None
+) -> tuple[Hooks, dict[str, Any]]:
     """The loop's hooks for the recipe's `tricks` section, and the stateful ones by name (for checkpoints).
 
     Random draws come from a numpy generator seeded by (seed, rank), so runs repeat and ranks differ.
+    `calibrate` recomputes the EMA copy's batch-norm statistics before it is evaluated.
     """
     config, hooks, stateful = recipe.tricks, Hooks(), {}
     if config.label_smoothing:
@@ -143,7 +214,7 @@ def tricks(recipe: Recipe, model: nn.Module, rank: int = 0) -> tuple[Hooks, dict
         stateful["mixing"] = mixing
         hooks.rank_local.add("mixing")  # its stream differs per rank: checkpoints keep one per rank
     if config.ema:
-        ema = EMA(model, config.ema)
+        ema = EMA(model, config.ema, calibrate if config.ema_bn_images else None)
         hooks.after_step.append(ema.after_step)
         hooks.eval_model = ema.eval_model
         stateful["ema"] = ema
@@ -193,6 +264,10 @@ def build(recipe: Recipe) -> Parts:
     precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)  # before data is read
     seed_everything(recipe.seed)
     data = dataset(recipe)
+    recipe, notes = resolve_for_data(recipe, data, world)
+    if distributed.is_main():
+        for note in notes:
+            print(note, file=sys.stderr)
     train_loader, test_loader = loaders(recipe, data, device, rank, world)
     model = build_model(recipe.model, data.image_shape, len(data.classes))
     if recipe.model.pretrained:
@@ -219,8 +294,9 @@ def build(recipe: Recipe) -> Parts:
     else:
         groups = param_groups(model, decay, no_bias_decay)
     opt = optimizer(recipe.optim, precision.optimizer_groups(groups), lr)  # fp16-master: the fp32 masters
-    schedule = scheduler(opt, recipe.schedule, optimizer_steps(recipe, train_loader))
-    hooks, trick_state = tricks(recipe, model, rank)
+    schedule = scheduler(opt, recipe.schedule, optimizer_steps(recipe, train_loader), lr_scale(recipe))
+    calibrate = bn_calibration(train_loader, precision, recipe.tricks.ema_bn_images)
+    hooks, trick_state = tricks(recipe, model, rank, calibrate)
     if recipe.train.freeze_epochs:  # after the optimizer, which must hold the frozen parameters too
         if world > 1:
             raise RecipeError("train.freeze_epochs: not supported with several processes yet (DDP fixes its set)")
@@ -283,6 +359,7 @@ def resume_from(recipe: Recipe, folder: Path) -> tuple[Path, dict[str, Any]] | N
 def train(recipe: Recipe) -> dict[str, Any]:
     """Train the recipe; writes the run folder and returns the summary."""
     parts = build(recipe)
+    recipe = parts.recipe  # with its data-dependent settings (flips, batch) decided
     folder = run_dir(recipe)
     checkpoint = resume_from(recipe, folder / "checkpoints")  # before anything in the run folder is written
     log = RunLog(folder, enabled=distributed.is_main(), tensorboard=recipe.run.tensorboard)

@@ -28,7 +28,9 @@ class Section(BaseModel):
 
 
 class AugmentConfig(Section):
-    flip: bool = False  # random horizontal flip, per sample, on the whole batch
+    # random horizontal flip, per sample, on the whole batch; auto: on where the dataset is mirror-invariant
+    # (Fashion-MNIST, CIFAR), off where a mirror changes the class (digits, letters) and for unknown data
+    flip: bool | Literal["auto"] = "auto"
     translate: Annotated[int, Field(ge=0)] = 0  # random shift of up to this many pixels (zero padding)
 
 
@@ -103,6 +105,9 @@ class ScheduleConfig(Section):
     name: Literal["constant", "step", "cosine", "cyclic", "one-cycle"] = "constant"
     # linear warmup before any schedule: a fraction of the run (< 1) or a count of optimizer steps (>= 1)
     warmup: Annotated[float, Field(ge=0)] = 0.0
+    # the LR rises to its peak over at least this many optimizer steps (times the batch rule's LR factor when
+    # above 1; at most half the run): one-cycle's rise is lengthened, other schedules get a warmup. 0: off
+    min_warmup_steps: Annotated[int, Field(ge=0)] = 50
     floor: Annotated[float, Field(ge=0, le=1)] = 0.0  # cosine: final LR as a fraction of the peak
     milestones: list[Annotated[float, Field(gt=0, lt=1)]] = [0.5, 0.75]  # step: fractions of the run
     gamma: Annotated[float, Field(gt=0, le=1)] = 0.1  # step: LR factor per milestone; exp_range: per cycle
@@ -145,7 +150,11 @@ class TrainConfig(Section):
     accumulate: Annotated[int, Field(ge=1)] = 1  # micro-batches of batch_size summed into one optimizer step
     compile: bool = False  # torch.compile the model; falls back to eager, with a message, where it cannot
     checkpoint_activations: bool = False  # recompute ResNet blocks' activations in backward (torch.utils.checkpoint)
-    tta_flip: bool = False  # evaluate on the image and its mirror, averaging the logits
+    # evaluate on the image and its mirror, averaging the logits; auto: where flips are allowed (as data.augment.flip)
+    tta_flip: bool | Literal["auto"] = "auto"
+    # on small datasets the batch is halved (down to 16) until an epoch has at least this many optimizer steps,
+    # the LR following by optim.scaling; 0: batch_size as given (benchmarks/generalization.py measures why)
+    min_steps_per_epoch: Annotated[int, Field(ge=0)] = 64
     threads: Annotated[int, Field(ge=1)] | None = None  # torch intra-op threads; None: torch's default
     freeze_epochs: Annotated[int, Field(ge=0)] = 0  # train only the classifier head for N epochs, then all
     on_nan: Literal["raise", "skip"] = "raise"  # a non-finite loss: stop naming the step, or skip that update
@@ -163,6 +172,10 @@ class TricksConfig(Section):
     mixup: Annotated[float, Field(ge=0)] = 0.0  # alpha of Beta(alpha, alpha); 0: off, negative: error
     cutmix: Annotated[float, Field(ge=0)] = 0.0  # alpha of Beta(alpha, alpha); 0: off; with mixup: one per batch
     ema: float = 0.0  # decay of the weights' moving average per optimizer step, in (0, 1); 0: off
+    # (warmed up: min(ema, (1 + t) / (10 + t)) after t steps, so a short run does not evaluate its initial weights)
+    # training images over which the average's batch-norm statistics are recomputed before it is evaluated;
+    # 0: keep the averaged running statistics
+    ema_bn_images: Annotated[int, Field(ge=0)] = 4096
 
     @model_validator(mode="after")
     def _ema_decay(self) -> TricksConfig:

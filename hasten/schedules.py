@@ -157,10 +157,25 @@ def warmup_steps(config: ScheduleConfig, total_steps: int) -> int:
     return steps
 
 
-def lr_and_momentum(config: ScheduleConfig, total_steps: int) -> tuple[Shape, Shape | None]:
-    """The recipe's LR multiplier and momentum (None: not scheduled) as functions of progress in [0, 1]."""
+def rise_steps(config: ScheduleConfig, total_steps: int, lr_scale: float = 1.0) -> int:
+    """The fewest optimizer steps the LR may take to rise to its peak: `schedule.min_warmup_steps`, times the
+    factor the scaling rule multiplied the LR by when that is above 1 (Goyal et al., 2017 pair the linear rule with
+    a gradual warmup; a larger global batch means a larger peak to approach), at most half the run."""
+    return min(total_steps // 2, round(config.min_warmup_steps * max(1.0, lr_scale)))
+
+
+def lr_and_momentum(config: ScheduleConfig, total_steps: int, lr_scale: float = 1.0) -> tuple[Shape, Shape | None]:
+    """The recipe's LR multiplier and momentum (None: not scheduled) as functions of progress in [0, 1].
+
+    The LR rises over at least `rise_steps` steps: one-cycle's rising phase is lengthened to it, other schedules
+    get a linear warmup of at least that long. `lr_scale`: what the batch-size rule multiplied the LR by."""
+    floor = rise_steps(config, total_steps, lr_scale) / max(total_steps, 1)
+    if config.name == "one-cycle" and floor > config.peak:
+        config = config.model_copy(update={"peak": floor})
     lr, momentum = shape(config), momentum_shape(config)
     warmup = warmup_steps(config, total_steps) / max(total_steps, 1)
+    if config.name != "one-cycle":
+        warmup = max(warmup, floor)
     if warmup > 0:
         lr_after, momentum_after = lr, momentum
         lr = lambda p: warmup_then(p, warmup, lr_after)  # noqa: E731
@@ -227,15 +242,17 @@ class Scheduler:
         self._apply()
 
 
-def scheduler(optimizer: torch.optim.Optimizer, config: ScheduleConfig, total_steps: int) -> Scheduler:
+def scheduler(
+    optimizer: torch.optim.Optimizer, config: ScheduleConfig, total_steps: int, lr_scale: float = 1.0
+) -> Scheduler:
     """The recipe's schedule over `total_steps` optimizer steps, driving `optimizer`."""
-    lr, momentum = lr_and_momentum(config, total_steps)
+    lr, momentum = lr_and_momentum(config, total_steps, lr_scale)
     return Scheduler(optimizer, lr, total_steps, momentum)
 
 
-def trace(config: ScheduleConfig, total_steps: int) -> tuple[list[float], list[float] | None]:
+def trace(config: ScheduleConfig, total_steps: int, lr_scale: float = 1.0) -> tuple[list[float], list[float] | None]:
     """The LR multiplier and the momentum (None when not scheduled) at every optimizer step of the run."""
-    lr, momentum = lr_and_momentum(config, total_steps)
+    lr, momentum = lr_and_momentum(config, total_steps, lr_scale)
     steps = range(total_steps + 1)
     lrs = [lr(min(s / max(total_steps, 1), 1.0)) for s in steps]
     momenta = None if momentum is None else [momentum(min(s / max(total_steps, 1), 1.0)) for s in steps]

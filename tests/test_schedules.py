@@ -23,6 +23,7 @@ from hasten.schedules import (
     lr_and_momentum,
     one_cycle,
     one_cycle_momentum,
+    rise_steps,
     scale_lr,
     scheduler,
     step_decay,
@@ -104,7 +105,7 @@ def test_one_cycle_momentum_at_start_peak_end():
 @pytest.mark.parametrize("name", ["one-cycle", "cyclic"])
 @pytest.mark.parametrize("anneal", ["linear", "cosine"])
 def test_momentum_moves_opposite_to_the_lr(name, anneal):
-    config = ScheduleConfig(name=name, anneal=anneal, warmup=0.0)
+    config = ScheduleConfig(name=name, anneal=anneal, warmup=0.0, min_warmup_steps=0)
     lr, momentum = lr_and_momentum(config, 1000)
     points = [i / 200 for i in range(201)]
     for a, b in zip(points, points[1:], strict=False):
@@ -252,3 +253,22 @@ def test_schedule_is_stepped_every_optimizer_step_in_training(tiny_overrides):
 def test_each_schedule_in_a_two_step_run(tiny_overrides, overrides):
     summary = hasten.train("fashion-fast", [*tiny_overrides, "data.synthetic_size=32", "train.epochs=1", *overrides])
     assert summary["steps"] == 2 and math.isfinite(summary["train_loss"])
+
+
+def test_the_lr_rises_over_at_least_min_warmup_steps_scaled_with_the_batch_rule():
+    one_cycle = ScheduleConfig(name="one-cycle", peak=0.25, min_warmup_steps=50)
+    assert rise_steps(one_cycle, 1000) == 50
+    assert rise_steps(one_cycle, 1000, lr_scale=4.0) == 200  # 4x the LR from the linear rule: 4x the rise
+    assert rise_steps(one_cycle, 60) == 30  # never more than half the run
+    assert rise_steps(one_cycle, 1000, lr_scale=0.5) == 50  # a smaller LR keeps the floor
+    # one-cycle: the peak moves later when the floor is longer than its own rise (25% of 80 steps = 20 < 50)
+    lr, _ = lr_and_momentum(one_cycle, 80)
+    peak_step = max(range(81), key=lambda s: lr(s / 80))
+    assert peak_step == 40  # capped at half the run
+    lr, _ = lr_and_momentum(one_cycle, 1000)
+    assert max(range(1001), key=lambda s: lr(s / 1000)) == 250  # a long run keeps its own shape
+    # other schedules get a linear warmup of the floor's length
+    lr, _ = lr_and_momentum(ScheduleConfig(name="constant", min_warmup_steps=50), 1000)
+    assert lr(25 / 1000) == pytest.approx(0.5) and lr(50 / 1000) == pytest.approx(1.0)
+    lr, _ = lr_and_momentum(ScheduleConfig(name="constant", min_warmup_steps=0), 1000)
+    assert lr(0.0) == 1.0

@@ -43,6 +43,9 @@ class DatasetSpec:
     num_classes: int = 10
     classes: tuple[str, ...] = ()  # empty when the names come from the data files
     cifar_layout: CifarLayout | None = None  # its extracted batch folder stands in for the archive
+    # a mirror image is an image of the same class (clothes, objects); false where it is not (digits, letters,
+    # gratings): horizontal flips (data.augment.flip, train.tta_flip) default to this
+    mirror_invariant: bool = False
 
     def missing_in(self, folder: Path) -> list[str]:
         """Official names of the files `folder` lacks; empty when it holds the whole dataset."""
@@ -110,7 +113,9 @@ def _file(dataset: str, filename: str, base_urls: tuple[str, ...]) -> FileSpec:
     return FileSpec(filename, _PINNED.get(key), urls, _CONTENT.get(key))
 
 
-def _idx_dataset(name: str, base_urls: tuple[str, ...], classes: tuple[str, ...], hint: str = "") -> DatasetSpec:
+def _idx_dataset(
+    name: str, base_urls: tuple[str, ...], classes: tuple[str, ...], hint: str = "", mirror_invariant: bool = False
+) -> DatasetSpec:
     return DatasetSpec(
         name,
         files={role: _file(name, filename, base_urls) for role, filename in IDX_FILES.items()},
@@ -120,6 +125,7 @@ def _idx_dataset(name: str, base_urls: tuple[str, ...], classes: tuple[str, ...]
         test_size=10000,
         image_shape=(1, 28, 28),
         classes=classes,
+        mirror_invariant=mirror_invariant,
     )
 
 
@@ -135,6 +141,7 @@ def _cifar_dataset(name: str, num_classes: int, classes: tuple[str, ...] = ()) -
         num_classes=num_classes,
         classes=classes,
         cifar_layout=layout,
+        mirror_invariant=True,
     )
 
 
@@ -149,7 +156,11 @@ DEBIAN_FASHION = (
 
 SPECS: dict[str, DatasetSpec] = {
     "fashion-mnist": _idx_dataset(
-        "fashion-mnist", ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",), FASHION_NAMES, DEBIAN_FASHION
+        "fashion-mnist",
+        ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),
+        FASHION_NAMES,
+        DEBIAN_FASHION,
+        mirror_invariant=True,
     ),
     "mnist": _idx_dataset(
         "mnist", ("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/"), DIGIT_NAMES
@@ -173,6 +184,13 @@ SPECS: dict[str, DatasetSpec] = {
 }
 
 DATASETS: tuple[str, ...] = tuple(SPECS)
+
+
+def mirror_invariant(name: str) -> bool:
+    """Whether a horizontal mirror keeps an image's class in dataset `name`; False for data hasten does not know
+    (an image folder, a user's dataset), where a mirror may well change the class."""
+    spec = SPECS.get(name)
+    return spec.mirror_invariant if spec is not None else False
 
 
 def get_spec(name: str, specs: Mapping[str, DatasetSpec] | None = None) -> DatasetSpec:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from hasten.build import dataset, global_batch, loaders, optimizer_steps, scaled_lr
+from hasten.build import dataset, global_batch, loaders, lr_scale, optimizer_steps, resolve_for_data, scaled_lr
 from hasten.config import Recipe
 from hasten.schedules import trace, warmup_steps
 
@@ -25,10 +25,12 @@ class ScheduleTrace:
 
 def schedule_trace(recipe: Recipe) -> ScheduleTrace:
     """The recipe's per-step LR (after the scaling rule) and momentum over the whole run."""
-    train_loader, _ = loaders(recipe, dataset(recipe), torch.device("cpu"))
+    data = dataset(recipe)
+    recipe, _ = resolve_for_data(recipe, data)  # the batch the run would use
+    train_loader, _ = loaders(recipe, data, torch.device("cpu"))
     total = optimizer_steps(recipe, train_loader)
     peak = scaled_lr(recipe.optim, global_batch(recipe))
-    multipliers, momenta = trace(recipe.schedule, total)
+    multipliers, momenta = trace(recipe.schedule, total, lr_scale(recipe))
     fixed = recipe.optim.momentum if recipe.optim.name == "sgd" else recipe.optim.betas[0]
     return ScheduleTrace(
         lrs=[peak * m for m in multipliers],
