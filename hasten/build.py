@@ -34,7 +34,7 @@ from hasten.finetune import Freeze, discriminative_groups, pretrained_from_confi
 from hasten.models import ResNet, build_model
 from hasten.precision import Precision, make_precision
 from hasten.runlog import RunLog
-from hasten.schedules import Scheduler, scale_lr, scheduler
+from hasten.schedules import Scheduler, rise_steps, scale_lr, scheduler
 from hasten.trainer import Hooks, Plan, Saving, Trainer
 from hasten.tricks import EMA, BatchMixing, LabelSmoothing, param_groups
 
@@ -356,6 +356,24 @@ def resume_from(recipe: Recipe, folder: Path) -> tuple[Path, dict[str, Any]] | N
     return found if found is not None else (chosen, load_checkpoint(chosen, require_digest=True))
 
 
+SAFE_PEAK_LR = {"sgd": 5.0, "adam": 0.05, "adamw": 0.05}  # above these a peak LR is almost surely a mistake
+
+
+def risky_settings(recipe: Recipe, parts: Parts) -> list[str]:
+    """Values that are legal but almost surely wrong: a peak LR far above any that trains (after the scaling
+    rule), a batch larger than the training set."""
+    found, bound = [], SAFE_PEAK_LR[recipe.optim.name]
+    if parts.lr > bound:
+        found.append(
+            f"peak LR {parts.lr:.4g} (optim.lr={recipe.optim.lr:g} scaled to the global batch "
+            f"{global_batch(recipe)}) is above {bound:g}, where {recipe.optim.name} runs diverge"
+        )
+    images = train_size(parts.data)
+    if recipe.train.batch_size > images:
+        found.append(f"train.batch_size={recipe.train.batch_size} is larger than the {images:,} training images")
+    return found
+
+
 def train(recipe: Recipe) -> dict[str, Any]:
     """Train the recipe; writes the run folder and returns the summary."""
     parts = build(recipe)
@@ -371,11 +389,21 @@ def train(recipe: Recipe) -> dict[str, Any]:
         progress=recipe.run.progress,
         accumulate=recipe.train.accumulate,
         on_nan=recipe.train.on_nan,
+        rise_steps=rise_steps(recipe.schedule, optimizer_steps(recipe, parts.train_loader), lr_scale(recipe)),
     )
     parts.hooks.stateful.update(parts.trick_state)
     saving = Saving(log.dir / "checkpoints", recipe.run.save_every, recipe.run.save_every_steps, recipe.run.keep,
                     recipe.model_dump(mode="json"))  # fmt: skip
     trainer = trainer_for(parts, plan, log, saving)
+    for text in risky_settings(recipe, parts):
+        trainer.warn(text)
+    asked = round(recipe.schedule.min_warmup_steps * max(1.0, lr_scale(recipe)))
+    if plan.rise_steps < asked and checkpoint is None:
+        trainer.warn(
+            f"the run has only {optimizer_steps(recipe, parts.train_loader)} optimizer steps: its LR rises over "
+            f"{plan.rise_steps} of them where schedule.min_warmup_steps asks for {asked}; more epochs or a smaller "
+            "batch would let it warm up fully"
+        )
     if checkpoint is not None:
         path, state = checkpoint
         try:

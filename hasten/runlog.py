@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import platform
 import subprocess
@@ -41,6 +42,17 @@ def environment() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
+
+
+def finite_json(value: Any) -> Any:
+    """`value` with every inf/NaN float replaced by None (JSON has no such numbers; Python would write NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(item) for item in value]
+    return value
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -113,8 +125,9 @@ class RunLog:
             self.writer.add_scalar(key, value, step)
 
     def summary(self, summary: dict[str, Any]) -> None:
+        """summary.json: strict JSON, so a non-finite number (a diverged loss) is written as null."""
         if self.enabled:
-            write_atomic(self.dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+            write_atomic(self.dir / "summary.json", json.dumps(finite_json(summary), indent=2, allow_nan=False) + "\n")
 
     def close(self) -> None:
         if self.writer is not None:

@@ -82,6 +82,7 @@ class Plan:
     accumulate: int = 1  # micro-batches per optimizer step (gradient accumulation)
     measure_step_memory: bool = True  # profile one step's peak memory (the run's second optimizer step)
     on_nan: str = "raise"  # a non-finite loss: "raise" (stop, naming the step) or "skip" (no update, counted)
+    rise_steps: int = 0  # optimizer steps of LR warm-up: the training loss is judged against ln(C) after them
 
 
 @dataclass
@@ -137,6 +138,7 @@ class State:
     epoch_seen: int = 0
     epoch_seconds: float = 0.0
     best_checkpoint: str | None = None  # file name of the checkpoint with the best test accuracy
+    warnings: list[str] = field(default_factory=list)  # what looked wrong (divergence, chance accuracy), in order
 
 
 def _sync(device: torch.device) -> None:
@@ -165,6 +167,7 @@ class Trainer:
         self.peak_step_memory_bytes: int | None = None  # hasten.memory.measure_peak of one optimizer step
         self.stop_signal: int | None = None  # set by SIGINT/SIGTERM; acted on at the next step boundary
         self.resumed = False
+        self.bar: EpochProgress | None = None
 
     # ----- checkpoints -----
 
@@ -335,10 +338,11 @@ class Trainer:
             self.state.skipped_steps += 1
 
     @torch.no_grad()
-    def evaluate(self) -> tuple[float, float]:
-        """Test loss and accuracy over the whole test set: each rank evaluates its split, the sums are reduced."""
+    def evaluate(self, live: bool = False) -> tuple[float, float]:
+        """Test loss and accuracy over the whole test set: each rank evaluates its split, the sums are reduced.
+        The model evaluated is the hooks' `eval_model` (the EMA copy) unless `live`."""
         model = unwrap(self.model)  # the plain module: no DDP forward hooks or buffer broadcasts in evaluation
-        model = self.hooks.eval_model(model) if self.hooks.eval_model else model
+        model = self.hooks.eval_model(model) if self.hooks.eval_model and not live else model
         was_training = model.training
         model.eval()
         loss_sum = torch.zeros((), device=self.device)
@@ -355,6 +359,53 @@ class Trainer:
         model.train(was_training)
         loss_total, correct_total, count_total = all_reduce_sum([loss_sum.item(), correct.item(), count], self.device)
         return loss_total / max(count_total, 1), correct_total / max(count_total, 1)
+
+    # ----- what must not pass silently -----
+
+    def warn(self, text: str) -> None:
+        """A warning the user sees (the progress line, or stderr) and summary.json keeps."""
+        self.state.warnings.append(text)
+        if not self.log.enabled:
+            return
+        if self.bar is not None and self.bar.enabled:
+            self.bar.note(f"warning: {text}")
+        else:
+            print(f"warning: {text}", file=sys.stderr)
+
+    def _diverged(self, text: str) -> None:
+        """Non-finite statistics or test loss: a divergence, stopped with `train.on_nan=raise`, else a warning."""
+        if self.plan.on_nan == "raise":
+            kept = f"; the last good checkpoint is in {self.saving.folder}" if self.saving else ""
+            raise NonFiniteLoss(f"{text}{kept}; lower optim.lr, or set train.on_nan=skip to go on regardless")
+        self.warn(text)
+
+    def check_health(self, row: dict[str, float], epoch_start_step: int) -> None:
+        """After an epoch's evaluation: non-finite batch-norm statistics or test loss are a divergence; a training
+        loss above ln(C), the loss of a uniform guess whatever the (smoothed, mixed) targets, after the warm-up
+        means the run is not learning (Goyal et al.'s large-batch failure looks like this)."""
+        epoch, uniform = self.state.epoch, math.log(self.plan.num_classes)
+        bad = [name for name, buffer in unwrap(self.model).named_buffers()
+               if buffer.is_floating_point() and not bool(torch.isfinite(buffer).all())]  # fmt: skip
+        if bad:
+            self._diverged(f"epoch {epoch}: batch-norm statistics became non-finite ({', '.join(bad[:3])})")
+        if not math.isfinite(row["test_loss"]):
+            self._diverged(f"epoch {epoch}: the test loss is {row['test_loss']}")
+        settled = epoch_start_step >= self.plan.rise_steps or epoch == self.plan.epochs
+        if settled and not row["train_loss"] <= uniform:
+            self.warn(
+                f"epoch {epoch}: training loss {row['train_loss']:.3f} is above ln({self.plan.num_classes}) = "
+                f"{uniform:.3f}, a uniform guess: the run diverged or is not learning; lower optim.lr (or try "
+                "optim.lr=auto), lengthen schedule.min_warmup_steps, or use a smaller batch"
+            )
+
+    def check_result(self, test_accuracy: float) -> None:
+        """At the end: an accuracy near chance is a warning, never just a number."""
+        chance = 1 / self.plan.num_classes
+        if test_accuracy < chance + 0.1 * (1 - chance):
+            self.warn(
+                f"test accuracy {test_accuracy:.2%} is at chance level ({chance:.2%} for {self.plan.num_classes} "
+                "classes): the model did not learn; see the training loss per epoch in metrics.csv"
+            )
 
     def train_epoch(self, bar: EpochProgress) -> dict[str, float]:
         self.model.train()
@@ -436,13 +487,14 @@ class Trainer:
         else:
             self.log.start_metrics(METRICS)
         bar = EpochProgress(len(self.train_loader), enabled=self.plan.progress and self.log.enabled)
+        self.bar = bar
         with self._stop_on_signals(), bar:
             while self.state.epoch < self.plan.epochs:
                 bar.start_epoch(self.state.epoch + 1, self.plan.epochs)
+                epoch_start_step = self.state.step - (self.state.batch // self.plan.accumulate)
                 row = self.train_epoch(bar)
                 test_loss, test_accuracy = self.evaluate()
-                if not math.isfinite(row["train_loss"]):
-                    bar.note(f"epoch {self.state.epoch}: training loss is {row['train_loss']}")
+                self.check_health(row | {"test_loss": test_loss}, epoch_start_step)
                 for key in self.state.time_to_accuracy:
                     if self.state.time_to_accuracy[key] is None and test_accuracy >= float(key):
                         self.state.time_to_accuracy[key] = round(self.state.train_seconds, 3)
@@ -462,7 +514,25 @@ class Trainer:
                 if (every and self.state.epoch % every == 0) or self.state.epoch == self.plan.epochs:
                     self.save(end_of_epoch=True, accuracy=test_accuracy)
                 self._check_stop()
-        return self.summary(row, time.perf_counter() - started)
+            self.check_result(test_accuracy)
+            live = self.compare_live(test_accuracy)
+        return self.summary(row, time.perf_counter() - started) | live
+
+    def compare_live(self, evaluated_accuracy: float) -> dict[str, float]:
+        """With an EMA (or any other evaluated copy), the live weights' accuracy too, and a warning when the
+        evaluated copy is clearly worse (by more than 2 points), which a working average never is."""
+        if self.hooks.eval_model is None:
+            return {}
+        model = unwrap(self.model)
+        if self.hooks.eval_model(model) is model:
+            return {}
+        _, live_accuracy = self.evaluate(live=True)
+        if evaluated_accuracy < live_accuracy - 0.02:
+            self.warn(
+                f"the evaluated weight average scores {evaluated_accuracy:.2%}, the live weights {live_accuracy:.2%}: "
+                "the average lags this run (shorten it with a lower tricks.ema, or set tricks.ema=0)"
+            )
+        return {"live_test_accuracy": live_accuracy}
 
     def summary(self, last: dict[str, float], wall_seconds: float) -> dict[str, Any]:
         """The run's results; `wall_seconds` counts evaluation too, `train_seconds` only the training steps."""
@@ -484,6 +554,7 @@ class Trainer:
             "peak_memory_bytes": peak_memory_bytes(self.device),  # whole run; CPU: process RSS high-water mark
             "peak_step_memory_bytes": self.peak_step_memory_bytes,  # one step's tensors (hasten.memory)
             "time_to_accuracy": dict(self.state.time_to_accuracy),
+            "warnings": list(self.state.warnings),
         }
         self.log.summary(summary)
         return summary

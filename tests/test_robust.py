@@ -1,0 +1,119 @@
+"""The default recipe off the data it was tuned on: small sets, short runs, mirror-sensitive images, divergence.
+
+Accuracies are asserted, never seconds. Each run is the shipped default recipe with only the data (and the
+budget) swapped, as a user would run it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from hasten.build import build, resolve_for_data, steps_batch, train
+from hasten.config import load_recipe
+from hasten.data import load_dataset
+from hasten.errors import HastenError
+
+
+def _default(tmp_path, *overrides: str):
+    return load_recipe(None, ["run.progress=false", "run.tensorboard=false", f"run.dir={tmp_path / 'run'}", *overrides])
+
+
+def test_default_recipe_learns_the_digits_in_three_epochs(tmp_path):
+    # before: 12.8% after 10 epochs (flips on digits, batch 256 = 5 steps an epoch, an EMA of the initial weights)
+    summary = train(_default(tmp_path, "data.name=digits", "train.epochs=3"))
+    assert summary["test_accuracy"] >= 0.90
+    assert summary["warnings"] == []
+    # the EMA is what was evaluated; it must not be worse than the live weights by more than noise
+    assert summary["test_accuracy"] >= summary["live_test_accuracy"] - 0.02
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["test_accuracy"] == summary["test_accuracy"]
+
+
+def test_default_recipe_learns_a_small_mirror_sensitive_set_in_one_epoch(tmp_path):
+    # synthetic gratings: a mirror turns one class's angle into another's
+    summary = train(_default(tmp_path, "data.name=synthetic", "data.synthetic_size=1024", "train.epochs=1"))
+    assert summary["test_accuracy"] >= 0.6  # chance is 0.1
+    recorded = (tmp_path / "run" / "recipe.yaml").read_text()
+    assert "flip: false" in recorded and "tta_flip: false" in recorded  # what auto decided is recorded
+
+
+@pytest.mark.parametrize("name, allowed", [("fashion-mnist", True), ("cifar10", True), ("digits", False),
+                                           ("mnist", False), ("synthetic", False), ("imagefolder", False),
+                                           ("someone-elses-data", False)])  # fmt: skip
+def test_flips_follow_what_the_dataset_allows(name, allowed):
+    recipe = load_recipe(None, [])
+    data = type("Data", (), {"name": name, "train_labels": torch.zeros(60000)})()
+    resolved, notes = resolve_for_data(recipe, data)
+    assert resolved.data.augment.flip is allowed and resolved.train.tta_flip is allowed
+    assert any(("flips on" if allowed else "flips off") in note for note in notes)
+    assert recipe.data.augment.flip == "auto"  # the caller's recipe is not changed
+
+
+def test_an_explicit_flip_setting_is_kept():
+    recipe = load_recipe(None, ["data.augment.flip=true", "train.tta_flip=false"])
+    data = type("Data", (), {"name": "digits", "train_labels": torch.zeros(100)})()
+    resolved, _ = resolve_for_data(recipe, data)
+    assert resolved.data.augment.flip is True and resolved.train.tta_flip is False
+
+
+def test_the_batch_shrinks_until_an_epoch_has_enough_steps():
+    assert steps_batch(60000, 256, 1, 1, 64) == 256  # 235 steps: kept
+    assert steps_batch(5000, 256, 1, 1, 64) == 64  # 20 -> 40 -> 79 steps
+    assert steps_batch(1437, 256, 1, 1, 64) == 16  # never below 16
+    assert steps_batch(20000, 256, 2, 1, 64) == 128  # accumulation and ranks count in the global batch
+    assert steps_batch(20000, 256, 1, 2, 64) == 128
+    assert steps_batch(5000, 256, 1, 1, 0) == 256  # 0: off
+
+
+def test_the_lr_follows_the_shrunk_batch_and_the_run_says_so(tmp_path, capsys):
+    recipe = _default(tmp_path, "data.name=digits", "train.epochs=1")
+    parts = build(recipe)
+    assert parts.recipe.train.batch_size == 16 and recipe.train.batch_size == 256
+    assert parts.lr == pytest.approx(0.2 * 16 / 256)  # the linear rule follows the batch
+    assert "batch 256 -> 16" in capsys.readouterr().err
+
+
+def test_a_diverged_run_warns_and_writes_strict_json(tmp_path):
+    summary = train(_default(tmp_path, "data.name=digits", "train.epochs=2", "optim.lr=1e6", "train.on_nan=skip"))
+    text = "\n".join(summary["warnings"])
+    assert "peak LR" in text and "batch-norm statistics became non-finite" in text and "chance level" in text
+    saved = (tmp_path / "run" / "summary.json").read_text()
+    assert "NaN" not in saved and "Infinity" not in saved
+    assert json.loads(saved)["test_loss"] is None or math.isfinite(json.loads(saved)["test_loss"])
+
+
+def test_a_diverged_run_stops_with_on_nan_raise(tmp_path):
+    with pytest.raises(HastenError, match="non-finite|became nan|became inf") as error:
+        train(_default(tmp_path, "data.name=digits", "train.epochs=2", "optim.lr=1e6"))
+    assert error.value.exit_code == 1
+
+
+def test_a_training_loss_above_ln_classes_after_the_warmup_is_a_warning(tmp_path):
+    # Adam at LR 0.05 with the EMA off on gratings: it blows up and stays above ln(10), without any NaN
+    summary = train(
+        _default(
+            tmp_path,
+            "data.name=synthetic",
+            "train.epochs=3",
+            "optim.name=adam",
+            "optim.lr=5",
+            "optim.base_batch=null",
+            "tricks.ema=0",
+            "train.on_nan=skip",
+        )  # fmt: skip
+    )
+    assert any("above ln(10)" in w or "chance level" in w for w in summary["warnings"]), summary["warnings"]
+
+
+def test_synthetic_data_really_is_mirror_sensitive():
+    data = load_dataset("synthetic", synthetic_size=200, seed=0)
+    images = data.train_images.float()
+    means = torch.stack([images[data.train_labels == c].mean(0) for c in range(10)])
+    mirrored = means.flip(-1)
+    # the mirror of class c's mean image is closer to another class's mean than to its own
+    distance = ((mirrored[:, None] - means[None]) ** 2).flatten(2).sum(-1)
+    assert (distance.argmin(1) != torch.arange(10)).sum() >= 5
