@@ -162,9 +162,13 @@ def global_batch(recipe: Recipe) -> int:
     return recipe.train.batch_size * recipe.train.accumulate * world_size()
 
 
+AUTO_PLACEHOLDER_LR = 0.01  # optim.lr=auto: what the optimizer is built with until the range test has picked
+
+
 def scaled_lr(config: OptimConfig, global_batch: int) -> float:
     """`optim.lr` scaled from `optim.base_batch` to `global_batch` (Goyal et al., 2017: linear; or sqrt)."""
-    return scale_lr(config.lr, config.base_batch, global_batch, config.scaling)
+    lr = AUTO_PLACEHOLDER_LR if config.lr == "auto" else config.lr
+    return scale_lr(lr, config.base_batch, global_batch, config.scaling)
 
 
 def lr_scale(recipe: Recipe) -> float:
@@ -306,6 +310,12 @@ def build(recipe: Recipe) -> Parts:
     if world > 1:
         seed_everything(recipe.seed * 1_000_003 + rank)  # after the weights: dropout masks differ per rank
         model = distributed.wrap(model, device)  # after the EMA copy and the optimizer, which hold the inner model
+    parts = Parts(
+        recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks, trick_state
+    )
+    if recipe.optim.lr == "auto":
+        pick_lr(parts)
+        recipe, lr, schedule = parts.recipe, parts.lr, parts.scheduler
     compiled = False
     if recipe.train.compile:  # last: the EMA copy above stays eager
         model, failure = compile_model(model, next(iter(train_loader))[0], precision.autocast)
@@ -317,6 +327,28 @@ def build(recipe: Recipe) -> Parts:
     )
     parts.compiled = compiled
     return parts
+
+
+def pick_lr(parts: Parts) -> None:
+    """optim.lr=auto: a short LR range test on the built run picks the peak LR (lr_find.AUTO_RULE); the optimizer
+    and the schedule are set to it, and the recipe records it as `optim.lr` (per `optim.base_batch`)."""
+    from hasten.experiments.lr_find import AUTO_RULE, AUTO_STEPS, auto_lr, lr_find
+
+    recipe = parts.recipe
+    result = lr_find(parts, steps=AUTO_STEPS)
+    peak = auto_lr(result)
+    for group in parts.optimizer.param_groups:  # discriminative LRs keep their ratios to the peak
+        group["initial_lr"] = group["initial_lr"] * peak / parts.lr
+        group["lr"] = group["initial_lr"]
+    scale = lr_scale(recipe)
+    recipe.optim.lr = peak / scale
+    parts.lr = peak
+    steps = optimizer_steps(recipe, parts.train_loader)
+    parts.scheduler = scheduler(parts.optimizer, recipe.schedule, steps, scale)
+    if distributed.is_main():
+        per = f" ({peak / scale:.4g} per {recipe.optim.base_batch})" if recipe.optim.base_batch else ""
+        print(f"optim.lr=auto: peak LR {peak:.4g}{per} from a {len(result.lrs)}-step range test ({AUTO_RULE})",
+              file=sys.stderr)  # fmt: skip
 
 
 def trainer_for(parts: Parts, plan: Plan, log: RunLog, saving: Saving | None = None) -> Trainer:

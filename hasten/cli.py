@@ -146,7 +146,11 @@ def cmd_batch_size(ns: argparse.Namespace) -> int:
         else:
             how = "out of memory" if advice.device_type == "cuda" else "extrapolated over the budget, not run"
         console.print(f"  batch {size:>6}: {'fits' if fitted else 'too big':<8} {how}", highlight=False)
-    limit = " (the whole training set)" if advice.search.capped else ""
+    limit = ""
+    if advice.search.capped:
+        limit = " (the whole training set)"
+        if advice.step_cap is not None and advice.largest >= advice.step_cap:
+            limit = f" (capped so an epoch keeps train.min_steps_per_epoch={recipe.train.min_steps_per_epoch} steps)"
     budget_text = f" in {format_bytes(advice.budget)}" if advice.budget else ""
     console.print(f"largest batch that fits{budget_text}: {advice.largest}{limit}", highlight=False)
     if ns.rule == "accumulate":
@@ -157,7 +161,7 @@ def cmd_batch_size(ns: argparse.Namespace) -> int:
     else:
         console.print(
             f"global batch {advice.global_batch_before} -> {advice.global_batch_after}, peak LR "
-            f"{advice.lr_before:.4g} -> {advice.lr_after:.4g} ({ns.rule} rule)",
+            f"{advice.lr_before:.4g} -> {advice.lr_after:.4g} ({ns.rule} rule), {advice.steps_per_epoch} steps an epoch",
             highlight=False,
         )
     print(" ".join(advice.overrides))  # stdout: the overrides alone, for scripts

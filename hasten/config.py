@@ -86,7 +86,9 @@ class ModelConfig(Section):
 
 class OptimConfig(Section):
     name: Literal["sgd", "adamw", "adam"] = "sgd"
-    lr: PositiveFloat = 0.1  # peak learning rate, per `base_batch` examples when that is set
+    # peak learning rate, per `base_batch` examples when that is set; auto: picked by a short LR range test before
+    # training (hasten/experiments/lr_find.py, AUTO_RULE; calibrated in benchmarks/lr_auto.py)
+    lr: PositiveFloat | Literal["auto"] = 0.1
     base_batch: Annotated[int, Field(ge=1)] | None = None  # batch size `lr` is given for; None: no scaling
     scaling: Literal["linear", "sqrt"] = "linear"  # how lr grows with the global batch
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9

@@ -26,6 +26,7 @@ def tiny_overrides(tmp_path) -> list[str]:
         "model.width=8",
         "tricks.ema=0",  # fashion-fast's EMA (decay 0.99) barely leaves the initial weights in a 48-step run
         "train.batch_size=16",
+        "train.min_steps_per_epoch=0",  # tests that set a batch get that batch (tests/test_robust.py covers the rule)
         "train.eval_batch_size=128",
         "train.epochs=2",
         "run.progress=false",

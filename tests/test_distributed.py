@@ -43,6 +43,7 @@ BASE = [  # over the default recipe (fashion-fast): fp32, a small sequential mod
     "train.epochs=2",
     "train.eval_batch_size=32",
     "tricks.ema=0",  # the live weights are evaluated (fashion-fast has an EMA)
+    "train.min_steps_per_epoch=0",  # the batch as given, so 2 x B/2 and 1 x B take the same steps
     "optim.name=sgd",
     "optim.lr=0.05",
     "optim.base_batch=32",

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hasten.build import Parts, build, global_batch, scaled_lr
+from hasten.build import Parts, build, global_batch, scaled_lr, train_size
 from hasten.config import Recipe, apply_overrides, validate
 from hasten.memory import (
     NothingFits,
@@ -132,6 +132,8 @@ class Advice:
     measured: dict[int, int | None]  # bytes per size tried; None: out of memory (CUDA) or not run (CPU)
     budget: int | None
     device_type: str
+    steps_per_epoch: int = 0  # optimizer steps an epoch at the advised batch
+    step_cap: int | None = None  # the largest batch train.min_steps_per_epoch allows (None: no such limit)
 
 
 def advise(recipe: Recipe, largest: int, rule: str) -> tuple[int, int, list[str]]:
@@ -168,8 +170,14 @@ def find_batch_size(recipe: Recipe, budget: int | None, rule: str = "linear") ->
     trainer = Trainer(parts.model, parts.optimizer, parts.scheduler, parts.precision, loaders, plan, log, parts.hooks)
     fits = StepMemory(trainer, parts.data.image_shape, plan.num_classes, recipe.train.channels_last, budget)
     fits.step(1)  # allocates the optimizer state, so every measurement holds it
+    # a batch so large that an epoch has a handful of steps trains worse whatever memory allows: the search stops
+    # at the largest batch that keeps train.min_steps_per_epoch steps (each rank's share of the images)
+    images, world = train_size(parts.data), parts.train_loader.world_size
+    min_steps = recipe.train.min_steps_per_epoch
+    step_cap = max(1, images // (min_steps * world)) if min_steps else None
+    limit = min(parts.train_loader.shard_size, step_cap or parts.train_loader.shard_size)
     try:
-        search = search_batch_size(fits, limit=parts.train_loader.shard_size, tolerance=TOLERANCE)
+        search = search_batch_size(fits, limit=limit, tolerance=TOLERANCE)
     except NothingFits:
         used = fits.measured.get(1)
         where = f"the budget of {format_bytes(budget)}" if budget is not None else f"the memory of {parts.device}"
@@ -192,4 +200,6 @@ def find_batch_size(recipe: Recipe, budget: int | None, rule: str = "linear") ->
         measured=fits.measured,
         budget=budget,
         device_type=parts.device.type,
+        steps_per_epoch=-(-images // global_batch(after)),
+        step_cap=step_cap if step_cap is not None and step_cap < parts.train_loader.shard_size else None,
     )

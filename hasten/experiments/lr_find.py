@@ -33,6 +33,11 @@ from hasten.errors import HastenError
 from hasten.tricks import one_hot, soft_cross_entropy
 
 RULE = "LR at the smoothed loss's minimum / 10"
+# optim.lr=auto: the peak LR for the run's schedule from a range test of AUTO_STEPS steps (benchmarks/lr_auto.py
+# measured the statistic and the factor on several datasets; docs/schedules-and-tricks.md has the table)
+AUTO_STEPS = 100
+AUTO_FACTOR = 0.25
+AUTO_RULE = f"{AUTO_FACTOR:g} x the LR where the smoothed loss climbs 30% above its minimum"
 
 
 @dataclass
@@ -79,6 +84,24 @@ def steepest(lrs: Sequence[float], smoothed: Sequence[float], skip: float = 0.1)
         return None
     slopes = np.gradient(np.asarray(smoothed, dtype=float), np.log(np.asarray(lrs, dtype=float)))
     return float(lrs[first + int(np.argmin(slopes[first:lowest]))])
+
+
+def edge_lr(result: LRFindResult, rise: float = 1.3) -> float:
+    """The LR where the smoothed loss, past its minimum, first climbs above `rise` times that minimum: the edge of
+    stability, which moves less with the sweep's length than the minimum does. The last LR tried when it never
+    climbed that far."""
+    finite = [(lr, s) for lr, s in zip(result.lrs, result.smoothed, strict=False) if math.isfinite(s)]
+    lowest = min(range(len(finite)), key=lambda i: finite[i][1])
+    best = finite[lowest][1]
+    for lr, value in finite[lowest:]:
+        if value > rise * best:
+            return lr
+    return result.lrs[-1]
+
+
+def auto_lr(result: LRFindResult) -> float:
+    """The peak LR optim.lr=auto trains with: AUTO_RULE."""
+    return AUTO_FACTOR * edge_lr(result)
 
 
 def _distributed() -> bool:
