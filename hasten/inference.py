@@ -15,6 +15,7 @@ onnxruntime). Anything else is a CheckpointError naming the file (exit 2). Check
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,11 @@ def checkpoint_of(source: str | Path) -> tuple[Path, dict[str, Any]]:
             raise CheckpointError(f"{path}: no usable checkpoint in {where} (is it a hasten run folder?)")
         path, state = found
     else:
+        if path.is_file() and not zipfile.is_zipfile(path):  # torch.save writes a zip; a text file or image is not
+            raise CheckpointError(
+                f"{path} is not a checkpoint (not a PyTorch zip file); expected a run folder, a checkpoint .pt, "
+                "or a .safetensors or .onnx file written by hasten export"
+            )
         state = load_checkpoint(path)
     if not isinstance(state.get("recipe"), dict) or not state["recipe"] or "model" not in state:
         raise CheckpointError(
