@@ -102,9 +102,10 @@ def test_evaluate_prints_summary_accuracy_and_writes_confusion(ema_run, tmp_path
     result = json.loads((tmp_path / "ev" / "evaluation.json").read_text())
     assert result["accuracy"] == summary["test_accuracy"] == result["results"]["flip_tta"]["accuracy"]
     confusion = torch.tensor(result["confusion"])
-    assert int(confusion.sum()) == SYNTHETIC // 4 and int(confusion.diag().sum()) == result["results"]["flip_tta"][
-        "correct"
-    ]
+    assert (
+        int(confusion.sum()) == SYNTHETIC // 4
+        and int(confusion.diag().sum()) == result["results"]["flip_tta"]["correct"]
+    )
     for name in ("plain", "flip_tta"):
         r = result["results"][name]
         assert r["top3_accuracy"] >= r["accuracy"]
@@ -151,9 +152,9 @@ def test_safetensors_export_carries_metadata_and_reproduces_accuracy(ema_run, tm
     assert meta["hasten_test_accuracy"] == summary["test_accuracy"]
     assert meta["hasten_input_shape"] == [1, 28, 28] and meta["hasten_recipe_name"] == "fashion-fast"
     assert meta["hasten_hasten_version"] == hasten.__version__
-    assert meta["hasten_preprocessing"]["mean"] == json.loads((run / "summary.json").read_text())["preprocessing"][
-        "mean"
-    ]
+    assert (
+        meta["hasten_preprocessing"]["mean"] == json.loads((run / "summary.json").read_text())["preprocessing"]["mean"]
+    )
     model = hasten.load(out)
     images, labels = synthetic_test_set()
     probs = model.probabilities(images)
@@ -236,8 +237,10 @@ def test_bad_sources_exit_2_naming_the_file(ema_run, tmp_path, capsys):
     text.write_text("not a checkpoint\n")
     picture = write_pngs(tmp_path / "png", *[t[:1] for t in synthetic_test_set()])[0]
     state = load_checkpoint(checkpoints_in(run / "checkpoints")[0])
-    other = save_checkpoint(dict(state, recipe={**state["recipe"], "model": {**state["recipe"]["model"],
-                                                                            "width": 16}}), tmp_path / "other.pt")
+    other = save_checkpoint(
+        dict(state, recipe={**state["recipe"], "model": {**state["recipe"]["model"], "width": 16}}),
+        tmp_path / "other.pt",
+    )
     bare = tmp_path / "bare.safetensors"
     save_file({k: v.contiguous() for k, v in state["model"].items()}, str(bare))
     for source, why in ((text, "not a checkpoint"), (picture, "not a checkpoint"), (other, "another model"),
