@@ -5,6 +5,7 @@ reproduce the run's accuracy exactly."""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import numpy
@@ -258,3 +259,20 @@ def test_bad_sources_exit_2_naming_the_file(ema_run, tmp_path, capsys):
     assert "model.width=16" in capsys.readouterr().err
     with pytest.raises(CheckpointError, match="no recipe"):
         hasten.load(save_checkpoint({"model": state["model"]}, tmp_path / "plain.pt"))
+
+
+def test_an_earlier_checkpoint_exports_the_weights_evaluated_at_its_epoch(ema_run, tmp_path):
+    """A "best" or earlier checkpoint: its export carries the accuracy metrics.csv recorded for its epoch, and
+    its EMA weights reproduce it."""
+    run, _ = ema_run
+    first = checkpoints_in(run / "checkpoints")[-1]
+    state = load_checkpoint(first)
+    assert state["trainer"]["epoch"] == 1
+    recorded = [r for r in csv.DictReader((run / "metrics.csv").open()) if r["epoch"] == "1"][0]
+    from hasten.exporting import export_safetensors
+
+    out = export_safetensors(first, tmp_path / "epoch1.safetensors")
+    model = hasten.load(out)
+    assert model.facts.test_accuracy == float(recorded["test_accuracy"])
+    images, labels = synthetic_test_set()
+    assert accuracy(model.probabilities(images).argmax(1), labels) == float(recorded["test_accuracy"])
