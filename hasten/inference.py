@@ -125,7 +125,8 @@ def facts_from_checkpoint(path: Path, state: dict[str, Any]) -> RunFacts:
     recipe = validate(state["recipe"], f"the recipe in {path}")
     summary = _summary_beside(path)
     accuracy = recorded_accuracy(path, state)
-    if summary.get("classes") and summary.get("preprocessing"):
+    same_data = (summary.get("dataset") or {}).get("name") == recipe.data.name  # not a later run's, on other data
+    if same_data and summary.get("classes") and summary.get("preprocessing"):
         pre = Preprocessing.from_dict(summary["preprocessing"], f"{path.parent.parent / 'summary.json'}")
         shape = (pre.channels, pre.height, pre.width)
         return RunFacts(recipe, list(summary["classes"]), shape, pre.mean, pre.std, pre, accuracy)

@@ -69,7 +69,8 @@ def test_summary_records_classes_sizes_splits_and_preprocessing(ema_run):
     assert saved["classes"] == [str(d) for d in range(10)]
     assert saved["dataset"] == {"name": "synthetic", "train_size": SYNTHETIC, "test_size": SYNTHETIC // 4,
                                 "test_split": "test"}  # fmt: skip
-    assert saved["accuracy_measured_on"]["test_accuracy"].startswith("test split (96 images)")
+    assert saved["accuracy_measured_on"]["test"].startswith("test split, 96 images, the evaluated weights")
+    assert json.dumps(saved).count('"test_accuracy"') == 1  # scripts find the metric once
     pre = Preprocessing.from_dict(saved["preprocessing"])
     images, _ = synthetic_test_set()
     train = load_dataset("synthetic", synthetic_size=SYNTHETIC, seed=0).train_images.double() / 255
