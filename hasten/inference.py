@@ -112,7 +112,7 @@ def _summary_beside(checkpoint: Path) -> dict[str, Any]:
 def recorded_accuracy(checkpoint: Path, state: dict[str, Any]) -> float | None:
     """The test accuracy the run measured with this checkpoint's weights: its epoch's row of metrics.csv."""
     trainer = state.get("trainer") or {}
-    if trainer.get("batch", 0):  # written mid-epoch: never evaluated
+    if trainer.get("batch", 0) or checkpoint.parent.name != "checkpoints":  # mid-epoch, or outside a run folder
         return None
     from hasten.report import read_metrics
 
@@ -127,9 +127,13 @@ def facts_from_checkpoint(path: Path, state: dict[str, Any]) -> RunFacts:
     accuracy = recorded_accuracy(path, state)
     same_data = (summary.get("dataset") or {}).get("name") == recipe.data.name  # not a later run's, on other data
     if same_data and summary.get("classes") and summary.get("preprocessing"):
-        pre = Preprocessing.from_dict(summary["preprocessing"], f"{path.parent.parent / 'summary.json'}")
-        shape = (pre.channels, pre.height, pre.width)
-        return RunFacts(recipe, list(summary["classes"]), shape, pre.mean, pre.std, pre, accuracy)
+        try:
+            pre = Preprocessing.from_dict(summary["preprocessing"], f"{path.parent.parent / 'summary.json'}")
+        except ValueError:
+            pre = None  # edited by hand or from another version: the data below says the same
+        if pre is not None:
+            shape = (pre.channels, pre.height, pre.width)
+            return RunFacts(recipe, list(summary["classes"]), shape, pre.mean, pre.std, pre, accuracy)
     from hasten.build import dataset
 
     data = dataset(recipe)
@@ -239,6 +243,11 @@ class Predictor(nn.Module, Predicts):
         return self(self.preprocessing.normalise(pixels.to(device))).cpu()
 
 
+def decode_metadata(meta: dict[str, str]) -> dict[str, Any]:
+    """An export's `hasten_*` metadata (JSON strings, as `hasten.exporting` writes them) as values."""
+    return {key.removeprefix("hasten_"): json.loads(value) for key, value in meta.items() if key.startswith("hasten_")}
+
+
 class OnnxPredictor(Predicts):
     """An ONNX export run by onnxruntime: its graph takes uint8 (N, C, H, W) and does the normalisation (and
     the flip TTA where the run used it); the metadata gives the classes and the conversion of image files."""
@@ -255,9 +264,12 @@ class OnnxPredictor(Predicts):
         meta = self.session.get_modelmeta().custom_metadata_map
         if "hasten_preprocessing" not in meta:
             raise CheckpointError(f"{path}: no hasten metadata (write it with hasten export --format onnx)")
-        self.metadata = {k.removeprefix("hasten_"): json.loads(v) for k, v in meta.items() if k.startswith("hasten_")}
-        self.classes = list(self.metadata["classes"])
-        self.preprocessing = Preprocessing.from_dict(self.metadata["preprocessing"], str(path))
+        try:
+            self.metadata = decode_metadata(meta)
+            self.classes = list(self.metadata["classes"])
+            self.preprocessing = Preprocessing.from_dict(self.metadata["preprocessing"], str(path))
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"{path}: its hasten metadata is incomplete ({error})") from None
         self.input_name = self.session.get_inputs()[0].name
 
     def logits_of(self, pixels: Tensor) -> Tensor:
@@ -280,7 +292,7 @@ def safetensors_facts(path: Path) -> tuple[dict[str, Tensor], RunFacts]:
             "which model, classes or preprocessing they are for"
         )
     try:
-        raw = {k.removeprefix("hasten_"): json.loads(v) for k, v in meta.items() if k.startswith("hasten_")}
+        raw = decode_metadata(meta)
         recipe = validate(raw["recipe"], f"the recipe in {path}")
         pre = Preprocessing.from_dict(raw["preprocessing"], str(path)) if raw.get("preprocessing") else None
         shape = tuple(raw["input_shape"])
