@@ -17,3 +17,11 @@ def train(recipe: object = None, overrides: list[str] | None = None) -> dict:
 
         recipe = validate(apply_overrides(recipe.model_dump(mode="json"), overrides))
     return _train(recipe)
+
+
+def load(path: object, device: str = "cpu") -> object:
+    """The model a run evaluated, from a run folder, checkpoint or `hasten export` file (.safetensors, .onnx),
+    with `predict(images, top_k)` that converts images as training did; see hasten.inference.load."""
+    from hasten.inference import load as _load
+
+    return _load(path, device)  # type: ignore[arg-type]

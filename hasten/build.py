@@ -26,6 +26,7 @@ from hasten.config import OptimConfig, Recipe, to_yaml
 from hasten.data import ImageDataset, load_dataset
 from hasten.data.imagefolder import ImageFolder, ImageFolderLoader, image_folder_loaders, open_image_folder
 from hasten.data.loader import Augment, InMemoryLoader, channel_stats
+from hasten.data.preprocessing import dataset_summary
 from hasten.data.registry import mirror_invariant
 from hasten.data.transforms import prepare
 from hasten.distributed import DistEnv, world_size
@@ -460,6 +461,7 @@ def train(recipe: Recipe) -> dict[str, Any]:
         if recipe.run.save_weights and log.enabled:  # the weights evaluated: the EMA copy when there is one
             save_weights(parts.hooks.eval_model(model) if parts.hooks.eval_model else model, log.dir)
         summary |= {"run_dir": str(log.dir), "lr": parts.lr, "global_batch": batch, "world_size": world_size()}
+        summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader)  # what evaluate/predict need
         log.summary(summary)
         distributed.barrier()  # the ranks end together, once rank 0 has written everything
     finally:

@@ -286,9 +286,66 @@ def cmd_gan(ns: argparse.Namespace) -> int:
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
-    from hasten.checkpoint import export_safetensors
+    from hasten.exporting import export
 
-    print(export_safetensors(ns.checkpoint, ns.out))
+    print(export(ns.checkpoint, ns.out, ns.format)[1])
+    return 0
+
+
+def cmd_evaluate(ns: argparse.Namespace) -> int:
+    from hasten.evaluation import evaluate
+
+    stray = [a for a in ns.overrides if "=" not in a]
+    if stray:
+        raise HastenError(f"evaluate: expected key=value data overrides after the run, got {stray[0]!r}")
+    if ns.top_k < 1:
+        raise HastenError(f"--top-k {ns.top_k}: at least 1")
+    result = evaluate(ns.source, ns.overrides, top_k=ns.top_k, out=ns.out)
+    table = Table(title=f"{result['source']} on {result['data']} {result['split']} ({result['images']} images)")
+    table.add_column("class")
+    for name in result["results"]:
+        table.add_column(f"{name}{' (as the run)' if (name == 'flip_tta') == result['run_tta_flip'] else ''}")
+    first = next(iter(result["results"].values()))
+    rows = [key for key in first if key.endswith("accuracy") and key != "per_class_accuracy"]
+    for key in rows:
+        table.add_row(key.replace("_", " "), *(f"{r[key]:.4f}" for r in result["results"].values()))
+    for name in result["classes"]:
+        table.add_row(f"  {name}", *(f"{r['per_class_accuracy'][name]:.4f}" for r in result["results"].values()))
+    Console().print(table)
+    recorded = result["recorded_test_accuracy"]
+    print(f"accuracy {result['accuracy']!r}" + (f" (summary.json: {recorded!r})" if recorded is not None else ""))
+    print(f"written: {', '.join(result['files'])}")
+    return 0
+
+
+def cmd_predict(ns: argparse.Namespace) -> int:
+    import csv
+
+    from hasten.inference import image_files, load
+
+    if ns.json and ns.csv:
+        raise HastenError("predict: --json or --csv, not both")
+    if ns.top_k < 1:
+        raise HastenError(f"--top-k {ns.top_k}: at least 1")
+    model = load(ns.source)
+    files = image_files(ns.images)
+    predictions = model.predict(files, top_k=ns.top_k)
+    if ns.json:
+        print(json.dumps([p.as_dict() for p in predictions], indent=2))
+    elif ns.csv:
+        k = len(predictions[0].top)
+        writer = csv.writer(sys.stdout)
+        writer.writerow(["image", *(f"{c}_{i}" for i in range(1, k + 1) for c in ("class", "probability"))])
+        for p in predictions:
+            writer.writerow([p.source, *(v for name, prob in p.top for v in (name, f"{prob:.6f}"))])
+    else:
+        table = Table(title=f"{ns.source}: {len(predictions)} image(s)")
+        for column in ("image", "class", "probability", *(["top k"] * (ns.top_k > 1))):
+            table.add_column(column)
+        for p in predictions:
+            top = ", ".join(f"{name} {prob:.3f}" for name, prob in p.top)
+            table.add_row(p.source, p.label, f"{p.probability:.4f}", *([top] * (ns.top_k > 1)))
+        Console().print(table)
     return 0
 
 
@@ -301,7 +358,9 @@ SUMMARIES = {
     "bench": "train variants of a recipe side by side (and the naive loop): time-to-accuracy, speed, memory",
     "sweep": "train a recipe over a grid of values (model width, ...): train and test error table and plots",
     "transfer": "pretrain, then fine-tune on N images per class beside training from scratch: table and plot",
-    "export": "write a checkpoint's model weights as safetensors",
+    "export": "write the evaluated model with its preprocessing and classes: safetensors or ONNX",
+    "evaluate": "a run's model on its test data or other data: accuracy, top-k, per class, confusion matrix",
+    "predict": "class names and probabilities for image files, from a run folder or an export",
     "gan": "train a DCGAN (fp32, bf16, fp16): sample grids, Fréchet distance on hasten classifier features",
 }
 
@@ -458,11 +517,41 @@ def commands() -> dict[str, argparse.ArgumentParser]:
     gan.set_defaults(run=cmd_gan)
 
     export = argparse.ArgumentParser(
-        prog="hasten export", description="Write a checkpoint's model weights to a safetensors file."
+        prog="hasten export",
+        description="Write the model a run evaluated (the EMA weights where tricks.ema was on) with its class names "
+        "and preprocessing: safetensors (metadata in the header) or ONNX (uint8 pixels in, normalisation and flip "
+        "TTA inside, dynamic batch; checked against PyTorch with onnxruntime).",
     )
-    export.add_argument("checkpoint", help="a hasten checkpoint (runs/NAME/checkpoints/step-N.pt)")
-    export.add_argument("out", help="the .safetensors file to write")
+    export.add_argument("checkpoint", help="a run folder (its newest checkpoint) or a checkpoint (.pt)")
+    export.add_argument("out", help="the file to write (.safetensors or .onnx)")
+    export.add_argument(
+        "--format", choices=["safetensors", "onnx"], help="default: onnx for an .onnx OUT, else safetensors"
+    )
     export.set_defaults(run=cmd_export)
+
+    evaluate = argparse.ArgumentParser(
+        prog="hasten evaluate",
+        description="Evaluate the model a run evaluated, on its own test data (the accuracy equals summary.json's) "
+        "or on other data given as data.* overrides (e.g. data.name=imagefolder data.root=DIR): accuracy, top-k, "
+        "per-class accuracy, with and without flip TTA; writes confusion.csv/.png and evaluation.json.",
+    )
+    evaluate.add_argument("source", metavar="RUN_DIR|CHECKPOINT")
+    evaluate.add_argument("overrides", nargs="*", metavar="key=value")
+    evaluate.add_argument("--top-k", type=int, default=5, help="k of the top-k accuracy (default 5)")
+    evaluate.add_argument("--out", metavar="DIR", help="folder to write to (default: RUN_DIR/evaluation)")
+    evaluate.set_defaults(run=cmd_evaluate)
+
+    predict = argparse.ArgumentParser(
+        prog="hasten predict",
+        description="Class names and probabilities of image files (any size and mode: converted as training did), "
+        "from a run folder, a checkpoint, or a hasten .safetensors or .onnx export.",
+    )
+    predict.add_argument("source", metavar="RUN_DIR|EXPORT")
+    predict.add_argument("images", nargs="+", metavar="IMAGE_OR_FOLDER")
+    predict.add_argument("--top-k", type=int, default=1, help="classes shown per image (default 1)")
+    predict.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    predict.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    predict.set_defaults(run=cmd_predict)
     return {
         "train": train,
         "data": data,
@@ -474,6 +563,8 @@ def commands() -> dict[str, argparse.ArgumentParser]:
         "transfer": transfer,
         "gan": gan,
         "export": export,
+        "evaluate": evaluate,
+        "predict": predict,
     }
 
 

@@ -1,0 +1,194 @@
+"""What a trained model expects of an image, recorded so any image can be brought to it as training did.
+
+Training sees uint8 images of one size and channel count (`data.size`, `data.rgb`, or as stored), scaled to
+[0, 1] and normalised with the per-channel mean and std of the training images (`loader.channel_stats`).
+`Preprocessing` holds those facts; it is written into summary.json and every export's metadata, and turns
+an image file of any size and mode into the model's input the same way:
+
+1. Pillow's `convert("L")` (ITU-R 601-2 luma, as `transforms.set_channels` uses) or `convert("RGB")` (grey
+   repeated, alpha dropped);
+2. a bilinear resize to (height, width) when the size differs: torch's `interpolate` (antialiased when
+   shrinking) as `transforms.resize_images` does for in-memory datasets, or Pillow's BILINEAR as the image
+   folder reader does;
+3. uint8 (C, H, W) -> float / 255 -> (x - mean) / std per channel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy
+import torch
+from PIL import Image
+from torch import Tensor
+
+from hasten.errors import DataError
+
+RESIZERS = ("torch", "pillow")  # which bilinear resize training used (module docstring, step 2)
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """The input a model was trained on: Pillow mode, size, normalisation, and the resize training used."""
+
+    mode: str  # "L" (1 channel) or "RGB" (3)
+    height: int
+    width: int
+    mean: tuple[float, ...]  # per channel, in [0, 1] units
+    std: tuple[float, ...]
+    resize: str = "torch"  # "torch": interpolate, antialiased when shrinking; "pillow": Image.resize BILINEAR
+
+    @property
+    def channels(self) -> int:
+        return 1 if self.mode == "L" else 3
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"channels": self.channels, "steps": self.describe()}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str = "metadata") -> Preprocessing:
+        """The preprocessing saved by `to_dict`; ValueError naming `source` and the key when it does not fit."""
+        try:
+            made = cls(
+                mode=str(raw["mode"]),
+                height=int(raw["height"]),
+                width=int(raw["width"]),
+                mean=tuple(float(m) for m in raw["mean"]),
+                std=tuple(float(s) for s in raw["std"]),
+                resize=str(raw.get("resize", "torch")),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{source}: preprocessing is incomplete or malformed ({error!r})") from None
+        if made.mode not in ("L", "RGB") or made.resize not in RESIZERS or len(made.mean) != made.channels:
+            raise ValueError(f"{source}: preprocessing {raw!r} is not one hasten writes")
+        return made
+
+    def describe(self) -> str:
+        """The exact steps, in words, for code that is not hasten (an ONNX runtime, another language)."""
+        resize = (
+            "torch.nn.functional.interpolate(mode='bilinear', align_corners=False, antialias=True when shrinking), "
+            "rounded back to uint8"
+            if self.resize == "torch"
+            else "PIL.Image.resize(..., Image.Resampling.BILINEAR)"
+        )
+        return (
+            f"Pillow convert('{self.mode}'); if not {self.width}x{self.height} pixels, resize bilinear ({resize}); "
+            f"uint8 array (N, {self.channels}, {self.height}, {self.width}); x = pixels / 255; "
+            f"x = (x - mean) / std per channel with mean={list(self.mean)} std={list(self.std)}"
+        )
+
+    def image(self, image: Image.Image) -> Tensor:
+        """A Pillow image as the uint8 (C, H, W) tensor training would have seen (steps 1 and 2)."""
+        converted = image.convert(self.mode)
+        if self.resize == "pillow" and converted.size != (self.width, self.height):
+            converted = converted.resize((self.width, self.height), Image.Resampling.BILINEAR)
+        pixels = numpy.array(converted, dtype=numpy.uint8)  # a copy: torch wants a writable array
+        tensor = torch.from_numpy(pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1).copy())
+        if tuple(tensor.shape[1:]) != (self.height, self.width):
+            tensor = _resize(tensor[None], self.height, self.width)[0]
+        return tensor
+
+    def read(self, path: str | Path) -> Tensor:
+        """An image file as uint8 (C, H, W); DataError naming the file when it is not an image."""
+        try:
+            with Image.open(path) as image:
+                return self.image(image)
+        # Pillow reports undecodable files as OSError, ValueError, SyntaxError or DecompressionBombError
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+            raise DataError(f"{path}: cannot read as an image ({type(error).__name__}: {error})") from None
+
+    def batch(self, images: Sequence[Any] | Tensor | numpy.ndarray) -> Tensor:
+        """uint8 (N, C, H, W) from image paths, Pillow images, or uint8 arrays/tensors (N, C, H, W) or (C, H, W)
+        already in the model's mode; arrays of another size are resized."""
+        if isinstance(images, (Tensor, numpy.ndarray)):
+            return self._array(images)
+        if isinstance(images, (str, Path, Image.Image)):
+            images = [images]
+        items = []
+        for item in images:
+            if isinstance(item, (str, Path)):
+                items.append(self.read(item))
+            elif isinstance(item, Image.Image):
+                items.append(self.image(item))
+            else:
+                items.append(self._array(item)[0])
+        if not items:
+            raise DataError("no images to predict on")
+        return torch.stack(items)
+
+    def _array(self, array: Tensor | numpy.ndarray) -> Tensor:
+        tensor = torch.as_tensor(array)
+        if tensor.dim() == 3:
+            tensor = tensor[None]
+        if tensor.dtype != torch.uint8 or tensor.dim() != 4 or tensor.shape[1] != self.channels:
+            raise DataError(
+                f"images: expected uint8 (N, {self.channels}, H, W) pixels (mode {self.mode}) or file paths, got "
+                f"{tensor.dtype} {tuple(tensor.shape)}"
+            )
+        if tuple(tensor.shape[2:]) != (self.height, self.width):
+            tensor = _resize(tensor.cpu(), self.height, self.width)
+        return tensor
+
+    def normalise(self, images: Tensor) -> Tensor:
+        """uint8 (N, C, H, W) -> float32, scaled to [0, 1] and normalised per channel (step 3)."""
+        mean = torch.tensor(self.mean, device=images.device).view(1, -1, 1, 1)
+        std = torch.tensor(self.std, device=images.device).view(1, -1, 1, 1)
+        return images.float().div_(255).sub_(mean).div_(std)
+
+
+def _resize(images: Tensor, height: int, width: int) -> Tensor:
+    """uint8 (N, C, H, W) resized as `transforms.resize_images` does (bilinear, antialiased when shrinking), to
+    any (height, width): that one only makes squares, the size `data.size` asks for."""
+    shrink = height < images.shape[-2] or width < images.shape[-1]
+    resized = torch.nn.functional.interpolate(
+        images.float(), size=(height, width), mode="bilinear", align_corners=False, antialias=shrink
+    )
+    return resized.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def preprocessing_for(image_shape: Sequence[int], mean: Tensor, std: Tensor, *, from_folder: bool) -> Preprocessing:
+    """The preprocessing of a run whose images are `image_shape` (C, H, W), normalised with `mean`/`std`;
+    `from_folder`: decoded from an image folder (Pillow resize) rather than held in memory (torch resize)."""
+    channels, height, width = (int(v) for v in image_shape)
+    if channels not in (1, 3):
+        raise DataError(f"images with {channels} channels: only 1 (grey) and 3 (RGB) can be read from files")
+    return Preprocessing(
+        mode="L" if channels == 1 else "RGB",
+        height=height,
+        width=width,
+        mean=tuple(float(v) for v in mean.flatten().cpu()),
+        std=tuple(float(v) for v in std.flatten().cpu()),
+        resize="pillow" if from_folder else "torch",
+    )
+
+
+def dataset_summary(data: Any, train_loader: Any, test_loader: Any) -> dict[str, Any]:
+    """What summary.json records of a run's data, so its folder alone says what a later user needs: the class
+    names (label i is classes[i]), the split sizes, the split each accuracy was measured on, the preprocessing."""
+    folder = getattr(data, "root", None)  # an ImageFolder: its held-out split is val/ or test/, first found
+    test_split = next((s for s in ("val", "test") if folder is not None and (Path(folder) / s).is_dir()), "test")
+    return {
+        "classes": list(data.classes),
+        "dataset": {
+            "name": getattr(data, "name", None),
+            "train_size": train_loader.num_samples,
+            "test_size": test_loader.num_samples,
+            "test_split": test_split,
+        },
+        # keyed by split, not by metric: scripts find the metrics themselves once in summary.json
+        "accuracy_measured_on": {
+            "test": f"{test_split} split, {test_loader.num_samples} images, the evaluated weights (test_accuracy, "
+            "best_test_accuracy: its best epoch, test_loss, time_to_accuracy)",
+            "train": "training split, running during the last epoch: augmented, live weights (train_accuracy, "
+            "train_loss)",
+        },
+        # images of 2 or 4 channels have no Pillow mode to read files into: no preprocessing to record
+        "preprocessing": preprocessing_for(
+            data.image_shape, train_loader.mean, train_loader.std, from_folder=folder is not None
+        ).to_dict()
+        if data.image_shape[0] in (1, 3)
+        else None,
+    }

@@ -1,0 +1,176 @@
+"""`hasten evaluate`: a run's evaluated model measured again, on its own test data or on other data.
+
+On the run's own data it repeats the run's evaluation exactly (the same test loader, normalisation, weights
+from `evaluated_state_dict`, precision autocast and memory format), so its accuracy with the run's TTA setting
+equals summary.json's `test_accuracy`. It reports accuracy, top-k accuracy and per-class accuracy with and
+without flip test-time augmentation, and writes the confusion matrix (CSV and PNG) and evaluation.json, as
+timm's validate.py does for ImageNet models.
+
+Other data: `data.*` overrides (e.g. `data.name=imagefolder data.root=DIR`); its images are brought to the
+run's size and channel count, and normalised with the run's training statistics, never their own.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from hasten.config import apply_overrides, validate
+from hasten.errors import DataError, RecipeError
+from hasten.inference import RunFacts, checkpoint_of, evaluated_state_dict, facts_from_checkpoint, network
+from hasten.runlog import write_atomic
+
+# what evaluate may change: the data, and how it runs; the model and its training are the checkpoint's
+ALLOWED_OVERRIDES = ("data.", "train.eval_batch_size=", "train.threads=", "device=")
+SETTINGS = {"plain": False, "flip_tta": True}  # result name -> flip TTA on
+
+
+def _test_loader(recipe: Any, data: Any, facts: RunFacts, device: torch.device) -> Any:
+    """The test loader the run's evaluation used, normalised with the run's training statistics."""
+    from hasten.data.imagefolder import BatchDecoder, ImageFolder, ImageFolderLoader, default_workers
+    from hasten.data.loader import InMemoryLoader
+
+    mean, std = torch.tensor(facts.mean), torch.tensor(facts.std)
+    common = dict(mean=mean, std=std, remainder="split", channels_last=recipe.train.channels_last, device=device)
+    if isinstance(data, ImageFolder):
+        decoder = BatchDecoder(data.test, data.mode, data.size, data.resize)
+        workers = default_workers() if recipe.data.workers is None else recipe.data.workers
+        return ImageFolderLoader(decoder, recipe.train.eval_batch_size, workers=workers, **common)
+    return InMemoryLoader(data.test_images, data.test_labels, recipe.train.eval_batch_size, **common)
+
+
+def _recipe(state: dict[str, Any], facts: RunFacts, overrides: Sequence[str], source: str) -> Any:
+    bad = [o for o in overrides if not o.startswith(ALLOWED_OVERRIDES)]
+    if bad:
+        raise RecipeError(
+            f"evaluate: {', '.join(bad)}: only data.* keys, train.eval_batch_size, train.threads and device can be "
+            "changed (the model and its training are the checkpoint's)"
+        )
+    raw = apply_overrides(state["recipe"], list(overrides))
+    if any(o.startswith("data.") for o in overrides):  # other data: brought to the run's input, unless told
+        channels, height, width = facts.image_shape
+        data = raw.setdefault("data", {})
+        if height == width and not any(o.startswith("data.size=") for o in overrides):
+            data["size"] = height
+        if channels in (1, 3) and not any(o.startswith("data.rgb=") for o in overrides):
+            data["rgb"] = channels == 3
+    return validate(raw, f"the recipe in {source} with {' '.join(overrides)}" if overrides else source)
+
+
+def _measure(logits: Tensor, labels: Tensor, num_classes: int, top_k: int) -> dict[str, Any]:
+    predicted = logits.argmax(1)
+    correct = int((predicted == labels).sum())
+    k = min(top_k, num_classes)
+    in_top = (logits.topk(k, dim=1).indices == labels[:, None]).any(1)
+    confusion = torch.bincount(labels * num_classes + predicted, minlength=num_classes**2).view(num_classes, -1)
+    return {
+        "accuracy": correct / max(len(labels), 1),  # as the trainer computes it: correct / count
+        "correct": correct,
+        "count": len(labels),
+        f"top{k}_accuracy": int(in_top.sum()) / max(len(labels), 1),
+        "confusion": confusion,
+    }
+
+
+def _write_confusion(confusion: Tensor, classes: list[str], folder: Path, title: str) -> list[Path]:
+    """confusion.csv (rows: true class, columns: predicted) and confusion.png."""
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(["true \\ predicted", *classes])
+    for name, row in zip(classes, confusion.tolist(), strict=True):
+        writer.writerow([name, *row])
+    write_atomic(folder / "confusion.csv", text.getvalue())
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(classes)
+    fig, ax = plt.subplots(figsize=(max(5, 0.5 * n + 2), max(4, 0.5 * n + 1.5)))
+    ax.imshow(confusion.numpy(), cmap="Blues")
+    if n <= 30:  # names and counts stay legible up to about this many classes
+        ax.set_xticks(range(n), classes, rotation=60, ha="right", fontsize=8)
+        ax.set_yticks(range(n), classes, fontsize=8)
+        peak = int(confusion.max()) or 1
+        for (i, j), value in zip(torch.cartesian_prod(torch.arange(n), torch.arange(n)).tolist(),
+                                 confusion.flatten().tolist(), strict=True):  # fmt: skip
+            ax.text(j, i, str(value), ha="center", va="center", fontsize=7,
+                    color="white" if value > peak / 2 else "black")  # fmt: skip
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(folder / "confusion.png", dpi=120)
+    plt.close(fig)
+    return [folder / "confusion.csv", folder / "confusion.png"]
+
+
+def evaluate(
+    source: str | Path, overrides: Sequence[str] = (), *, top_k: int = 5, out: str | Path | None = None
+) -> dict[str, Any]:
+    """Evaluate the model a run evaluated (`source`: run folder or checkpoint) on its test data, or on the
+    data `overrides` name; returns the results (also written, with the confusion matrix, to `out`)."""
+    from hasten.build import dataset, resolve_device
+    from hasten.precision import make_precision
+
+    path, state = checkpoint_of(source)
+    facts = facts_from_checkpoint(path, state)
+    recipe = _recipe(state, facts, overrides, str(path))
+    if recipe.train.threads:
+        torch.set_num_threads(recipe.train.threads)
+    device = resolve_device(recipe.device)
+    data = dataset(recipe)
+    if len(data.classes) != len(facts.classes) or tuple(data.image_shape) != tuple(facts.image_shape):
+        raise DataError(
+            f"data.name={recipe.data.name}: {len(data.classes)} classes of {tuple(data.image_shape)} images, but "
+            f"{path} was trained on {len(facts.classes)} classes of {tuple(facts.image_shape)} images"
+        )
+    precision = make_precision(recipe.precision, device, recipe.loss_scale.init, recipe.loss_scale.growth_interval)
+    model = network(facts, evaluated_state_dict(state), str(path), prepare=precision.prepare).to(device)
+    if recipe.train.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    logits: dict[str, list[Tensor]] = {name: [] for name in SETTINGS}
+    labels: list[Tensor] = []
+    with torch.no_grad():  # not around make_precision: its probe runs a backward pass
+        for images, batch_labels in _test_loader(recipe, data, facts, device):
+            with precision.autocast():  # the trainer's evaluation, op for op
+                plain = model(images).float()
+                logits["plain"].append(plain.cpu())
+                logits["flip_tta"].append(((plain + model(images.flip(3)).float()) / 2).cpu())
+            labels.append(batch_labels.cpu())
+    targets = torch.cat(labels)
+    results = {name: _measure(torch.cat(parts), targets, len(facts.classes), top_k) for name, parts in logits.items()}
+    headline = "flip_tta" if facts.tta_flip else "plain"
+    for result in results.values():
+        confusion = result["confusion"]
+        per_class = confusion.diag() / confusion.sum(1).clamp_min(1)
+        result["per_class_accuracy"] = dict(zip(facts.classes, per_class.tolist(), strict=True))
+    own_data = not any(o.startswith("data.") for o in overrides)
+    folder = Path(out) if out else path.parent.parent / ("evaluation" if own_data else f"evaluation-{recipe.data.name}")
+    folder.mkdir(parents=True, exist_ok=True)
+    test_split = next((s for s in ("val", "test") if hasattr(data, "root") and (Path(data.root) / s).is_dir()), "test")
+    files = _write_confusion(results[headline]["confusion"], facts.classes, folder,
+                             f"{recipe.name}: {recipe.data.name} {test_split} ({headline})")  # fmt: skip
+    summary = {
+        "source": str(path),
+        "data": recipe.data.name,
+        "split": test_split,
+        "images": len(targets),
+        "run_tta_flip": facts.tta_flip,
+        "accuracy": results[headline]["accuracy"],  # the run's setting: summary.json's test_accuracy on its data
+        "recorded_test_accuracy": facts.test_accuracy if own_data else None,
+        "classes": facts.classes,
+        "data_classes": list(data.classes),
+        "results": {name: {k: v for k, v in r.items() if k != "confusion"} for name, r in results.items()},
+        "confusion": results[headline]["confusion"].tolist(),
+        "files": [str(f) for f in [*files, folder / "evaluation.json"]],
+    }
+    write_atomic(folder / "evaluation.json", json.dumps(summary, indent=2) + "\n")
+    return summary
