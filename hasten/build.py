@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from hasten import distributed
 from hasten.checkpoint import checkpoints_in, latest_usable, load_checkpoint, remove_stale_temporaries
@@ -23,11 +24,23 @@ from hasten.config import OptimConfig, Recipe, to_yaml
 from hasten.data import ImageDataset, load_dataset
 from hasten.data.imagefolder import ImageFolder, ImageFolderLoader, image_folder_loaders, open_image_folder
 from hasten.data.loader import Augment, InMemoryLoader, channel_stats
+from hasten.data.own import StreamedData
 from hasten.data.transforms import prepare
 from hasten.distributed import DistEnv, world_size
 from hasten.errors import CheckpointError, RecipeError
 from hasten.finetune import Freeze, discriminative_groups, pretrained_from_config, save_weights
-from hasten.models import ResNet, build_model
+from hasten.memory import checkpoint_activations
+from hasten.models import build_model
+from hasten.own import (
+    USER_SOURCES,
+    builtin_holdout,
+    check_model,
+    load_data,
+    own_model,
+    recorded,
+    streamed_loaders,
+    user_objects,
+)
 from hasten.precision import Precision, make_precision
 from hasten.runlog import RunLog
 from hasten.schedules import Scheduler, scale_lr, scheduler
@@ -55,16 +68,19 @@ def dataset(recipe: Recipe) -> ImageDataset | ImageFolder:
     """The recipe's dataset, cut to `data.subset` / `data.test_subset` when given, with `data.per_class`,
     `data.label_noise`, `data.size` and `data.rgb` applied. An image folder is scanned, not read into memory."""
     cfg = recipe.data
+    if cfg.name in USER_SOURCES:  # data.target's function (hasten/own.py)
+        return load_data(recipe)
     if cfg.name == "imagefolder":
-        options = dict(subset=cfg.subset, test_subset=cfg.test_subset, per_class=cfg.per_class)
-        return open_image_folder(cfg.root, size=cfg.size, rgb=cfg.rgb, label_noise=cfg.label_noise, **options)
+        options = dict(subset=cfg.subset, test_subset=cfg.test_subset, per_class=cfg.per_class, seed=recipe.seed)
+        return open_image_folder(cfg.root, size=cfg.size, rgb=cfg.rgb, label_noise=cfg.label_noise,
+                                 val_fraction=cfg.val_fraction, **options)  # fmt: skip
     data = load_dataset(cfg.name, cfg.root, download=cfg.download, synthetic_size=cfg.synthetic_size, seed=recipe.seed)
     if cfg.subset:
         data.train_images, data.train_labels = data.train_images[: cfg.subset], data.train_labels[: cfg.subset]
     if cfg.test_subset:
         data.test_images, data.test_labels = data.test_images[: cfg.test_subset], data.test_labels[: cfg.test_subset]
     options = dict(per_class=cfg.per_class, label_noise=cfg.label_noise, size=cfg.size, rgb=cfg.rgb)
-    return prepare(data, seed=recipe.seed, **options)
+    return builtin_holdout(recipe, prepare(data, seed=recipe.seed, **options))
 
 
 def loaders(
@@ -74,6 +90,8 @@ def loaders(
     sliced into batches; an image folder is decoded by DataLoader workers."""
     aug = recipe.data.augment
     remainder = recipe.train.remainder
+    if isinstance(data, StreamedData):  # a user's Dataset, streamed by DataLoader workers
+        return streamed_loaders(recipe, data, device, rank, world_size)
     if isinstance(data, ImageFolder):
         return image_folder_loaders(
             data,
@@ -178,8 +196,11 @@ class Parts:
     compiled: bool = False  # train.compile asked for it and torch.compile worked
 
 
-def build(recipe: Recipe) -> Parts:
-    """Under torchrun (several processes) this joins the process group first: each rank gets its own device,
+def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
+    """The run's parts. `model` and `data` are the user's own (hasten/own.py: an nn.Module or a callable making
+    one; arrays, a Dataset, a folder path, or (train, test[, class_names])); None: the recipe's.
+
+    Under torchrun (several processes) this joins the process group first: each rank gets its own device,
     its shard of every epoch, its own random streams for augmentation, mixing and dropout, and the model
     wrapped in DistributedDataParallel; the model starts from the same weights everywhere (DDP broadcasts
     rank 0's)."""
@@ -192,18 +213,23 @@ def build(recipe: Recipe) -> Parts:
     scale = recipe.loss_scale
     precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)  # before data is read
     seed_everything(recipe.seed)
-    data = dataset(recipe)
+    given_model, given_data = model, data
+    data = dataset(recipe) if data is None else load_data(recipe, data)
     train_loader, test_loader = loaders(recipe, data, device, rank, world)
-    model = build_model(recipe.model, data.image_shape, len(data.classes))
+    if given_model is not None or recipe.model.name in USER_SOURCES:
+        model = own_model(recipe, given_model, data.image_shape, len(data.classes))
+    else:
+        model = build_model(recipe.model, data.image_shape, len(data.classes))
     if recipe.model.pretrained:
         print(pretrained_from_config(model, recipe.model).describe(), file=sys.stderr)
     model = model.to(device)
     if recipe.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    if recipe.train.checkpoint_activations:
-        if not isinstance(model, ResNet):
-            raise RecipeError("train.checkpoint_activations: only model.name=resnet has blocks to checkpoint")
-        model.checkpoint_activations = True
+    if user_objects(recipe, given_model, given_data):  # before anything wraps it: fail before training starts
+        check_model(model, data.image_shape, len(data.classes), device)
+        recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)
+    if recipe.train.checkpoint_activations or recipe.train.checkpoint_modules:
+        model = checkpoint_activations(model, recipe.train.checkpoint_modules)
     if recipe.train.sync_batchnorm and world > 1:  # before the optimizer and EMA see the modules; keeps the params
         if device.type == "cpu":
             raise RecipeError(
@@ -280,9 +306,19 @@ def resume_from(recipe: Recipe, folder: Path) -> tuple[Path, dict[str, Any]] | N
     return found if found is not None else (chosen, load_checkpoint(chosen, require_digest=True))
 
 
-def train(recipe: Recipe) -> dict[str, Any]:
-    """Train the recipe; writes the run folder and returns the summary."""
-    parts = build(recipe)
+def evaluated_on(recipe: Recipe) -> str:
+    """Which split every test_* metric of the run is measured on."""
+    fraction = recipe.data.val_fraction
+    return f"val: {fraction:g} of the training data held out (seed {recipe.seed})" if fraction else "test"
+
+
+def train(
+    recipe: Recipe, model: Any = None, data: Any = None, loss: Callable[[Tensor, Tensor], Tensor] | None = None
+) -> dict[str, Any]:
+    """Train the recipe (with the user's `model` and `data`, see `build`; `loss(logits, soft targets)` in place
+    of the soft cross-entropy); writes the run folder and returns the summary."""
+    parts = build(recipe, model, data)
+    recipe = parts.recipe  # what was used: the user's model and data recorded (hasten/own.py)
     folder = run_dir(recipe)
     checkpoint = resume_from(recipe, folder / "checkpoints")  # before anything in the run folder is written
     log = RunLog(folder, enabled=distributed.is_main(), tensorboard=recipe.run.tensorboard)
@@ -295,6 +331,8 @@ def train(recipe: Recipe) -> dict[str, Any]:
         accumulate=recipe.train.accumulate,
         on_nan=recipe.train.on_nan,
     )
+    if loss is not None:
+        plan.loss = loss
     parts.hooks.stateful.update(parts.trick_state)
     saving = Saving(log.dir / "checkpoints", recipe.run.save_every, recipe.run.save_every_steps, recipe.run.keep,
                     recipe.model_dump(mode="json"))  # fmt: skip
@@ -323,6 +361,7 @@ def train(recipe: Recipe) -> dict[str, Any]:
         if recipe.run.save_weights and log.enabled:  # the weights evaluated: the EMA copy when there is one
             save_weights(parts.hooks.eval_model(model) if parts.hooks.eval_model else model, log.dir)
         summary |= {"run_dir": str(log.dir), "lr": parts.lr, "global_batch": batch, "world_size": world_size()}
+        summary["evaluated_on"] = evaluated_on(recipe)
         log.summary(summary)
         distributed.barrier()  # the ranks end together, once rank 0 has written everything
     finally:
