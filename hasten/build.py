@@ -216,9 +216,9 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     given_model, given_data = model, data
     data = dataset(recipe) if data is None else load_data(recipe, data)
     train_loader, test_loader = loaders(recipe, data, device, rank, world)
-    if given_model is not None or recipe.model.name in USER_SOURCES:
-        model = own_model(recipe, given_model, data.image_shape, len(data.classes))
-    else:
+    if given_model is not None:
+        model = own_model(recipe.model, given_model, data.image_shape, len(data.classes))
+    else:  # the recipe's: a built-in model or model.target's
         model = build_model(recipe.model, data.image_shape, len(data.classes))
     if recipe.model.pretrained:
         print(pretrained_from_config(model, recipe.model).describe(), file=sys.stderr)

@@ -290,10 +290,10 @@ def checkpointed(modules: Sequence[nn.Module], x: Tensor) -> Tensor:
 def checkpoint_activations(model: nn.Module, names: Sequence[str] | None = None) -> nn.Module:
     """`model` with the activations of the submodules `names` (dotted, as `named_modules` gives them) recomputed
     in backward instead of kept. Without names: hasten's ResNet checkpoints its own segments; any other model
-    each of its top-level children with parameters but the last (whose activations backward needs at once). Each module is
-    wrapped by torch's `checkpoint_wrapper`, which keeps the state_dict's keys, so checkpoints and exports load
-    either way; batch-norm statistics are updated once, in the forward pass. RecipeError when a name is not a
-    submodule or the model has nothing to checkpoint."""
+    each of its top-level children with parameters but the last (whose activations backward needs at once).
+    Each module is wrapped by torch's `checkpoint_wrapper`, which keeps the state_dict's keys, so checkpoints and
+    exports load either way; batch-norm statistics are updated once, in the forward pass. RecipeError when a name
+    is not a submodule or the model has nothing to checkpoint."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
     from hasten.errors import RecipeError

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hasten.config import Recipe, validate
+from hasten.config import ModelConfig, Recipe, validate
 from hasten.data.datasets import ImageDataset
 from hasten.data.imagefolder import ImageFolder, ImageFolderLoader, default_workers, open_image_folder
 from hasten.data.loader import Augment
@@ -34,7 +34,8 @@ SHAPE_ARGUMENTS = ("num_classes", "in_channels", "image_size")
 
 
 def import_target(path: str, key: str) -> Any:
-    """The object at `path` ("package.module:name" or "package.module.name"); RecipeError naming `key` otherwise."""
+    """The object at `path` ("package.module:name" or "package.module.name"), importable from sys.path or the
+    current folder; RecipeError naming `key` and `path` otherwise."""
     module_name, sep, attribute = path.partition(":")
     if not sep:
         module_name, _, attribute = path.rpartition(".")
@@ -43,7 +44,11 @@ def import_target(path: str, key: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise RecipeError(f"{key}={path}: cannot import module {module_name!r} ({error})") from None
+        here = str(Path.cwd())
+        if here in sys.path or not isinstance(error, ModuleNotFoundError):
+            raise RecipeError(f"{key}={path}: cannot import module {module_name!r} ({error})") from None
+        sys.path.append(here)  # the `hasten` script does not look in the current folder; `python -m hasten` does
+        return import_target(path, key)
     target: Any = module
     for part in attribute.split("."):
         if not hasattr(target, part):
@@ -141,10 +146,12 @@ def streamed_loaders(
     return train, test
 
 
-def own_model(recipe: Recipe, model: Any, image_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """The user's model: an nn.Module, a callable returning one (a class, a factory: called after the run's
-    seed is set, with num_classes / in_channels / image_size when it takes them), or the recipe's model.target."""
-    config, key = recipe.model, "model"
+def own_model(config: ModelConfig, model: Any, image_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The user's model: `model`, an nn.Module or a callable returning one (a class, a factory: called after the
+    run's seed is set, with num_classes / in_channels / image_size when it takes them), or with None the
+    recipe's model.target called with model.args (and those three the same way). Zero-init applies where the
+    model has residual blocks ending in batch norm; elsewhere a note says it was skipped."""
+    key = "model"
     if model is None:
         if config.name != "import":
             raise RecipeError(

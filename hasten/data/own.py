@@ -102,7 +102,7 @@ def _sample_to_tensor(image: Any, where: str) -> Tensor:
             array = numpy.asarray(image)
         except Exception as error:  # a type numpy cannot read: say which item
             raise DataError(f"{where}: cannot read the image ({type(image).__name__}): {error}") from None
-        pixels = torch.from_numpy(numpy.ascontiguousarray(array))
+        pixels = torch.from_numpy(numpy.array(array))  # a copy: PIL's arrays are read-only
         pixels = pixels[None] if pixels.ndim == 2 else pixels.permute(2, 0, 1) if pixels.ndim == 3 else pixels
     if pixels.ndim != 3:
         raise DataError(f"{where}: an image must be H x W, H x W x C (arrays, PIL) or C x H x W (tensors), got "
