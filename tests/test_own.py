@@ -330,3 +330,38 @@ def test_activation_checkpointing_over_named_modules_keeps_names_and_gradients(t
         torch.testing.assert_close(grads["[features.0]"][key], grad)
     with pytest.raises(RecipeError, match="no submodule 'body'"):
         build(load_recipe("fashion-fast", [*QUIET, "train.checkpoint_modules=[body]"]), model=TinyNet, data=data)
+
+
+def test_lr_find_and_the_batch_size_finder_take_the_users_model_and_data(tmp_path):
+    from hasten.experiments.batch_size import find_batch_size
+    from hasten.experiments.lr_find import lr_find
+
+    data = (quadrants(64, 0), quadrants(32, 1), CLASSES)
+    recipe = load_recipe("fashion-fast", [*QUIET, "precision=fp32", f"run.dir={tmp_path / 'r'}"])
+    net = TinyNet()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    result = lr_find(build(recipe, model=net, data=data), steps=12)
+    assert len(result.lrs) > 0 and result.suggestion > 0
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items()), "lr_find put the weights back"
+    advice = find_batch_size(recipe, 256 * 2**20, model=net, data=data)
+    assert 1 <= advice.batch_size <= 64  # at most the whole training set
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items()), "measured on a copy"
+
+
+@pytest.mark.parametrize(
+    "technique",
+    [["precision=fp16"], ["precision=fp16-master"], ["train.accumulate=2", "train.batch_size=8"],
+     ["train.compile=true"], ["tricks.cutmix=1.0", "tricks.label_smoothing=0.1", "schedule.name=cosine"]],
+)  # fmt: skip
+def test_every_technique_applies_to_the_users_model(tmp_path, technique):
+    data = (quadrants(64, 0), quadrants(32, 1), CLASSES)
+    overrides = [*QUIET, "train.epochs=1", "tricks.ema=0.9", *technique, f"run.dir={tmp_path / 'r'}"]
+    summary = hasten.train("fashion-fast", overrides, model=TinyNet, data=data)
+    assert summary["epochs"] == 1 and np.isfinite(summary["train_loss"])
+    recorded = yaml.safe_load((tmp_path / "r" / "recipe.yaml").read_text())
+    for item in technique:  # the run folder records the technique the user's model trained with
+        key, _, value = item.partition("=")
+        node = recorded
+        for part in key.split("."):
+            node = node[part]
+        assert node == yaml.safe_load(value), item
