@@ -3,7 +3,8 @@
 Forms of one part (a training or an evaluation split):
 - an `(images, labels)` pair of tensors or numpy arrays: images uint8 N x H x W (grey), N x H x W x C or
   N x C x H x W (any size and channel count; the channel axis is the smaller of axes 1 and 3, axis 1 on a tie),
-  labels integers 0..K-1. Held in memory as one uint8 tensor: the fast path (`InMemoryLoader`).
+  labels integers 0..K-1. Held in memory as one uint8 tensor: the fast path (`InMemoryLoader`). Float images
+  (any scale) are kept as they are and go the streamed way, item by item, which is slower.
 - any `torch.utils.data.Dataset` whose items are `(image, label)`: the image a PIL image or numpy array
   (H x W or H x W x C) or a tensor (C x H x W, torchvision's layout), uint8 or float. It is streamed: DataLoader
   workers fetch whole batches of the rank's shard of each epoch's order (`ImageFolderLoader`, which takes any
@@ -54,26 +55,30 @@ def is_dataset(value: object) -> bool:
     return hasattr(value, "__getitem__") and hasattr(value, "__len__")
 
 
+def _channels_first(array: Tensor, where: str) -> Tensor:
+    """(N, C, H, W) from N x H x W, N x H x W x C or N x C x H x W: the channel axis is the smaller of 1 and 3."""
+    if array.ndim == 3:
+        return array[:, None]
+    if array.ndim != 4:
+        raise DataError(f"{where}: images must be N x H x W, N x H x W x C or N x C x H x W, got {tuple(array.shape)}")
+    return array.permute(0, 3, 1, 2) if array.shape[3] < array.shape[1] else array
+
+
 def as_images(images: Any, where: str) -> Tensor:
-    """uint8 (N, C, H, W) from uint8 N x H x W, N x H x W x C or N x C x H x W (tensor or numpy array)."""
+    """(N, C, H, W) images from a tensor or numpy array in any of the layouts above: uint8 for the in-memory path
+    (integer types holding 0..255 are converted); floating-point images stay float32, which the loader streams
+    (normalised by their own statistics, whatever their scale)."""
     array = torch.as_tensor(images) if not isinstance(images, Tensor) else images.detach().cpu()
+    if array.dtype.is_floating_point:
+        return _channels_first(array, where).float().contiguous()
+    if array.dtype == torch.bool:
+        raise DataError(f"{where}: images are bool; give uint8 pixels 0..255 or floats")
     if array.dtype != torch.uint8:
-        if array.dtype.is_floating_point or array.dtype == torch.bool:
-            raise DataError(
-                f"{where}: images are {array.dtype}; the in-memory path takes uint8 pixels 0..255 "
-                "(e.g. (x * 255).round().astype('uint8')), or give a Dataset, which may yield float images"
-            )
         if len(array) and (int(array.min()) < 0 or int(array.max()) > 255):
             low, high = int(array.min()), int(array.max())
             raise DataError(f"{where}: integer images must hold pixels 0..255, got {low}..{high}")
         array = array.to(torch.uint8)
-    if array.ndim == 3:
-        return array[:, None].contiguous()
-    if array.ndim != 4:
-        raise DataError(f"{where}: images must be N x H x W, N x H x W x C or N x C x H x W, got {tuple(array.shape)}")
-    if array.shape[3] < array.shape[1]:  # channels last (numpy/PIL layout): the channel axis is the small one
-        array = array.permute(0, 3, 1, 2)
-    return array.contiguous()
+    return _channels_first(array, where).contiguous()
 
 
 def as_labels(labels: Any, count: int, where: str) -> Tensor:
@@ -251,7 +256,10 @@ def split_parts(data: Any) -> tuple[Any, Any | None, list[str] | None]:
 def _part(value: Any, where: str, workers: int) -> tuple[Tensor, Tensor] | StreamSplit:
     if is_pair(value):
         images = as_images(value[0], f"{where} images")
-        return images, as_labels(value[1], len(images), f"{where} labels")
+        labels = as_labels(value[1], len(images), f"{where} labels")
+        if images.dtype != torch.uint8:  # floats keep their precision: streamed from memory, not sliced as uint8
+            return StreamSplit(_TensorItems(images, labels), torch.arange(len(labels)), labels, f"{where} (floats)")
+        return images, labels
     if is_dataset(value):
         name = f"{where} ({type(value).__name__})"
         if len(value) == 0:
