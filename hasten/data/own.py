@@ -199,6 +199,11 @@ class StreamedData:
         return len(self.classes)
 
 
+def _whole_batch(item: object) -> object:
+    """collate_fn: `DatasetBatches` already returns whole batches (a module function: workers may pickle it)."""
+    return item
+
+
 def dataset_labels(dataset: Any, name: str, workers: int) -> Tensor:
     """Every item's label: the Dataset's `targets` or `labels` when it has them at its length, else one pass over
     its items in DataLoader workers (which reads the images too)."""
@@ -212,7 +217,7 @@ def dataset_labels(dataset: Any, name: str, workers: int) -> Tensor:
                 pass
     batches = DatasetBatches(dataset, torch.arange(len(dataset)), name)
     plan = [list(range(i, min(i + 256, len(dataset)))) for i in range(0, len(dataset), 256)]
-    loader = torch.utils.data.DataLoader(batches, batch_size=None, sampler=plan, collate_fn=lambda b: b,
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, sampler=plan, collate_fn=_whole_batch,
                                          num_workers=workers)  # fmt: skip
     labels = []
     for item in loader:
