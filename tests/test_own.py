@@ -175,6 +175,22 @@ def test_streamed_dataset_trains_and_holds_out_a_stratified_val_split(tmp_path):
     assert yaml.safe_load((tmp_path / "r" / "recipe.yaml").read_text())["data"]["target"] == f"{__name__}.Lazy"
 
 
+def test_dataloaders_give_their_datasets_and_an_iterable_dataset_is_refused(tmp_path):
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    train = torch.utils.data.DataLoader(Lazy(48, 1, seen), batch_size=5, shuffle=True)
+    recipe = load_recipe("fashion-fast", [*QUIET, "data.workers=0"])
+    parts = build(recipe, model=TinyNet(), data=(train, quadrants(16, 2), CLASSES))
+    assert parts.train_loader.batch_size == 16 and parts.train_loader.shard_size == 48  # the recipe's batching
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from ()
+
+    with pytest.raises(DataError, match="IterableDataset"):
+        build(recipe, model=TinyNet(), data=(Stream(), quadrants(16, 2)))
+
+
 def test_stratified_holdout_is_seeded_and_per_class():
     labels = torch.tensor([0] * 40 + [1] * 20 + [2] * 4)
     kept, held = stratified_holdout(labels, 0.25, seed=7)

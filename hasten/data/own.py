@@ -18,6 +18,7 @@ one of its length (torchvision's datasets do), else from one pass over its items
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,8 +244,22 @@ def stratified_holdout(labels: Tensor, fraction: float, seed: int) -> tuple[Tens
     return torch.nonzero(~mask).flatten(), torch.nonzero(mask).flatten()
 
 
+def unwrap_loader(value: Any) -> Any:
+    """A DataLoader's Dataset: batching, order and workers come from the recipe (train.batch_size, seed,
+    data.workers), so the loader's own settings are set aside, with a note."""
+    if isinstance(value, torch.utils.data.DataLoader):
+        print(
+            f"data: took the Dataset ({type(value.dataset).__name__}) out of the DataLoader; batches, order and "
+            "workers come from the recipe (train.batch_size, seed, data.workers)",
+            file=sys.stderr,
+        )
+        return value.dataset
+    return value
+
+
 def split_parts(data: Any) -> tuple[Any, Any | None, list[str] | None]:
     """(train part, evaluation part or None, class names or None) from the user's data argument."""
+    data = unwrap_loader(data)
     if is_pair(data) or is_dataset(data):
         return data, None, None
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
@@ -259,6 +274,12 @@ def split_parts(data: Any) -> tuple[Any, Any | None, list[str] | None]:
 
 
 def _part(value: Any, where: str, workers: int) -> tuple[Tensor, Tensor] | StreamSplit:
+    value = unwrap_loader(value)
+    if isinstance(value, torch.utils.data.IterableDataset):
+        raise DataError(
+            f"{where}: an IterableDataset ({type(value).__name__}) has no indices to shuffle, shard per rank and "
+            "resume from; give a map-style Dataset (__getitem__ and __len__)"
+        )
     if is_pair(value):
         images = as_images(value[0], f"{where} images")
         labels = as_labels(value[1], len(images), f"{where} labels")
