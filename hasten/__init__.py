@@ -5,8 +5,23 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 
-def train(recipe: object = None, overrides: list[str] | None = None) -> dict:
-    """Train a recipe (a `Recipe`, a YAML path or a shipped name; None: the default) and return its summary."""
+def train(
+    recipe: object = None,
+    overrides: list[str] | None = None,
+    *,
+    model: object = None,
+    data: object = None,
+    loss: object = None,
+) -> dict:
+    """Train a recipe (a `Recipe`, a YAML path or a shipped name; None: the default) and return its summary.
+
+    Your own model and data go beside the recipe, which still holds every setting (hasten/own.py):
+    `model`: an nn.Module (trained in place) or a callable making one (called after the run's seed is set, with
+    `num_classes`, `in_channels`, `image_size` when it takes them). `data`: an (images, labels) pair of arrays
+    (uint8 N x H x W [x C] or N x C x H x W; held in memory), a torch Dataset of (image, label) (streamed by
+    DataLoader workers), an image folder path, or (train, test) / (train, test, class_names) of those; a train
+    part alone needs `data.val_fraction`. `loss(logits, soft_targets) -> loss` replaces the soft cross-entropy.
+    """
     from hasten.build import train as _train
     from hasten.config import Recipe, load_recipe
 
@@ -16,7 +31,7 @@ def train(recipe: object = None, overrides: list[str] | None = None) -> dict:
         from hasten.config import apply_overrides, validate
 
         recipe = validate(apply_overrides(recipe.model_dump(mode="json"), overrides))
-    return _train(recipe)
+    return _train(recipe, model=model, data=data, loss=loss)  # type: ignore[arg-type]
 
 
 def load(path: object, device: str = "cpu") -> object:

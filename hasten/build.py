@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.optim.swa_utils import update_bn
 
 from hasten import distributed
@@ -26,13 +26,25 @@ from hasten.config import OptimConfig, Recipe, to_yaml
 from hasten.data import ImageDataset, load_dataset
 from hasten.data.imagefolder import ImageFolder, ImageFolderLoader, image_folder_loaders, open_image_folder
 from hasten.data.loader import Augment, InMemoryLoader, channel_stats
+from hasten.data.own import StreamedData
 from hasten.data.preprocessing import dataset_summary
 from hasten.data.registry import mirror_invariant
 from hasten.data.transforms import prepare
 from hasten.distributed import DistEnv, world_size
 from hasten.errors import CheckpointError, RecipeError
 from hasten.finetune import Freeze, discriminative_groups, pretrained_from_config, save_weights
-from hasten.models import ResNet, build_model
+from hasten.memory import checkpoint_activations
+from hasten.models import build_model
+from hasten.own import (
+    USER_SOURCES,
+    builtin_holdout,
+    check_model,
+    load_data,
+    own_model,
+    recorded,
+    streamed_loaders,
+    user_objects,
+)
 from hasten.precision import Precision, make_precision
 from hasten.runlog import RunLog
 from hasten.schedules import Scheduler, rise_steps, scale_lr, scheduler
@@ -60,16 +72,19 @@ def dataset(recipe: Recipe) -> ImageDataset | ImageFolder:
     """The recipe's dataset, cut to `data.subset` / `data.test_subset` when given, with `data.per_class`,
     `data.label_noise`, `data.size` and `data.rgb` applied. An image folder is scanned, not read into memory."""
     cfg = recipe.data
+    if cfg.name in USER_SOURCES:  # data.target's function (hasten/own.py)
+        return load_data(recipe)
     if cfg.name == "imagefolder":
-        options = dict(subset=cfg.subset, test_subset=cfg.test_subset, per_class=cfg.per_class)
-        return open_image_folder(cfg.root, size=cfg.size, rgb=cfg.rgb, label_noise=cfg.label_noise, **options)
+        options = dict(subset=cfg.subset, test_subset=cfg.test_subset, per_class=cfg.per_class, seed=recipe.seed)
+        return open_image_folder(cfg.root, size=cfg.size, rgb=cfg.rgb, label_noise=cfg.label_noise,
+                                 val_fraction=cfg.val_fraction, **options)  # fmt: skip
     data = load_dataset(cfg.name, cfg.root, download=cfg.download, synthetic_size=cfg.synthetic_size, seed=recipe.seed)
     if cfg.subset:
         data.train_images, data.train_labels = data.train_images[: cfg.subset], data.train_labels[: cfg.subset]
     if cfg.test_subset:
         data.test_images, data.test_labels = data.test_images[: cfg.test_subset], data.test_labels[: cfg.test_subset]
     options = dict(per_class=cfg.per_class, label_noise=cfg.label_noise, size=cfg.size, rgb=cfg.rgb)
-    return prepare(data, seed=recipe.seed, **options)
+    return builtin_holdout(recipe, prepare(data, seed=recipe.seed, **options))
 
 
 def loaders(
@@ -79,6 +94,8 @@ def loaders(
     sliced into batches; an image folder is decoded by DataLoader workers."""
     aug = recipe.data.augment
     remainder = recipe.train.remainder
+    if isinstance(data, StreamedData):  # a user's Dataset, streamed by DataLoader workers
+        return streamed_loaders(recipe, data, device, rank, world_size)
     if isinstance(data, ImageFolder):
         return image_folder_loaders(
             data,
@@ -111,9 +128,9 @@ def loaders(
     return train, test
 
 
-def train_size(data: ImageDataset | ImageFolder) -> int:
+def train_size(data: ImageDataset | ImageFolder | StreamedData) -> int:
     """Training images in the dataset (all ranks together)."""
-    return len(data.train.labels) if isinstance(data, ImageFolder) else len(data.train_labels)
+    return len(data.train.labels) if isinstance(data, ImageFolder | StreamedData) else len(data.train_labels)
 
 
 MIN_AUTO_BATCH = 16  # train.min_steps_per_epoch halves the batch no further: BN statistics get noisy below
@@ -254,8 +271,11 @@ class Parts:
     compiled: bool = False  # train.compile asked for it and torch.compile worked
 
 
-def build(recipe: Recipe) -> Parts:
-    """Under torchrun (several processes) this joins the process group first: each rank gets its own device,
+def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
+    """The run's parts. `model` and `data` are the user's own (hasten/own.py: an nn.Module or a callable making
+    one; arrays, a Dataset, a folder path, or (train, test[, class_names])); None: the recipe's.
+
+    Under torchrun (several processes) this joins the process group first: each rank gets its own device,
     its shard of every epoch, its own random streams for augmentation, mixing and dropout, and the model
     wrapped in DistributedDataParallel; the model starts from the same weights everywhere (DDP broadcasts
     rank 0's)."""
@@ -268,22 +288,27 @@ def build(recipe: Recipe) -> Parts:
     scale = recipe.loss_scale
     precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)  # before data is read
     seed_everything(recipe.seed)
-    data = dataset(recipe)
+    given_model, given_data = model, data
+    data = dataset(recipe) if data is None else load_data(recipe, data)
     recipe, notes = resolve_for_data(recipe, data, world)
     if distributed.is_main():
         for note in notes:
             print(note, file=sys.stderr)
     train_loader, test_loader = loaders(recipe, data, device, rank, world)
-    model = build_model(recipe.model, data.image_shape, len(data.classes))
+    if given_model is not None:
+        model = own_model(recipe.model, given_model, data.image_shape, len(data.classes))
+    else:  # the recipe's: a built-in model or model.target's
+        model = build_model(recipe.model, data.image_shape, len(data.classes))
     if recipe.model.pretrained:
         print(pretrained_from_config(model, recipe.model).describe(), file=sys.stderr)
     model = model.to(device)
     if recipe.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    if recipe.train.checkpoint_activations:
-        if not isinstance(model, ResNet):
-            raise RecipeError("train.checkpoint_activations: only model.name=resnet has blocks to checkpoint")
-        model.checkpoint_activations = True
+    if user_objects(recipe, given_model, given_data):  # before anything wraps it: fail before training starts
+        check_model(model, data.image_shape, len(data.classes), device)
+        recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)
+    if recipe.train.checkpoint_activations or recipe.train.checkpoint_modules:
+        model = checkpoint_activations(model, recipe.train.checkpoint_modules)
     if recipe.train.sync_batchnorm and world > 1:  # before the optimizer and EMA see the modules; keeps the params
         if device.type == "cpu":
             raise RecipeError(
@@ -407,10 +432,19 @@ def risky_settings(recipe: Recipe, parts: Parts) -> list[str]:
     return found
 
 
-def train(recipe: Recipe) -> dict[str, Any]:
-    """Train the recipe; writes the run folder and returns the summary."""
-    parts = build(recipe)
-    recipe = parts.recipe  # with its data-dependent settings (flips, batch) decided
+def evaluated_on(recipe: Recipe) -> str:
+    """Which split every test_* metric of the run is measured on."""
+    fraction = recipe.data.val_fraction
+    return f"val: {fraction:g} of the training data held out (seed {recipe.seed})" if fraction else "test"
+
+
+def train(
+    recipe: Recipe, model: Any = None, data: Any = None, loss: Callable[[Tensor, Tensor], Tensor] | None = None
+) -> dict[str, Any]:
+    """Train the recipe (with the user's `model` and `data`, see `build`; `loss(logits, soft targets)` in place
+    of the soft cross-entropy); writes the run folder and returns the summary."""
+    parts = build(recipe, model, data)
+    recipe = parts.recipe  # what was used: data-dependent settings decided, the user's model and data recorded
     folder = run_dir(recipe)
     checkpoint = resume_from(recipe, folder / "checkpoints")  # before anything in the run folder is written
     log = RunLog(folder, enabled=distributed.is_main(), tensorboard=recipe.run.tensorboard)
@@ -424,6 +458,8 @@ def train(recipe: Recipe) -> dict[str, Any]:
         on_nan=recipe.train.on_nan,
         rise_steps=rise_steps(recipe.schedule, optimizer_steps(recipe, parts.train_loader), lr_scale(recipe)),
     )
+    if loss is not None:
+        plan.loss = loss
     parts.hooks.stateful.update(parts.trick_state)
     saving = Saving(log.dir / "checkpoints", recipe.run.save_every, recipe.run.save_every_steps, recipe.run.keep,
                     recipe.model_dump(mode="json"))  # fmt: skip
@@ -462,6 +498,7 @@ def train(recipe: Recipe) -> dict[str, Any]:
             save_weights(parts.hooks.eval_model(model) if parts.hooks.eval_model else model, log.dir)
         summary |= {"run_dir": str(log.dir), "lr": parts.lr, "global_batch": batch, "world_size": world_size()}
         summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader)  # what evaluate/predict need
+        summary["evaluated_on"] = evaluated_on(recipe)
         log.summary(summary)
         distributed.barrier()  # the ranks end together, once rank 0 has written everything
     finally:

@@ -161,7 +161,8 @@ def cmd_batch_size(ns: argparse.Namespace) -> int:
     else:
         console.print(
             f"global batch {advice.global_batch_before} -> {advice.global_batch_after}, peak LR "
-            f"{advice.lr_before:.4g} -> {advice.lr_after:.4g} ({ns.rule} rule), {advice.steps_per_epoch} steps an epoch",
+            f"{advice.lr_before:.4g} -> {advice.lr_after:.4g} ({ns.rule} rule), "
+            f"{advice.steps_per_epoch} steps an epoch",
             highlight=False,
         )
     print(" ".join(advice.overrides))  # stdout: the overrides alone, for scripts

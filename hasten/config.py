@@ -35,9 +35,9 @@ class AugmentConfig(Section):
 
 
 class DataConfig(Section):
-    name: Literal["fashion-mnist", "mnist", "kmnist", "digits", "cifar10", "cifar100", "imagefolder", "synthetic"] = (
-        "fashion-mnist"
-    )
+    # import: data.target's function returns the data; object: given in Python (hasten.train(data=...))
+    name: Literal["fashion-mnist", "mnist", "kmnist", "digits", "cifar10", "cifar100", "imagefolder", "synthetic",
+                  "import", "object"] = "fashion-mnist"  # fmt: skip
     root: str | None = None  # a folder holding the dataset's files under their official names
     download: bool = True  # allow fetching from the official address (checked against a pinned SHA-256)
     subset: Annotated[int, Field(ge=1)] | None = None  # first N training images
@@ -50,16 +50,25 @@ class DataConfig(Section):
     per_class: Annotated[int, Field(ge=1)] | None = None  # at most the first N training images of each class
     # fraction of training labels moved to another class, seeded (Nakkiran et al., 2019); test labels stay
     label_noise: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    # the user's own data (hasten/own.py): "pkg.mod:fn" returning (train, test[, class_names]) or a train part
+    target: str | None = None
+    args: dict[str, Any] = {}  # keyword arguments of data.target
+    classes: list[str] | None = None  # class names (recorded in recipe.yaml; given ones name the labels 0..K-1)
+    # a seeded, stratified share of the training data held out as the evaluation split, for data without one
+    val_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.0
 
     @model_validator(mode="after")
     def _folder_needs_root(self) -> DataConfig:
         if self.name == "imagefolder" and not self.root:
             raise ValueError("data.root: an image folder needs data.root=DIR (holding train/<class>/ and val/<class>/)")
+        if self.name == "import" and not self.target:
+            raise ValueError("data.target: data.name=import needs data.target=package.module:function")
         return self
 
 
 class ModelConfig(Section):
-    name: Literal["resnet", "sequential"] = "resnet"
+    # import: model.target's callable returns the nn.Module; object: given in Python (hasten.train(model=...))
+    name: Literal["resnet", "sequential", "import", "object"] = "resnet"
     width: Annotated[int, Field(ge=1)] = 32  # channels of the first ResNet stage; later stages double it
     blocks: list[Annotated[int, Field(ge=0)]] = [1, 1, 1]  # residual blocks per ResNet stage
     layers: list[str | dict[str, Any]] | None = None  # the layer list of a sequential model
@@ -69,9 +78,14 @@ class ModelConfig(Section):
     pretrained_sha256: str | None = None  # pinned SHA-256 of the file at a pretrained URL (required for URLs)
     pretrained_strict: bool = True  # false: load what fits, report the rest, instead of stopping
     reset_head: bool = False  # a fresh classifier head even when the class count matches the weights'
+    target: str | None = None  # import: "package.module:callable"; object: the class trained (recorded)
+    args: dict[str, Any] = {}  # keyword arguments of model.target
+    parameters: int | None = None  # recorded: the parameter count of the model trained (not read back)
 
     @model_validator(mode="after")
     def _layers_for_sequential(self) -> ModelConfig:
+        if self.name == "import" and not self.target:
+            raise ValueError("model.target: model.name=import needs model.target=package.module:callable")
         if self.name == "sequential" and not self.layers:
             raise ValueError("model.layers: a sequential model needs a non-empty layer list")
         if self.name == "resnet" and not self.blocks:
@@ -152,6 +166,9 @@ class TrainConfig(Section):
     accumulate: Annotated[int, Field(ge=1)] = 1  # micro-batches of batch_size summed into one optimizer step
     compile: bool = False  # torch.compile the model; falls back to eager, with a message, where it cannot
     checkpoint_activations: bool = False  # recompute ResNet blocks' activations in backward (torch.utils.checkpoint)
+    # any model: recompute these named submodules' activations in backward (null with checkpoint_activations on a
+    # model that is not hasten's ResNet: each top-level child but the last)
+    checkpoint_modules: list[str] | None = None
     # evaluate on the image and its mirror, averaging the logits; auto: where flips are allowed (as data.augment.flip)
     tta_flip: bool | Literal["auto"] = "auto"
     # on small datasets the batch is halved (down to 16) until an epoch has at least this many optimizer steps,

@@ -83,6 +83,7 @@ class Plan:
     measure_step_memory: bool = True  # profile one step's peak memory (the run's second optimizer step)
     on_nan: str = "raise"  # a non-finite loss: "raise" (stop, naming the step) or "skip" (no update, counted)
     rise_steps: int = 0  # optimizer steps of LR warm-up: the training loss is judged against ln(C) after them
+    loss: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy  # (logits, soft targets) -> mean loss
 
 
 @dataclass
@@ -308,7 +309,7 @@ class Trainer:
             images, y_soft = hook(images, y_soft)
         with self.precision.autocast():
             logits = self.model(images)
-            loss = soft_cross_entropy(logits, y_soft)
+            loss = self.plan.loss(logits, y_soft)
         self.precision.backward(loss if weight == 1 else loss * weight)
         return loss.detach(), (logits.detach().argmax(1) == labels).sum()
 

@@ -49,8 +49,8 @@ def ema_run(tmp_path_factory):
     """A finished run of the default recipe (flip TTA on) with an EMA of decay 0.9, in fp32, saving its weights."""
     run = tmp_path_factory.mktemp("inference") / "run"
     torch.manual_seed(0)
-    summary = hasten.train(None, tiny(run, "tricks.ema=0.9", "precision=fp32", "train.channels_last=false", "train.tta_flip=true",
-                                      "run.save_weights=true"))  # fmt: skip
+    summary = hasten.train(None, tiny(run, "tricks.ema=0.9", "precision=fp32", "train.channels_last=false",
+                                      "train.tta_flip=true", "run.save_weights=true"))  # fmt: skip
     return run, summary
 
 

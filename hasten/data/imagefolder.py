@@ -237,6 +237,7 @@ def open_image_folder(
     per_class: int | None = None,
     label_noise: float = 0.0,
     seed: int = 0,
+    val_fraction: float = 0.0,
 ) -> ImageFolder:
     """Scan `root` (train/ and val/ or test/): classes, files and labels, with the recipe's data keys applied.
 
@@ -244,6 +245,8 @@ def open_image_folder(
     so the first N in file order would be a few classes only); `per_class` the first N of each class;
     `label_noise` flips that fraction of training labels (seeded). Without `size`, every image must have the
     first training image's size; without `rgb`, the first image's mode decides (grey: 1 channel, else RGB).
+    `val_fraction` > 0: that share of train/ (seeded, stratified by class) is the evaluation split instead of
+    val/ or test/, which the folder then need not have.
     """
     root = Path(root).expanduser()
     train_dir = root / "train"
@@ -253,12 +256,22 @@ def open_image_folder(
             "from a dataset: hasten data make-folder fashion-mnist DIR --size 32 --rgb"
         )
     test_dir = next((root / s for s in TEST_SPLITS if (root / s).is_dir()), None)
-    if test_dir is None:
-        raise DataError(f"data.root={root}: no val/ or test/ folder next to train/")
+    if test_dir is None and not val_fraction:
+        raise DataError(
+            f"data.root={root}: no val/ or test/ folder next to train/; or hold out part of train/ with "
+            "data.val_fraction=0.1"
+        )
     classes = [p.name for p in _class_folders(train_dir)]
     if not classes:
         raise DataError(f"{train_dir}: no class folders (expected train/<class>/*.png)")
-    train, test = scan_split(train_dir, classes), scan_split(test_dir, classes)
+    train = scan_split(train_dir, classes)
+    if val_fraction:
+        from hasten.data.own import stratified_holdout
+
+        kept, held = stratified_holdout(train.labels, val_fraction, seed)
+        train, test = train.take(kept), train.take(held)
+    else:
+        test = scan_split(test_dir, classes)
     if not train.paths:
         raise DataError(f"{train_dir}: no image files ({', '.join(IMAGE_SUFFIXES)}) in its class folders")
     if subset is not None:

@@ -20,10 +20,12 @@ smallest result.
 
 from __future__ import annotations
 
+import copy
 import gc
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -156,12 +158,17 @@ def advise(recipe: Recipe, largest: int, rule: str) -> tuple[int, int, list[str]
     return largest, 1, overrides
 
 
-def find_batch_size(recipe: Recipe, budget: int | None, rule: str = "linear") -> Advice:
-    """Search the largest batch that fits `budget` bytes (None: CPU 60% of available memory; CUDA: the GPU)."""
+def find_batch_size(
+    recipe: Recipe, budget: int | None, rule: str = "linear", *, model: Any = None, data: Any = None
+) -> Advice:
+    """Search the largest batch that fits `budget` bytes (None: CPU 60% of available memory; CUDA: the GPU).
+    `model` and `data`: the user's own, as `hasten.train` takes them (a model object is measured on a copy)."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     measuring = validate(apply_overrides(recipe.model_dump(mode="json"), ["train.compile=false", "run.progress=false"]))
-    parts: Parts = build(measuring)
+    if isinstance(model, torch.nn.Module):  # the search trains it at many sizes: leave the user's weights alone
+        model = copy.deepcopy(model)
+    parts: Parts = build(measuring, model=model, data=data)
     if budget is None and parts.device.type != "cuda":
         budget = int(0.6 * available_memory_bytes())
     plan = Plan(epochs=1, num_classes=len(parts.data.classes), progress=False, measure_step_memory=False)

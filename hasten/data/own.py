@@ -1,0 +1,383 @@
+"""The user's own data, in whichever form they hold it, brought to one of hasten's two loader paths.
+
+Forms of one part (a training or an evaluation split):
+- an `(images, labels)` pair of tensors or numpy arrays: images uint8 N x H x W (grey), N x H x W x C or
+  N x C x H x W (any size and channel count; the channel axis is the smaller of axes 1 and 3, axis 1 on a tie),
+  labels integers 0..K-1. Held in memory as one uint8 tensor: the fast path (`InMemoryLoader`). Float images
+  (any scale) are kept as they are and go the streamed way, item by item, which is slower.
+- any `torch.utils.data.Dataset` whose items are `(image, label)`: the image a PIL image or numpy array
+  (H x W or H x W x C) or a tensor (C x H x W, torchvision's layout), uint8 or float. It is streamed: DataLoader
+  workers fetch whole batches of the rank's shard of each epoch's order (`ImageFolderLoader`, which takes any
+  batch source), so it never has to fit in memory.
+
+The whole data argument: one part (the training data; the evaluation split is then `data.val_fraction` of it,
+held out seeded and stratified by class), `(train, test)`, `(train, test, class_names)`, or an image folder's
+path (hasten/data/imagefolder.py). Labels come from a Dataset's `targets` or `labels` attribute when it has
+one of its length (torchvision's datasets do), else from one pass over its items.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy
+import torch
+from torch import Tensor
+
+from hasten.data.datasets import ImageDataset
+from hasten.errors import DataError
+
+STATS_SAMPLE = 1000  # streamed items read to estimate the per-channel mean and std
+
+
+def _is_array(value: object) -> bool:
+    return isinstance(value, (Tensor, numpy.ndarray))
+
+
+def is_pair(value: object) -> bool:
+    """An `(images, labels)` pair: a 2-sequence whose first item is an array of 3 or more axes."""
+    return (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and _is_array(value[0])
+        and value[0].ndim >= 3
+        and (_is_array(value[1]) or isinstance(value[1], (list, tuple)))
+    )
+
+
+def is_dataset(value: object) -> bool:
+    """A map-style dataset of (image, label) items: indexable and sized, and not a plain pair or path."""
+    if isinstance(value, (tuple, list, str, Path, Tensor, numpy.ndarray, dict)):
+        return False
+    return hasattr(value, "__getitem__") and hasattr(value, "__len__")
+
+
+def _channels_first(array: Tensor, where: str) -> Tensor:
+    """(N, C, H, W) from N x H x W, N x H x W x C or N x C x H x W: the channel axis is the smaller of 1 and 3."""
+    if array.ndim == 3:
+        return array[:, None]
+    if array.ndim != 4:
+        raise DataError(f"{where}: images must be N x H x W, N x H x W x C or N x C x H x W, got {tuple(array.shape)}")
+    return array.permute(0, 3, 1, 2) if array.shape[3] < array.shape[1] else array
+
+
+def as_images(images: Any, where: str) -> Tensor:
+    """(N, C, H, W) images from a tensor or numpy array in any of the layouts above: uint8 for the in-memory path
+    (integer types holding 0..255 are converted); floating-point images stay float32, which the loader streams
+    (normalised by their own statistics, whatever their scale)."""
+    array = torch.as_tensor(images) if not isinstance(images, Tensor) else images.detach().cpu()
+    if array.dtype.is_floating_point:
+        return _channels_first(array, where).float().contiguous()
+    if array.dtype == torch.bool:
+        raise DataError(f"{where}: images are bool; give uint8 pixels 0..255 or floats")
+    if array.dtype != torch.uint8:
+        if len(array) and (int(array.min()) < 0 or int(array.max()) > 255):
+            low, high = int(array.min()), int(array.max())
+            raise DataError(f"{where}: integer images must hold pixels 0..255, got {low}..{high}")
+        array = array.to(torch.uint8)
+    return _channels_first(array, where).contiguous()
+
+
+def as_labels(labels: Any, count: int, where: str) -> Tensor:
+    """int64 labels (N,) from a tensor, array or list of integers; negative ones or a wrong count are errors."""
+    values = torch.as_tensor(labels) if not isinstance(labels, Tensor) else labels.detach().cpu()
+    if values.dtype.is_floating_point and len(values) and not torch.equal(values, values.round()):
+        raise DataError(f"{where}: labels must be class indices 0..K-1, got fractional values")
+    values = values.reshape(-1).to(torch.int64) if values.ndim <= 1 or values.shape[1:] == (1,) else None
+    if values is None:
+        raise DataError(f"{where}: labels must be one class index per image (N,), not one-hot or soft targets")
+    if len(values) != count:
+        raise DataError(f"{where}: {count} images but {len(values)} labels")
+    if len(values) and int(values.min()) < 0:
+        raise DataError(f"{where}: labels outside [0, classes): found {int(values.min())}")
+    return values
+
+
+def _sample_to_tensor(image: Any, where: str) -> Tensor:
+    """One streamed image as (C, H, W): tensors are C x H x W (torchvision's layout); PIL images and numpy arrays
+    are H x W or H x W x C. uint8 stays uint8 (normalised like the in-memory path); other types become float32."""
+    if isinstance(image, Tensor):
+        pixels = image.detach().cpu()
+        pixels = pixels[None] if pixels.ndim == 2 else pixels
+    else:
+        try:
+            array = numpy.asarray(image)
+        except Exception as error:  # a type numpy cannot read: say which item
+            raise DataError(f"{where}: cannot read the image ({type(image).__name__}): {error}") from None
+        pixels = torch.from_numpy(numpy.array(array))  # a copy: PIL's arrays are read-only
+        pixels = pixels[None] if pixels.ndim == 2 else pixels.permute(2, 0, 1) if pixels.ndim == 3 else pixels
+    if pixels.ndim != 3:
+        raise DataError(f"{where}: an image must be H x W, H x W x C (arrays, PIL) or C x H x W (tensors), got "
+                        f"{tuple(pixels.shape)}")  # fmt: skip
+    return pixels if pixels.dtype == torch.uint8 else pixels.float()
+
+
+def _label_of(label: Any, where: str) -> int:
+    try:
+        return int(label)
+    except (TypeError, ValueError):
+        raise DataError(f"{where}: a label must be a class index (int), got {type(label).__name__}") from None
+
+
+class DatasetBatches(torch.utils.data.Dataset):
+    """`batches[list of indices]` -> (images (B, C, H, W), int64 labels), or the error message as a str: the batch
+    source `ImageFolderLoader` streams through its DataLoader workers, here over any Dataset's (image, label)
+    items. `indices` maps positions to the Dataset's own indices (a subset or a holdout split)."""
+
+    def __init__(self, dataset: Any, indices: Tensor, name: str):
+        self.dataset, self.indices, self.name = dataset, indices, name
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, positions: list[int]) -> tuple[Tensor, Tensor] | str:
+        images, labels = [], []
+        try:
+            for position in positions:
+                index = int(self.indices[position])
+                item = self.dataset[index]
+                where = f"{self.name}[{index}]"
+                if not isinstance(item, (tuple, list)) or len(item) < 2:
+                    raise DataError(f"{where}: an item must be (image, label), got {type(item).__name__}")
+                images.append(_sample_to_tensor(item[0], where))
+                labels.append(_label_of(item[1], where))
+                if images[-1].shape != images[0].shape:
+                    raise DataError(
+                        f"{where}: image of shape {tuple(images[-1].shape)} but an earlier one is "
+                        f"{tuple(images[0].shape)}; resize in the Dataset so every image has one size"
+                    )
+        except DataError as error:
+            return str(error)
+        stacked = torch.stack(images) if images[0].dtype == torch.uint8 else torch.stack([i.float() for i in images])
+        return stacked, torch.tensor(labels, dtype=torch.int64)
+
+
+@dataclass
+class StreamSplit:
+    """A split of a Dataset: which of its items (`indices`) and their labels."""
+
+    dataset: Any
+    indices: Tensor
+    labels: Tensor
+    name: str
+
+    def take(self, positions: Tensor) -> StreamSplit:
+        return StreamSplit(self.dataset, self.indices[positions], self.labels[positions], self.name)
+
+    def batches(self) -> DatasetBatches:
+        return DatasetBatches(self.dataset, self.indices, self.name)
+
+
+class _TensorItems(torch.utils.data.Dataset):
+    """In-memory images as Dataset items, for a pair that is evaluated beside a streamed part."""
+
+    def __init__(self, images: Tensor, labels: Tensor):
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        return self.images[index], int(self.labels[index])
+
+
+@dataclass
+class StreamedData:
+    """The user's data when a part is a Dataset: both splits streamed, the class names, the image shape."""
+
+    name: str
+    train: StreamSplit
+    test: StreamSplit
+    classes: list[str]
+    image_shape: tuple[int, int, int]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+def _whole_batch(item: object) -> object:
+    """collate_fn: `DatasetBatches` already returns whole batches (a module function: workers may pickle it)."""
+    return item
+
+
+def dataset_labels(dataset: Any, name: str, workers: int) -> Tensor:
+    """Every item's label: the Dataset's `targets` or `labels` when it has them at its length, else one pass over
+    its items in DataLoader workers (which reads the images too)."""
+    for attribute in ("targets", "labels"):
+        values = getattr(dataset, attribute, None)
+        if values is not None and not callable(values):
+            try:
+                if len(values) == len(dataset):
+                    return as_labels(values, len(dataset), f"{name}.{attribute}")
+            except TypeError:
+                pass
+    batches = DatasetBatches(dataset, torch.arange(len(dataset)), name)
+    plan = [list(range(i, min(i + 256, len(dataset)))) for i in range(0, len(dataset), 256)]
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, sampler=plan, collate_fn=_whole_batch,
+                                         num_workers=workers)  # fmt: skip
+    labels = []
+    for item in loader:
+        if isinstance(item, str):
+            raise DataError(item)
+        labels.append(item[1])
+    return torch.cat(labels) if labels else torch.zeros(0, dtype=torch.int64)
+
+
+def stratified_holdout(labels: Tensor, fraction: float, seed: int) -> tuple[Tensor, Tensor]:
+    """(kept, held-out) indices: round(fraction x n_c) of each class c's n_c images, drawn from a generator seeded
+    by `seed`, at least one of every class that has two or more; each list in dataset order."""
+    generator = torch.Generator().manual_seed(seed)
+    held = []
+    for cls in labels.unique().tolist():
+        members = torch.nonzero(labels == cls).flatten()
+        count = round(fraction * len(members))
+        count = max(count, 1) if len(members) > 1 else count
+        held.append(members[torch.randperm(len(members), generator=generator)[:count]])
+    mask = torch.zeros(len(labels), dtype=torch.bool)
+    if held:
+        mask[torch.cat(held)] = True
+    return torch.nonzero(~mask).flatten(), torch.nonzero(mask).flatten()
+
+
+def unwrap_loader(value: Any) -> Any:
+    """A DataLoader's Dataset: batching, order and workers come from the recipe (train.batch_size, seed,
+    data.workers), so the loader's own settings are set aside, with a note."""
+    if isinstance(value, torch.utils.data.DataLoader):
+        print(
+            f"data: took the Dataset ({type(value.dataset).__name__}) out of the DataLoader; batches, order and "
+            "workers come from the recipe (train.batch_size, seed, data.workers)",
+            file=sys.stderr,
+        )
+        return value.dataset
+    return value
+
+
+def split_parts(data: Any) -> tuple[Any, Any | None, list[str] | None]:
+    """(train part, evaluation part or None, class names or None) from the user's data argument."""
+    data = unwrap_loader(data)
+    if is_pair(data) or is_dataset(data):
+        return data, None, None
+    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
+        names = data[2] if len(data) == 3 else None
+        if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names)):
+            raise DataError("data: the third item of (train, test, class_names) must be a list of class names")
+        return data[0], data[1], list(names) if names is not None else None
+    raise DataError(
+        f"data: expected an (images, labels) pair, a Dataset of (image, label), an image folder path, "
+        f"(train, test) or (train, test, class_names); got {type(data).__name__}"
+    )
+
+
+def _part(value: Any, where: str, workers: int) -> tuple[Tensor, Tensor] | StreamSplit:
+    value = unwrap_loader(value)
+    if isinstance(value, torch.utils.data.IterableDataset):
+        raise DataError(
+            f"{where}: an IterableDataset ({type(value).__name__}) has no indices to shuffle, shard per rank and "
+            "resume from; give a map-style Dataset (__getitem__ and __len__)"
+        )
+    if is_pair(value):
+        images = as_images(value[0], f"{where} images")
+        labels = as_labels(value[1], len(images), f"{where} labels")
+        if images.dtype != torch.uint8:  # floats keep their precision: streamed from memory, not sliced as uint8
+            return StreamSplit(_TensorItems(images, labels), torch.arange(len(labels)), labels, f"{where} (floats)")
+        return images, labels
+    if is_dataset(value):
+        name = f"{where} ({type(value).__name__})"
+        if len(value) == 0:
+            raise DataError(f"{name}: the Dataset is empty")
+        return StreamSplit(value, torch.arange(len(value)), dataset_labels(value, name, workers), name)
+    raise DataError(
+        f"{where}: expected an (images, labels) pair of arrays or a Dataset of (image, label), "
+        f"got {type(value).__name__}"
+    )
+
+
+def _stream(part: tuple[Tensor, Tensor] | StreamSplit, name: str) -> StreamSplit:
+    if isinstance(part, StreamSplit):
+        return part
+    images, labels = part
+    return StreamSplit(_TensorItems(images, labels), torch.arange(len(labels)), labels, name)
+
+
+def _take(part: tuple[Tensor, Tensor] | StreamSplit, positions: Tensor) -> tuple[Tensor, Tensor] | StreamSplit:
+    return part.take(positions) if isinstance(part, StreamSplit) else (part[0][positions], part[1][positions])
+
+
+def _labels(part: tuple[Tensor, Tensor] | StreamSplit) -> Tensor:
+    return part.labels if isinstance(part, StreamSplit) else part[1]
+
+
+def own_data(
+    data: Any,
+    *,
+    classes: Sequence[str] | None = None,
+    val_fraction: float = 0.0,
+    seed: int = 0,
+    subset: int | None = None,
+    test_subset: int | None = None,
+    workers: int = 0,
+    name: str = "own",
+) -> ImageDataset | StreamedData:
+    """The user's data (module docstring) as an in-memory `ImageDataset` when every part is held in memory, else
+    as `StreamedData`. `val_fraction` > 0 holds out that share of the training part (seeded, stratified) as the
+    evaluation split; it is required when no evaluation part is given. `classes` names the labels (the data's
+    own names win when it brings them); without names they are "0".."K-1", K = the largest label + 1."""
+    train_value, test_value, names = split_parts(data)
+    names = names or (list(classes) if classes else None)
+    train = _part(train_value, "data: train", workers)
+    if test_value is not None and not val_fraction:
+        test = _part(test_value, "data: test", workers)
+    elif val_fraction:
+        if test_value is not None:
+            print("data.val_fraction: evaluating on the held-out part of train; the given test part is not used")
+        kept, held = stratified_holdout(_labels(train), val_fraction, seed)
+        train, test = _take(train, kept), _take(train, held)
+    else:
+        raise DataError(
+            "data: only a training part was given: give (train, test), or hold out a share of it with "
+            "data.val_fraction=0.1 (seeded, stratified by class)"
+        )
+    if subset:
+        train = _take(train, torch.arange(min(subset, len(_labels(train)))))
+    if test_subset:
+        test = _take(test, torch.arange(min(test_subset, len(_labels(test)))))
+    if len(_labels(train)) == 0 or len(_labels(test)) == 0:
+        raise DataError(f"data: the {'training' if len(_labels(train)) == 0 else 'evaluation'} split is empty")
+    largest = max(int(_labels(train).max()), int(_labels(test).max()))
+    if names is not None and largest >= len(names):
+        raise DataError(f"data: labels outside [0, {len(names)}) (the {len(names)} class names): found {largest}")
+    names = names or [str(i) for i in range(largest + 1)]
+    if isinstance(train, tuple) and isinstance(test, tuple):
+        if train[0].shape[1:] != test[0].shape[1:]:
+            raise DataError(f"data: train images are {tuple(train[0].shape[1:])} (C, H, W), test images "
+                            f"{tuple(test[0].shape[1:])}")  # fmt: skip
+        return ImageDataset(name, train[0], train[1], test[0], test[1], names)
+    train_split, test_split = _stream(train, "data: train"), _stream(test, "data: test")
+    first = train_split.batches()[[0]]
+    if isinstance(first, str):
+        raise DataError(first)
+    return StreamedData(name, train_split, test_split, names, tuple(first[0].shape[1:]))
+
+
+def hold_out(data: ImageDataset, fraction: float, seed: int) -> ImageDataset:
+    """An in-memory dataset whose evaluation split is `fraction` of its training images (seeded, stratified)."""
+    kept, held = stratified_holdout(data.train_labels, fraction, seed)
+    images, labels = data.train_images, data.train_labels
+    return ImageDataset(data.name, images[kept], labels[kept], images[held], labels[held], data.classes)
+
+
+def stream_stats(split: StreamSplit, seed: int = 0, sample: int = STATS_SAMPLE) -> tuple[Tensor, Tensor]:
+    """Per-channel mean and std, in the units `ShardedEpochs.normalise` divides by 255 (so float images of any
+    scale are standardised too), from a seeded sample of up to `sample` training items."""
+    from hasten.data.loader import channel_stats
+
+    picked = torch.randperm(len(split.indices), generator=torch.Generator().manual_seed(seed))[:sample]
+    item = split.batches()[picked.sort().values.tolist()]
+    if isinstance(item, str):
+        raise DataError(item)
+    return channel_stats(item[0])

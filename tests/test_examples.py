@@ -1,0 +1,59 @@
+"""The scripts in examples/ run, each on small data (HASTEN_EXAMPLE_SMALL=1), and example (a)'s model and data
+train from the command line by import path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 300  # seconds: a hang fails the test instead of the suite
+SMALL = os.environ | {"HASTEN_EXAMPLE_SMALL": "1", "OMP_NUM_THREADS": "1"}
+
+
+def run(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=SMALL, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize(
+    ("script", "model", "classes"),
+    [
+        ("own_tensors.py", "examples.own_tensors.DigitNet", 10),
+        ("own_dataset.py", "examples.own_dataset.ShapeNet", 3),
+        ("plain_loop.py", "torch.nn.modules.container.Sequential", 10),
+    ],
+)
+def test_example_runs_and_its_run_folder_records_the_model(tmp_path, script, model, classes):
+    result = run([f"examples/{script}", f"run.dir={tmp_path / 'run'}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test accuracy" in result.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["epochs"] == 1 and 0 <= summary["test_accuracy"] <= 1
+    recorded = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
+    assert recorded["model"]["name"] == "object" and recorded["model"]["target"].endswith(model.rsplit(".", 1)[1])
+    assert recorded["model"]["parameters"] > 0 and len(recorded["data"]["classes"]) == classes
+
+
+def test_the_plain_loop_it_replaces_runs_too():
+    result = run(["examples/plain_loop.py", "--plain"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "plain loop: test accuracy" in result.stdout
+
+
+def test_example_model_and_data_by_import_path_from_the_command_line(tmp_path):
+    model = ["model.name=import", "model.target=examples.own_tensors:DigitNet", "model.args={width: 8}"]
+    data = ["data.name=import", "data.target=examples.own_tensors:load_digits"]
+    quick = ["train.epochs=1", "tricks.ema=0", "run.progress=false", "train.threads=1", f"run.dir={tmp_path / 'run'}"]
+    args = ["-m", "hasten", "train", "fashion-fast", *model, *data, *quick]
+    result = run(args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    recorded = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
+    assert recorded["model"]["name"] == "import" and recorded["model"]["target"] == "examples.own_tensors:DigitNet"
+    assert recorded["model"]["args"] == {"width": 8} and recorded["model"]["parameters"] > 0
+    assert recorded["data"]["target"] == "examples.own_tensors:load_digits" and recorded["data"]["classes"][0] == "zero"

@@ -1,0 +1,398 @@
+"""A user's own model and data (hasten/own.py, hasten/data/own.py): models and data defined only here, through
+every technique, from Python and from the command line by import path; bad input exits 2 naming the problem."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from torch import nn
+
+import hasten
+from hasten.build import build
+from hasten.checkpoint import checkpoints_in, load_checkpoint
+from hasten.cli import main
+from hasten.config import load_recipe
+from hasten.data.imagefolder import ImageFolderLoader
+from hasten.data.loader import InMemoryLoader
+from hasten.data.own import as_images, stratified_holdout
+from hasten.errors import DataError, RecipeError
+
+CLASSES = ["north", "east", "south", "west"]
+QUIET = ["run.progress=false", "run.tensorboard=false", "train.threads=1", "train.batch_size=16", "train.epochs=2"]
+TIMEOUT = 180  # seconds for a subprocess: a hang fails the test instead of the suite
+
+
+def quadrant_image(label: int, rng: np.random.Generator, size: int = 12) -> np.ndarray:
+    """H x W x 3 uint8 noise with a bright patch in the quadrant `label` names."""
+    image = rng.integers(0, 120, (size, size, 3), dtype=np.uint8)
+    row, col = divmod(label, 2)
+    half = size // 2
+    image[row * half : (row + 1) * half, col * half : (col + 1) * half] += 120
+    return image
+
+
+def quadrants(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A learnable 4-class set of colour images, N x H x W x 3 uint8 (numpy's layout), and their labels."""
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.arange(n) % 4)
+    return np.stack([quadrant_image(int(label), rng) for label in labels]), labels.astype(np.int64)
+
+
+class TinyNet(nn.Module):
+    """A user's CNN, unknown to hasten: conv-BN-ReLU features and a linear head."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3, width: int = 6):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), nn.AdaptiveAvgPool2d(2)
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * width, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class StopAt(TinyNet):
+    """TinyNet that sends its own process SIGTERM at the $HASTEN_TEST_SIGTERM_AT-th training forward pass: the
+    fault comes from the test, at a deterministic point of the run."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3):
+        super().__init__(num_classes, in_channels)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled():
+            self.calls += 1
+            if self.calls == int(os.environ.get("HASTEN_TEST_SIGTERM_AT", "0")):
+                os.kill(os.getpid(), signal.SIGTERM)
+        return super().forward(x)
+
+
+class Lazy(torch.utils.data.Dataset):
+    """A Dataset not held in memory: each item is made when asked, as numpy H x W x C; it leaves a file named by
+    the process id that read it in `seen`, so the test can see the DataLoader workers did."""
+
+    def __init__(self, n: int, seed: int, seen: Path):
+        self.n, self.seed, self.seen = n, seed, seen
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        (self.seen / str(os.getpid())).touch()
+        label = index % 4
+        return quadrant_image(label, np.random.default_rng([self.seed, index])), label
+
+
+def test_own_model_and_arrays_train_with_bf16_one_cycle_mixup_ema_and_the_run_folder_records_them(tmp_path):
+    train, test = quadrants(192, 0), quadrants(64, 1)
+    overrides = [*QUIET, "precision=bf16", "schedule.name=one-cycle", "tricks.mixup=0.4", "tricks.ema=0.9",
+                 "train.channels_last=true", "optim.lr=0.4", f"run.dir={tmp_path / 'run'}"]  # fmt: skip
+    summary = hasten.train("fashion-fast", overrides, model=TinyNet(), data=(train, test, CLASSES))
+    assert summary["epochs"] == 2 and summary["evaluated_on"] == "test"
+    assert summary["test_accuracy"] > 0.5  # 4 classes: chance is 0.25
+    recorded = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
+    assert recorded["model"]["name"] == "object"
+    assert recorded["model"]["target"] == f"{__name__}.TinyNet"
+    assert recorded["model"]["parameters"] == sum(p.numel() for p in TinyNet().parameters())
+    assert recorded["data"]["classes"] == CLASSES
+    assert recorded["precision"] == "bf16" and recorded["tricks"]["mixup"] == 0.4
+    state = load_checkpoint(checkpoints_in(tmp_path / "run" / "checkpoints")[0])
+    assert "ema" in state["hooks"] and "mixing" in state["ranks"][0]["hooks"]
+    assert set(state["model"]) == set(TinyNet().state_dict())
+    # the recorded recipe names what to pass again; without the model it says so
+    with pytest.raises(RecipeError, match="model=..."):
+        hasten.train(str(tmp_path / "run" / "recipe.yaml"), [f"run.dir={tmp_path / 'again'}"], data=(train, test))
+
+
+def test_a_loss_callable_replaces_the_soft_cross_entropy(tmp_path):
+    calls = []
+
+    def squared_error(logits: torch.Tensor, soft_targets: torch.Tensor) -> torch.Tensor:
+        calls.append(soft_targets.shape)
+        return (logits.softmax(1) - soft_targets).square().sum(1).mean()
+
+    data = quadrants(96, 0)
+    overrides = [*QUIET, "train.epochs=1", "data.val_fraction=0.25", f"run.dir={tmp_path / 'run'}"]
+    summary = hasten.train("fashion-fast", overrides, model=TinyNet, data=data, loss=squared_error)
+    assert len(calls) == 72 // 16 + 1 and calls[0] == (16, 4)  # 72 kept for training: 5 batches of up to 16
+    assert summary["evaluated_on"].startswith("val: 0.25")
+
+
+def test_a_dataset_that_is_not_in_memory_streams_through_workers_in_the_in_memory_order(tmp_path):
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    images, labels = quadrants(64, 3)
+    recipe = load_recipe("fashion-fast", [*QUIET, "data.workers=2", "train.batch_size=8", "data.augment.translate=1"])
+    streamed = build(recipe, model=TinyNet(), data=(Lazy(64, 3, seen), (images, labels), CLASSES))
+    assert isinstance(streamed.train_loader, ImageFolderLoader) and streamed.train_loader.workers == 2
+    batches = list(streamed.train_loader.batches())
+    assert sum(len(y) for _, y in batches) == 64
+    assert {int(p.name) for p in seen.iterdir()} - {os.getpid()}, "DataLoader worker processes read the items"
+
+    # the same items held in memory give the very same batches (same order, augmentation and normalisation)
+    lazy = Lazy(64, 3, seen)
+    pairs = [lazy[i] for i in range(64)]
+    arrays = (np.stack([p[0] for p in pairs]), np.array([p[1] for p in pairs]))
+    in_memory = build(recipe, model=TinyNet(), data=(arrays, (images, labels), CLASSES))
+    assert isinstance(in_memory.train_loader, InMemoryLoader)
+    for (xa, ya), (xb, yb) in zip(batches, in_memory.train_loader.batches(), strict=True):
+        assert torch.equal(ya, yb)
+        torch.testing.assert_close(xa, xb, rtol=1e-5, atol=1e-2)  # stats: a 1000-item sample vs all, in float32
+
+
+def test_float_arrays_train_at_full_precision_on_the_streamed_path(tmp_path):
+    (images, labels), test = quadrants(64, 0), quadrants(32, 1)
+    floats = (images.transpose(0, 3, 1, 2) / 255).astype(np.float32)  # N x C x H x W in [0, 1], as torch users have
+    still = ["data.workers=0", "data.augment.translate=0", "data.augment.flip=false"]
+    recipe = load_recipe("fashion-fast", [*QUIET, *still])
+    parts = build(recipe, model=TinyNet(), data=((floats, labels), test, CLASSES))
+    x, _ = next(iter(parts.train_loader))
+    loader = parts.train_loader
+    # normalised by the floats' own statistics (the loader works in units of 1/255, whatever the scale)
+    expected = (torch.from_numpy(floats[int(loader.indices(0)[0])]) / 255 - loader.mean[0]) / loader.std[0]
+    torch.testing.assert_close(x[0], expected)
+    overrides = [*QUIET, "train.epochs=1", "data.workers=0", f"run.dir={tmp_path / 'r'}"]
+    assert hasten.train("fashion-fast", overrides, model=TinyNet, data=((floats, labels), test))["epochs"] == 1
+
+
+def test_streamed_dataset_trains_and_holds_out_a_stratified_val_split(tmp_path):
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    overrides = [*QUIET, "train.epochs=1", "data.workers=1", "data.val_fraction=0.25", f"run.dir={tmp_path / 'r'}"]
+    summary = hasten.train("fashion-fast", overrides, model=TinyNet(), data=Lazy(80, 5, seen))
+    assert summary["evaluated_on"].startswith("val") and 0 <= summary["test_accuracy"] <= 1
+    assert yaml.safe_load((tmp_path / "r" / "recipe.yaml").read_text())["data"]["target"] == f"{__name__}.Lazy"
+
+
+def test_dataloaders_give_their_datasets_and_an_iterable_dataset_is_refused(tmp_path):
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    train = torch.utils.data.DataLoader(Lazy(48, 1, seen), batch_size=5, shuffle=True)
+    recipe = load_recipe("fashion-fast", [*QUIET, "data.workers=0"])
+    parts = build(recipe, model=TinyNet(), data=(train, quadrants(16, 2), CLASSES))
+    assert parts.train_loader.batch_size == 16 and parts.train_loader.shard_size == 48  # the recipe's batching
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from ()
+
+    with pytest.raises(DataError, match="IterableDataset"):
+        build(recipe, model=TinyNet(), data=(Stream(), quadrants(16, 2)))
+
+
+def test_stratified_holdout_is_seeded_and_per_class():
+    labels = torch.tensor([0] * 40 + [1] * 20 + [2] * 4)
+    kept, held = stratified_holdout(labels, 0.25, seed=7)
+    assert sorted(torch.cat([kept, held]).tolist()) == list(range(64))
+    assert [int((labels[held] == c).sum()) for c in range(3)] == [10, 5, 1]
+    again, held_again = stratified_holdout(labels, 0.25, seed=7)
+    assert torch.equal(held, held_again) and not torch.equal(held, stratified_holdout(labels, 0.25, seed=8)[1])
+
+
+@pytest.mark.parametrize(
+    ("shape", "expected"),
+    [
+        ((5, 7, 9), (5, 1, 7, 9)),
+        ((5, 7, 9, 3), (5, 3, 7, 9)),
+        ((5, 2, 7, 9), (5, 2, 7, 9)),
+        ((5, 6, 6, 6), (5, 6, 6, 6)),
+    ],
+)
+def test_image_layouts_become_n_c_h_w(shape, expected):
+    images = np.arange(np.prod(shape)).reshape(shape) % 256
+    out = as_images(images.astype(np.uint8), "x")
+    assert tuple(out.shape) == expected and out.dtype == torch.uint8
+    if len(shape) == 4 and shape[3] < shape[1]:
+        assert torch.equal(out[2, 1], torch.from_numpy(images[2, :, :, 1].astype(np.uint8)))
+
+
+def test_resumes_bitwise_after_sigterm_from_the_command_line_by_import_path(tmp_path, monkeypatch):
+    common = ["train", "fashion-fast", *QUIET, "train.epochs=3", "precision=bf16", "tricks.mixup=0.4", "tricks.ema=0.9",
+              "schedule.name=one-cycle", "model.name=import", f"model.target={__name__}:StopAt",
+              "data.name=import", f"data.target={__name__}:quadrant_split", "data.args={n: 96}",
+              "run.save_every_steps=4", "run.keep=100"]  # fmt: skip
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    assert main([*common, f"run.dir={whole}"]) == 0
+    monkeypatch.setenv("HASTEN_TEST_SIGTERM_AT", "9")  # epoch 2 of 3 (6 steps per epoch), between checkpoints
+    assert main([*common, f"run.dir={stopped}"]) == 143  # checkpointed at the step boundary, then stopped
+    state = load_checkpoint(checkpoints_in(stopped / "checkpoints")[0])
+    assert state["trainer"]["step"] == 9 and state["trainer"]["batch"] == 3
+    monkeypatch.delenv("HASTEN_TEST_SIGTERM_AT")
+    assert main([*common, f"run.dir={stopped}", "resume=auto"]) == 0
+    a = load_checkpoint(checkpoints_in(whole / "checkpoints")[0])
+    b = load_checkpoint(checkpoints_in(stopped / "checkpoints")[0])
+    assert a["trainer"]["step"] == b["trainer"]["step"] == 18
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for key, value in a["hooks"]["ema"].items():
+        assert not isinstance(value, torch.Tensor) or torch.equal(value, b["hooks"]["ema"][key]), key
+    assert (
+        json.loads((whole / "summary.json").read_text())["test_accuracy"]
+        == json.loads((stopped / "summary.json").read_text())["test_accuracy"]
+    )
+    recorded = yaml.safe_load((stopped / "recipe.yaml").read_text())
+    assert recorded["model"]["target"] == f"{__name__}:StopAt" and recorded["data"]["args"] == {"n": 96}
+
+
+def quadrant_split(n: int, seed: int = 0) -> tuple:
+    """A data target for the import path: (train, test, class names)."""
+    return quadrants(n, seed), quadrants(n // 3, seed + 1), CLASSES
+
+
+USER_SCRIPT = """
+import sys
+import numpy as np
+import torch
+from torch import nn
+import hasten
+
+
+class Net(nn.Module):  # no batch norm: per-rank batch statistics would differ from one process's
+    def __init__(self, num_classes, in_channels):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(in_channels, 6, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+                                  nn.Flatten(), nn.Linear(24, num_classes))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def quadrants(n, seed, size=12):
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.arange(n) % 4)
+    images = rng.integers(0, 120, (n, size, size, 3), dtype=np.uint8)
+    for i, label in enumerate(labels):
+        row, col = divmod(int(label), 2)
+        images[i, row * 6 : (row + 1) * 6, col * 6 : (col + 1) * 6] += 120
+    return images, labels
+
+
+if __name__ == "__main__":
+    data = (quadrants(128, 0), quadrants(101, 1))  # 101 test images: the ranks' evaluation splits differ
+    hasten.train("fashion-fast", sys.argv[1:], model=Net, data=data)
+"""
+
+
+def test_a_users_script_under_two_processes_matches_one(tmp_path):
+    script = tmp_path / "user_script.py"
+    script.write_text(textwrap.dedent(USER_SCRIPT))
+    base = [*QUIET, "precision=fp32", "tricks.ema=0", "tricks.label_smoothing=0", "data.augment.flip=false",
+            "data.augment.translate=0", "optim.lr=0.05", "optim.base_batch=32", "train.eval_batch_size=32"]  # fmt: skip
+    one, two = tmp_path / "one", tmp_path / "two"
+    run = dict(capture_output=True, text=True, timeout=TIMEOUT, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    single = subprocess.run([sys.executable, str(script), *base, "train.batch_size=32", f"run.dir={one}"], **run)
+    assert single.returncode == 0, single.stderr[-3000:]
+    launcher = (
+        "import sys; from hasten.distributed import launch; sys.exit(launch(2, sys.argv[2:], script=sys.argv[1]))"
+    )
+    pair = subprocess.run(
+        [sys.executable, "-c", launcher, str(script), *base, "train.batch_size=16", f"run.dir={two}"], **run
+    )
+    assert pair.returncode == 0, pair.stderr[-3000:]
+    a, b = (json.loads((folder / "summary.json").read_text()) for folder in (one, two))
+    assert b["world_size"] == 2 and b["global_batch"] == a["global_batch"] == 32
+    assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1 / 101 + 1e-9)  # whole test set, one flip
+    wa = load_checkpoint(checkpoints_in(one / "checkpoints")[0])["model"]
+    wb = load_checkpoint(checkpoints_in(two / "checkpoints")[0])["model"]
+    for key in wa:
+        torch.testing.assert_close(wb[key], wa[key], rtol=1e-5, atol=1e-6)
+
+
+class WrongWidth(TinyNet):
+    def __init__(self) -> None:
+        super().__init__(num_classes=7)
+
+
+def test_bad_inputs_exit_2_naming_the_problem(tmp_path, capsys):
+    args = ["train", "fashion-fast", *QUIET, f"run.dir={tmp_path / 'r'}", "data.name=import",
+            f"data.target={__name__}:quadrant_split", "data.args={n: 48}"]  # fmt: skip
+    assert main([*args, "model.name=import", f"model.target={__name__}:WrongWidth"]) == 2
+    err = capsys.readouterr().err
+    assert "WrongWidth" in err and "(2, 7)" in err and "(2, 4)" in err
+
+    assert main([*args, "model.name=import", "model.target=no_such_package.nets:make"]) == 2
+    err = capsys.readouterr().err
+    assert "model.target=no_such_package.nets:make" in err and "cannot import" in err
+    assert main([*args, "model.name=import", f"model.target={__name__}:NoSuchNet"]) == 2
+    assert "has no attribute 'NoSuchNet'" in capsys.readouterr().err
+    assert main(["train", *QUIET, "data.name=import", "data.target=missing.module:load"]) == 2
+    assert "data.target=missing.module:load" in capsys.readouterr().err
+    assert main(["train", *QUIET, "model.name=import"]) == 2
+    assert "model.target" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists(), "nothing was written before the checks"
+
+    images, labels = quadrants(32, 0)
+    with pytest.raises(DataError, match=r"labels outside \[0, 4\).*found 9"):
+        hasten.train("fashion-fast", QUIET, model=TinyNet(), data=((images, labels), (images, labels + 6), CLASSES))
+    with pytest.raises(DataError, match="labels outside"):
+        hasten.train("fashion-fast", QUIET, model=TinyNet(), data=((images, labels - 1), (images, labels)))
+    with pytest.raises(DataError, match="data.val_fraction"):
+        hasten.train("fashion-fast", QUIET, model=TinyNet(), data=(images, labels))
+    with pytest.raises(DataError, match="pixels 0..255"):
+        hasten.train("fashion-fast", QUIET, model=TinyNet(), data=(images.astype(np.int64) * 4, labels))
+
+
+def test_activation_checkpointing_over_named_modules_keeps_names_and_gradients(tmp_path):
+    data = (quadrants(32, 0), quadrants(16, 1), CLASSES)
+    grads = {}
+    for modules in ("null", "[features]", "[features.0]"):
+        torch.manual_seed(0)
+        recipe = load_recipe("fashion-fast", [*QUIET, "precision=fp32", f"train.checkpoint_modules={modules}"])
+        parts = build(recipe, model=TinyNet, data=data)
+        x, y = next(iter(parts.train_loader))
+        nn.functional.cross_entropy(parts.model(x), y).backward()
+        grads[modules] = {
+            k: p.grad.clone() for k, p in parts.model.state_dict(keep_vars=True).items() if p.grad is not None
+        }
+    assert set(grads["[features]"]) == set(grads["null"]) == set(grads["[features.0]"])
+    for key, grad in grads["null"].items():
+        torch.testing.assert_close(grads["[features]"][key], grad)
+        torch.testing.assert_close(grads["[features.0]"][key], grad)
+    with pytest.raises(RecipeError, match="no submodule 'body'"):
+        build(load_recipe("fashion-fast", [*QUIET, "train.checkpoint_modules=[body]"]), model=TinyNet, data=data)
+
+
+def test_lr_find_and_the_batch_size_finder_take_the_users_model_and_data(tmp_path):
+    from hasten.experiments.batch_size import find_batch_size
+    from hasten.experiments.lr_find import lr_find
+
+    data = (quadrants(64, 0), quadrants(32, 1), CLASSES)
+    recipe = load_recipe("fashion-fast", [*QUIET, "precision=fp32", f"run.dir={tmp_path / 'r'}"])
+    net = TinyNet()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    result = lr_find(build(recipe, model=net, data=data), steps=12)
+    assert len(result.lrs) > 0 and result.suggestion > 0
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items()), "lr_find put the weights back"
+    advice = find_batch_size(recipe, 256 * 2**20, model=net, data=data)
+    assert 1 <= advice.batch_size <= 64  # at most the whole training set
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items()), "measured on a copy"
+
+
+@pytest.mark.parametrize(
+    "technique",
+    [["precision=fp16"], ["precision=fp16-master"], ["train.accumulate=2", "train.batch_size=8"],
+     ["train.compile=true"], ["tricks.cutmix=1.0", "tricks.label_smoothing=0.1", "schedule.name=cosine"]],
+)  # fmt: skip
+def test_every_technique_applies_to_the_users_model(tmp_path, technique):
+    data = (quadrants(64, 0), quadrants(32, 1), CLASSES)
+    overrides = [*QUIET, "train.epochs=1", "tricks.ema=0.9", *technique, f"run.dir={tmp_path / 'r'}"]
+    summary = hasten.train("fashion-fast", overrides, model=TinyNet, data=data)
+    assert summary["epochs"] == 1 and np.isfinite(summary["train_loss"])
+    recorded = yaml.safe_load((tmp_path / "r" / "recipe.yaml").read_text())
+    for item in technique:  # the run folder records the technique the user's model trained with
+        key, _, value = item.partition("=")
+        node = recorded
+        for part in key.split("."):
+            node = node[part]
+        assert node == yaml.safe_load(value), item
