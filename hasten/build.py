@@ -26,13 +26,13 @@ from hasten.data.loader import Augment, InMemoryLoader, channel_stats
 from hasten.data.transforms import prepare
 from hasten.distributed import DistEnv, world_size
 from hasten.errors import CheckpointError, RecipeError
-from hasten.finetune import Freeze, discriminative_groups, pretrained_from_config, save_weights
+from hasten.finetune import discriminative_groups, pretrained_from_config, save_weights  # Freeze registers here
 from hasten.models import ResNet, build_model
 from hasten.precision import Precision, make_precision
 from hasten.runlog import RunLog
 from hasten.schedules import Scheduler, scale_lr, scheduler
 from hasten.trainer import Hooks, Plan, Saving, Trainer
-from hasten.tricks import EMA, BatchMixing, LabelSmoothing, param_groups
+from hasten.tricks import Context, Technique, techniques
 
 
 def resolve_device(name: str) -> torch.device:
@@ -130,24 +130,18 @@ def optimizer_steps(recipe: Recipe, train_loader: InMemoryLoader) -> int:
 
 
 def tricks(recipe: Recipe, model: nn.Module, rank: int = 0) -> tuple[Hooks, dict[str, Any]]:
-    """The loop's hooks for the recipe's `tricks` section, and the stateful ones by name (for checkpoints).
+    """The loop's hooks for the recipe's techniques, bound to the built `model`, and the stateful ones by name;
+    for code that builds its own model (benchmarks). Random draws are seeded by (seed, rank)."""
+    made = techniques(recipe, Context(rank=rank))
+    for technique in made:
+        technique.on_optimizer(model)
+    hooks = Hooks.from_techniques(made)
+    return hooks, hooks.stateful
 
-    Random draws come from a numpy generator seeded by (seed, rank), so runs repeat and ranks differ.
-    """
-    config, hooks, stateful = recipe.tricks, Hooks(), {}
-    if config.label_smoothing:
-        hooks.on_batch.append(LabelSmoothing(config.label_smoothing).on_batch)
-    if config.mixup or config.cutmix:
-        mixing = BatchMixing(config.mixup, config.cutmix, np.random.default_rng([recipe.seed, rank]))
-        hooks.on_batch.append(mixing.on_batch)
-        stateful["mixing"] = mixing
-        hooks.rank_local.add("mixing")  # its stream differs per rank: checkpoints keep one per rank
-    if config.ema:
-        ema = EMA(model, config.ema)
-        hooks.after_step.append(ema.after_step)
-        hooks.eval_model = ema.eval_model
-        stateful["ema"] = ema
-    return hooks, stateful
+
+def _at(made: list[Technique], point: str) -> list[Technique]:
+    """The techniques that declare hook point `point`, in their order."""
+    return [technique for technique in made if point in technique.hooks]
 
 
 def optimizer(config: OptimConfig, groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
@@ -173,8 +167,8 @@ class Parts:
     scheduler: Scheduler
     precision: Precision
     lr: float  # the peak LR after the scaling rule
-    hooks: Hooks
-    trick_state: dict[str, Any]  # stateful tricks by name (EMA, mixing RNG): each has state_dict()
+    hooks: Hooks  # from the recipe's technique objects: their loop hooks and, in `hooks.stateful`, their state
+    trick_state: dict[str, Any]  # the same dict as `hooks.stateful` (stateful techniques by name), kept for callers
     compiled: bool = False  # train.compile asked for it and torch.compile worked
 
 
@@ -194,7 +188,11 @@ def build(recipe: Recipe) -> Parts:
     seed_everything(recipe.seed)
     data = dataset(recipe)
     train_loader, test_loader = loaders(recipe, data, device, rank, world)
+    context = Context(rank=rank, world_size=world, steps_per_epoch=steps_per_epoch(recipe, train_loader))
+    made = techniques(recipe, context)  # every technique the recipe turns on; each declares its hook points
     model = build_model(recipe.model, data.image_shape, len(data.classes))
+    for technique in _at(made, "on_model"):
+        technique.on_model(model)
     if recipe.model.pretrained:
         print(pretrained_from_config(model, recipe.model).describe(), file=sys.stderr)
     model = model.to(device)
@@ -213,20 +211,18 @@ def build(recipe: Recipe) -> Parts:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = precision.prepare(model)
     lr = scaled_lr(recipe.optim, global_batch(recipe))
-    decay, no_bias_decay = recipe.optim.weight_decay, recipe.optim.no_bias_decay
+    decay = recipe.optim.weight_decay
     if recipe.optim.layer_lr_decay < 1:  # discriminative fine-tuning: per-layer LRs
-        groups = discriminative_groups(model, lr, recipe.optim.layer_lr_decay, decay, no_bias_decay)
+        groups = discriminative_groups(model, lr, recipe.optim.layer_lr_decay, decay, no_bias_decay=False)
     else:
-        groups = param_groups(model, decay, no_bias_decay)
+        groups = [{"params": [p for p in model.parameters() if p.requires_grad], "weight_decay": decay}]
+    for technique in _at(made, "param_groups"):  # no-bias-decay
+        groups = technique.param_groups(groups)
     opt = optimizer(recipe.optim, precision.optimizer_groups(groups), lr)  # fp16-master: the fp32 masters
     schedule = scheduler(opt, recipe.schedule, optimizer_steps(recipe, train_loader))
-    hooks, trick_state = tricks(recipe, model, rank)
-    if recipe.train.freeze_epochs:  # after the optimizer, which must hold the frozen parameters too
-        if world > 1:
-            raise RecipeError("train.freeze_epochs: not supported with several processes yet (DDP fixes its set)")
-        freeze = Freeze(model, recipe.train.freeze_epochs * steps_per_epoch(recipe, train_loader))
-        hooks.after_step.append(freeze.after_step)
-        trick_state["freeze"] = freeze
+    for technique in _at(made, "on_optimizer"):  # the EMA's copy, Freeze: the optimizer holds every parameter
+        technique.on_optimizer(model)
+    hooks = Hooks.from_techniques(made)
     if world > 1:
         seed_everything(recipe.seed * 1_000_003 + rank)  # after the weights: dropout masks differ per rank
         model = distributed.wrap(model, device)  # after the EMA copy and the optimizer, which hold the inner model
@@ -237,7 +233,7 @@ def build(recipe: Recipe) -> Parts:
         if failure:
             print(failure, file=sys.stderr)
     parts = Parts(
-        recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks, trick_state
+        recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks, hooks.stateful
     )
     parts.compiled = compiled
     return parts
@@ -295,7 +291,6 @@ def train(recipe: Recipe) -> dict[str, Any]:
         accumulate=recipe.train.accumulate,
         on_nan=recipe.train.on_nan,
     )
-    parts.hooks.stateful.update(parts.trick_state)
     saving = Saving(log.dir / "checkpoints", recipe.run.save_every, recipe.run.save_every_steps, recipe.run.keep,
                     recipe.model_dump(mode="json"))  # fmt: skip
     trainer = trainer_for(parts, plan, log, saving)

@@ -51,7 +51,7 @@ from hasten.precision import Precision
 from hasten.progress import EpochProgress
 from hasten.runlog import RunLog
 from hasten.schedules import Scheduler
-from hasten.tricks import one_hot, soft_cross_entropy
+from hasten.tricks import Technique, one_hot, soft_cross_entropy
 
 BatchHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 StepHook = Callable[[nn.Module], None]
@@ -112,11 +112,34 @@ class NonFiniteLoss(HastenError):
 
 @dataclass
 class Hooks:
+    """What the loop calls and the checkpoint gathers; `from_techniques` fills it from technique objects, so a
+    technique's hooks and its state come from one place. Plain callables may be added for tests and tools."""
+
     on_batch: list[BatchHook] = field(default_factory=list)
     after_step: list[StepHook] = field(default_factory=list)
     eval_model: Callable[[nn.Module], nn.Module] | None = None  # e.g. the EMA copy instead of the live model
     stateful: dict[str, Any] = field(default_factory=dict)  # hooks with state_dict() (EMA, mixing RNG), by name
     rank_local: set[str] = field(default_factory=set)  # names in `stateful` whose state differs per rank
+    techniques: list[Technique] = field(default_factory=list)  # the objects the fields above came from
+
+    @classmethod
+    def from_techniques(cls, techniques: Sequence[Technique]) -> Hooks:
+        """Each technique's loop hooks, as it declares them, and its state under its name."""
+        hooks = cls(techniques=list(techniques))
+        for technique in techniques:
+            if "on_batch" in technique.hooks:
+                hooks.on_batch.append(technique.on_batch)
+            if "after_step" in technique.hooks:
+                hooks.after_step.append(technique.after_step)
+            if "eval_model" in technique.hooks:
+                if hooks.eval_model is not None:
+                    raise TypeError(f"{technique.name}: a second technique that chooses the evaluated model")
+                hooks.eval_model = technique.eval_model
+            if technique.stateful:
+                hooks.stateful[technique.name] = technique
+                if technique.rank_local:
+                    hooks.rank_local.add(technique.name)
+        return hooks
 
 
 @dataclass

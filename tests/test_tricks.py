@@ -30,6 +30,7 @@ from hasten.tricks import (
     soft_cross_entropy,
     zero_init_residual,
 )
+from hasten.tricks.zero_init import ZeroInitResidual
 
 
 def test_label_smoothing_gives_exact_targets():
@@ -112,6 +113,8 @@ def test_zero_init_leaves_the_named_gammas_at_zero():
     other_gammas = [n for n, p in params.items() if n.endswith("1.weight") and p.ndim == 1 and n not in zeroed]
     assert other_gammas and all(torch.all(params[n] == 1) for n in other_gammas)
     built = build_model(ModelConfig(width=4, blocks=[1, 2], zero_init_residual=True), (1, 28, 28), 10)
+    assert all(torch.count_nonzero(dict(built.named_parameters())[n]) > 0 for n in zeroed)  # torch's init
+    ZeroInitResidual().on_model(built)  # the technique, as build applies it
     assert all(torch.count_nonzero(dict(built.named_parameters())[n]) == 0 for n in zeroed)
 
 

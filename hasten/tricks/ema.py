@@ -8,11 +8,16 @@ first update copies the model. torch.optim.swa_utils.AveragedModel does the work
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from hasten.tricks.technique import Context, Technique
+
+if TYPE_CHECKING:
+    from hasten.config import Recipe
 
 
 def ema_update(average: Tensor, value: Tensor, decay: float) -> Tensor:
@@ -20,13 +25,27 @@ def ema_update(average: Tensor, value: Tensor, decay: float) -> Tensor:
     return decay * average + (1 - decay) * value
 
 
-class EMA:
+class EMA(Technique):
     """After-step hook: keeps the moving average of `model`; `eval_model` hands the averaged copy to the
-    evaluation. `state_dict()` holds the averaged weights and buffers and the update count."""
+    evaluation. `state_dict()` holds the averaged weights and buffers and the update count (checkpointed as
+    `state["hooks"]["ema"]`). Made from a recipe without a model, it copies the model at `on_optimizer`, once
+    the model is on its device and in its precision."""
 
-    def __init__(self, model: nn.Module, decay: float):
+    name, hooks, order = "ema", frozenset({"on_optimizer", "after_step", "eval_model"}), 30
+    stateful = True
+
+    def __init__(self, model: nn.Module | None, decay: float):
         self.decay = decay
-        self.averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+        self.averaged: AveragedModel | None = None
+        if model is not None:
+            self.on_optimizer(model)
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe, context: Context) -> EMA | None:
+        return cls(None, recipe.tricks.ema) if recipe.tricks.ema else None
+
+    def on_optimizer(self, model: nn.Module) -> None:
+        self.averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(self.decay), use_buffers=True)
 
     @torch.no_grad()
     def after_step(self, model: nn.Module) -> None:
