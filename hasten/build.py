@@ -290,6 +290,7 @@ def train(recipe: Recipe) -> dict[str, Any]:
         progress=recipe.run.progress,
         accumulate=recipe.train.accumulate,
         on_nan=recipe.train.on_nan,
+        clip_grad_norm=recipe.train.clip_grad_norm,
     )
     saving = Saving(log.dir / "checkpoints", recipe.run.save_every, recipe.run.save_every_steps, recipe.run.keep,
                     recipe.model_dump(mode="json"))  # fmt: skip

@@ -149,6 +149,8 @@ class TrainConfig(Section):
     threads: Annotated[int, Field(ge=1)] | None = None  # torch intra-op threads; None: torch's default
     freeze_epochs: Annotated[int, Field(ge=0)] = 0  # train only the classifier head for N epochs, then all
     on_nan: Literal["raise", "skip"] = "raise"  # a non-finite loss: stop naming the step, or skip that update
+    # clip the global gradient norm to this before each update (after fp16's unscaling); null or 0: off
+    clip_grad_norm: Annotated[float, Field(ge=0)] | None = None
     # several processes (hasten train --devices N, torchrun): what becomes of the training samples that do not
     # divide by the ranks each epoch: "pad" repeats a few so all ranks get as many (DistributedSampler's
     # default), "drop" leaves them out of that epoch (its drop_last). Evaluation always counts each image once.
