@@ -333,7 +333,7 @@ class Trainer:
             self.optimizer_step()
         self.log.scalar("train_loss_per_step", result.loss, self.state.step)  # no sync: the step read it
         norm = self.precision.grad_norm
-        if norm is not None and self.state.step % GRAD_NORM_EVERY == 0:
+        if norm is not None and (self.state.step - 1) % GRAD_NORM_EVERY == 0:  # steps 1, 11, 21, ...
             self.log.scalar("grad_norm_per_step", norm.item(), self.state.step)  # a sync, so not every step
 
     def _nonfinite(self, loss: Tensor) -> None:
