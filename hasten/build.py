@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hasten import distributed
+from hasten import distributed, step
 from hasten.checkpoint import checkpoints_in, latest_usable, load_checkpoint, remove_stale_temporaries
 from hasten.compiling import compile_model
 from hasten.config import OptimConfig, Recipe, to_yaml
@@ -33,12 +33,6 @@ from hasten.runlog import RunLog
 from hasten.schedules import Scheduler, scale_lr, scheduler
 from hasten.trainer import Hooks, Plan, Saving, Trainer
 from hasten.tricks import Context, Technique, techniques
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def seed_everything(seed: int) -> None:
@@ -120,8 +114,8 @@ def scaled_lr(config: OptimConfig, global_batch: int) -> float:
 
 
 def steps_per_epoch(recipe: Recipe, train_loader: InMemoryLoader) -> int:
-    """Optimizer steps per epoch: one per `train.accumulate` micro-batches, the last group possibly short."""
-    return -(-len(train_loader) // recipe.train.accumulate)
+    """Optimizer steps per epoch of the recipe's run over `train_loader` (hasten.step.steps_per_epoch)."""
+    return step.steps_per_epoch(len(train_loader), recipe.train.accumulate)
 
 
 def optimizer_steps(recipe: Recipe, train_loader: InMemoryLoader) -> int:

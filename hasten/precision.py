@@ -36,6 +36,7 @@ class Precision:
 
     name = "fp32"
     autocast_dtype: torch.dtype | None = None
+    compute_dtype: torch.dtype = torch.float32  # what the matmuls run in (the bench's peak is measured in it)
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -90,7 +91,7 @@ class BF16(Precision):
     """bf16 autocast: matmuls and convolutions in bfloat16, weights and the update in fp32, no loss scaling."""
 
     name = "bf16"
-    autocast_dtype = torch.bfloat16
+    autocast_dtype = compute_dtype = torch.bfloat16
 
 
 class FP16(Precision):
@@ -98,7 +99,7 @@ class FP16(Precision):
     and the scale halved; after `growth_interval` clean steps the scale doubles."""
 
     name = "fp16"
-    autocast_dtype = torch.float16
+    autocast_dtype = compute_dtype = torch.float16
 
     def __init__(
         self,
@@ -161,6 +162,7 @@ class FP16Master(Precision):
     """
 
     name = "fp16-master"
+    compute_dtype = torch.float16
 
     def __init__(
         self,
@@ -254,6 +256,11 @@ class FP16Master(Precision):
 MODES: dict[str, type[Precision]] = {"fp32": Precision, "bf16": BF16, "fp16": FP16, "fp16-master": FP16Master}
 
 
+def compute_dtype(name: str) -> torch.dtype:
+    """The dtype precision mode `name` computes in: the one map from mode names to dtypes."""
+    return MODES[name].compute_dtype
+
+
 def _describe(device: torch.device) -> str:
     if device.type == "cuda" and torch.cuda.is_available():
         return f"{device} ({torch.cuda.get_device_name(device)})"
@@ -262,7 +269,7 @@ def _describe(device: torch.device) -> str:
 
 def _probe(name: str, device: torch.device) -> None:
     """Run a tiny convolution, forward and backward, the way mode `name` will; raise RecipeError if it cannot."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp16-master": torch.float16}[name]
+    dtype = compute_dtype(name)
     try:
         conv = nn.Conv2d(2, 2, 3).to(device)
         x = torch.randn(2, 2, 5, 5, device=device)

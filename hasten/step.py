@@ -15,20 +15,25 @@ needed; the step's mean loss comes with it for free (logged per step as `train_l
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hasten.distributed import agree
+from hasten.distributed import agree, no_sync
 from hasten.precision import Precision
 from hasten.tricks import one_hot, soft_cross_entropy
 
 BatchHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+
+
+def steps_per_epoch(micro_batches: int, accumulate: int) -> int:
+    """Optimizer steps in an epoch of `micro_batches` batches, one per `accumulate` of them, the last group possibly
+    short (it is stepped all the same). The one place this is computed: the loop, the LR schedule's length,
+    Freeze's epochs and `hasten schedule` all use it."""
+    return -(-micro_batches // accumulate)
 
 
 @dataclass
@@ -75,7 +80,7 @@ class TrainStep:
         for index, (images, labels) in zip(range(count), micro_batches, strict=False):
             weight = len(labels) / examples
             last = index == count - 1
-            with self.model.no_sync() if isinstance(self.model, DDP) and not last else contextlib.nullcontext():
+            with no_sync(self.model, skip=not last):  # DDP all-reduces the gradients once, after the last
                 loss, right = self._forward_backward(images, labels, weight)
             value = loss.item()  # the step's one sync per micro-batch: finiteness and the logged loss at once
             finite = finite and math.isfinite(value)

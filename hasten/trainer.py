@@ -50,7 +50,7 @@ from hasten.precision import Precision
 from hasten.progress import EpochProgress
 from hasten.runlog import RunLog
 from hasten.schedules import Scheduler
-from hasten.step import StepResult, TrainStep
+from hasten.step import StepResult, TrainStep, steps_per_epoch
 from hasten.tricks import Technique
 
 BatchHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -310,7 +310,7 @@ class Trainer:
     # ----- the loop -----
 
     def steps_per_epoch(self) -> int:
-        return -(-len(self.train_loader) // self.plan.accumulate)
+        return steps_per_epoch(len(self.train_loader), self.plan.accumulate)
 
     def _group_examples(self, group: int) -> int:
         """Examples in the `group`-th optimizer step of an epoch: k micro-batches, fewer in the epoch's last."""
