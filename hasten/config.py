@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hasten.data.registry import DATASETS
 from hasten.errors import RecipeError
 
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -32,10 +33,11 @@ class AugmentConfig(Section):
     translate: Annotated[int, Field(ge=0)] = 0  # random shift of up to this many pixels (zero padding)
 
 
+DatasetName = Literal[(*DATASETS, "imagefolder")]  # the registry's datasets, and a folder of images by class
+
+
 class DataConfig(Section):
-    name: Literal["fashion-mnist", "mnist", "kmnist", "digits", "cifar10", "cifar100", "imagefolder", "synthetic"] = (
-        "fashion-mnist"
-    )
+    name: DatasetName = "fashion-mnist"
     root: str | None = None  # a folder holding the dataset's files under their official names
     download: bool = True  # allow fetching from the official address (checked against a pinned SHA-256)
     subset: Annotated[int, Field(ge=1)] | None = None  # first N training images
