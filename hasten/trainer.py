@@ -410,12 +410,7 @@ class Trainer:
                 elapsed = time.perf_counter() - started
                 bar.update(self.state.batch, loss=loss_sum.item() / seen, accuracy=correct.item() / seen,
                            images_per_second=seen / max(elapsed, 1e-9))  # fmt: skip
-            every = self.saving.every_steps if self.saving else 0
-            if (every and self.state.step % every == 0 and not result.nonfinite) or result.stop:
-                self._keep_epoch_sums(loss_sum, correct, seen, time.perf_counter() - started)
-                if not result.stop:
-                    self.save()
-            self._check_stop(result.stop)
+            self._at_step_boundary(result, (loss_sum, correct, seen, time.perf_counter() - started))
         _sync(self.device)
         seconds = time.perf_counter() - started
         self.state.train_seconds += seconds
@@ -428,6 +423,17 @@ class Trainer:
             "train_accuracy": correct_total / max(seen_total, 1),
             "images_per_second": seen_total / max(seconds, 1e-9),
         }
+
+    def _at_step_boundary(self, result: StepResult, epoch_sums: tuple[Tensor, Tensor, int, float]) -> None:
+        """A step checkpoint every `saving.every_steps` steps; on a stop request (agreed by the step), a checkpoint
+        and `Interrupted`. The epoch's running sums (loss, correct, seen, seconds) are kept in the state first, so
+        a run resumed from here reports the same epoch metrics."""
+        every = self.saving.every_steps if self.saving else 0
+        if (every and self.state.step % every == 0 and not result.nonfinite) or result.stop:
+            self._keep_epoch_sums(*epoch_sums)
+            if not result.stop:
+                self.save()
+        self._check_stop(result.stop)
 
     @contextlib.contextmanager
     def _probe_step_memory(self) -> Iterator[None]:
