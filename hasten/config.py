@@ -167,6 +167,7 @@ class TricksConfig(Section):
     mixup: Annotated[float, Field(ge=0)] = 0.0  # alpha of Beta(alpha, alpha); 0: off, negative: error
     cutmix: Annotated[float, Field(ge=0)] = 0.0  # alpha of Beta(alpha, alpha); 0: off; with mixup: one per batch
     ema: float = 0.0  # decay of the weights' moving average per optimizer step, in (0, 1); 0: off
+    cutout: Annotated[int, Field(ge=0)] = 0  # side in pixels of the square zeroed in each image (DeVries, 2017); 0: off
 
     @model_validator(mode="after")
     def _ema_decay(self) -> TricksConfig:
