@@ -206,7 +206,10 @@ def launch(nproc: int, args: list[str], *, max_restarts: int = 0, script: str | 
             code = failure.exitcode
             how = f"was killed by signal {-code}" if code < 0 else f"failed with exit code {code}"
             print(f"hasten: worker rank {rank_id} {how}", file=sys.stderr)
-        first = failures[min(failures)].exitcode
+        # the job's code is a worker's own failure: a rank torchrun killed (SIGTERM) once another failed is a
+        # consequence, and which rank fails first is a race (rank 0 killed while rank 1 exits 2 meant exit 143)
+        codes = [failure.exitcode for _, failure in sorted(failures.items())]
+        first = next((code for code in codes if code > 0), codes[0])
         return first if first > 0 else 128 - first  # a signal's death as the shell reports it
     except SignalException as stop:
         print(f"hasten: stopped by {stop.sigval.name}; the workers were asked to checkpoint and stop", file=sys.stderr)
