@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.swa_utils import update_bn
 
-from hasten import distributed
+from hasten import distributed, step
 from hasten.checkpoint import checkpoints_in, latest_usable, load_checkpoint, remove_stale_temporaries
 from hasten.compiling import compile_model
 from hasten.config import OptimConfig, Recipe, to_yaml
@@ -32,7 +32,7 @@ from hasten.data.registry import mirror_invariant
 from hasten.data.transforms import prepare
 from hasten.distributed import DistEnv, world_size
 from hasten.errors import CheckpointError, RecipeError
-from hasten.finetune import Freeze, discriminative_groups, pretrained_from_config, save_weights
+from hasten.finetune import discriminative_groups, pretrained_from_config, save_weights  # Freeze registers here
 from hasten.memory import checkpoint_activations
 from hasten.models import build_model
 from hasten.own import (
@@ -49,13 +49,7 @@ from hasten.precision import Precision, make_precision
 from hasten.runlog import RunLog
 from hasten.schedules import Scheduler, rise_steps, scale_lr, scheduler
 from hasten.trainer import Hooks, Plan, Saving, Trainer
-from hasten.tricks import EMA, BatchMixing, LabelSmoothing, param_groups
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+from hasten.tricks import Context, Technique, techniques
 
 
 def seed_everything(seed: int) -> None:
@@ -195,8 +189,8 @@ def lr_scale(recipe: Recipe) -> float:
 
 
 def steps_per_epoch(recipe: Recipe, train_loader: InMemoryLoader) -> int:
-    """Optimizer steps per epoch: one per `train.accumulate` micro-batches, the last group possibly short."""
-    return -(-len(train_loader) // recipe.train.accumulate)
+    """Optimizer steps per epoch of the recipe's run over `train_loader` (hasten.step.steps_per_epoch)."""
+    return step.steps_per_epoch(len(train_loader), recipe.train.accumulate)
 
 
 def optimizer_steps(recipe: Recipe, train_loader: InMemoryLoader) -> int:
@@ -219,28 +213,19 @@ def bn_calibration(loader: InMemoryLoader, precision: Precision, images: int) ->
     return calibrate
 
 
-def tricks(
-    recipe: Recipe, model: nn.Module, rank: int = 0, calibrate: Callable[[nn.Module], None] | None = None
-) -> tuple[Hooks, dict[str, Any]]:
-    """The loop's hooks for the recipe's `tricks` section, and the stateful ones by name (for checkpoints).
+def tricks(recipe: Recipe, model: nn.Module, rank: int = 0) -> tuple[Hooks, dict[str, Any]]:
+    """The loop's hooks for the recipe's techniques, bound to the built `model`, and the stateful ones by name;
+    for code that builds its own model (benchmarks). Random draws are seeded by (seed, rank)."""
+    made = techniques(recipe, Context(rank=rank))
+    for technique in made:
+        technique.on_optimizer(model)
+    hooks = Hooks.from_techniques(made)
+    return hooks, hooks.stateful
 
-    Random draws come from a numpy generator seeded by (seed, rank), so runs repeat and ranks differ.
-    `calibrate` recomputes the EMA copy's batch-norm statistics before it is evaluated.
-    """
-    config, hooks, stateful = recipe.tricks, Hooks(), {}
-    if config.label_smoothing:
-        hooks.on_batch.append(LabelSmoothing(config.label_smoothing).on_batch)
-    if config.mixup or config.cutmix:
-        mixing = BatchMixing(config.mixup, config.cutmix, np.random.default_rng([recipe.seed, rank]))
-        hooks.on_batch.append(mixing.on_batch)
-        stateful["mixing"] = mixing
-        hooks.rank_local.add("mixing")  # its stream differs per rank: checkpoints keep one per rank
-    if config.ema:
-        ema = EMA(model, config.ema, calibrate if config.ema_bn_images else None)
-        hooks.after_step.append(ema.after_step)
-        hooks.eval_model = ema.eval_model
-        stateful["ema"] = ema
-    return hooks, stateful
+
+def _at(made: list[Technique], point: str) -> list[Technique]:
+    """The techniques that declare hook point `point`, in their order."""
+    return [technique for technique in made if point in technique.hooks]
 
 
 def optimizer(config: OptimConfig, groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
@@ -266,8 +251,8 @@ class Parts:
     scheduler: Scheduler
     precision: Precision
     lr: float  # the peak LR after the scaling rule
-    hooks: Hooks
-    trick_state: dict[str, Any]  # stateful tricks by name (EMA, mixing RNG): each has state_dict()
+    hooks: Hooks  # from the recipe's technique objects: their loop hooks and, in `hooks.stateful`, their state
+    trick_state: dict[str, Any]  # the same dict as `hooks.stateful` (stateful techniques by name), kept for callers
     compiled: bool = False  # train.compile asked for it and torch.compile worked
 
 
@@ -295,10 +280,16 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
         for note in notes:
             print(note, file=sys.stderr)
     train_loader, test_loader = loaders(recipe, data, device, rank, world)
+    calibrate = bn_calibration(train_loader, precision, recipe.tricks.ema_bn_images)  # the EMA's BN statistics
+    context = Context(rank=rank, world_size=world, steps_per_epoch=steps_per_epoch(recipe, train_loader),
+                      calibrate=calibrate)  # fmt: skip
+    made = techniques(recipe, context)  # every technique the recipe turns on; each declares its hook points
     if given_model is not None:
         model = own_model(recipe.model, given_model, data.image_shape, len(data.classes))
     else:  # the recipe's: a built-in model or model.target's
         model = build_model(recipe.model, data.image_shape, len(data.classes))
+    for technique in _at(made, "on_model"):
+        technique.on_model(model)
     if recipe.model.pretrained:
         print(pretrained_from_config(model, recipe.model).describe(), file=sys.stderr)
     model = model.to(device)
@@ -318,26 +309,23 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = precision.prepare(model)
     lr = scaled_lr(recipe.optim, global_batch(recipe))
-    decay, no_bias_decay = recipe.optim.weight_decay, recipe.optim.no_bias_decay
+    decay = recipe.optim.weight_decay
     if recipe.optim.layer_lr_decay < 1:  # discriminative fine-tuning: per-layer LRs
-        groups = discriminative_groups(model, lr, recipe.optim.layer_lr_decay, decay, no_bias_decay)
+        groups = discriminative_groups(model, lr, recipe.optim.layer_lr_decay, decay, no_bias_decay=False)
     else:
-        groups = param_groups(model, decay, no_bias_decay)
+        groups = [{"params": [p for p in model.parameters() if p.requires_grad], "weight_decay": decay}]
+    for technique in _at(made, "param_groups"):  # no-bias-decay
+        groups = technique.param_groups(groups)
     opt = optimizer(recipe.optim, precision.optimizer_groups(groups), lr)  # fp16-master: the fp32 masters
     schedule = scheduler(opt, recipe.schedule, optimizer_steps(recipe, train_loader), lr_scale(recipe))
-    calibrate = bn_calibration(train_loader, precision, recipe.tricks.ema_bn_images)
-    hooks, trick_state = tricks(recipe, model, rank, calibrate)
-    if recipe.train.freeze_epochs:  # after the optimizer, which must hold the frozen parameters too
-        if world > 1:
-            raise RecipeError("train.freeze_epochs: not supported with several processes yet (DDP fixes its set)")
-        freeze = Freeze(model, recipe.train.freeze_epochs * steps_per_epoch(recipe, train_loader))
-        hooks.after_step.append(freeze.after_step)
-        trick_state["freeze"] = freeze
+    for technique in _at(made, "on_optimizer"):  # the EMA's copy, Freeze: the optimizer holds every parameter
+        technique.on_optimizer(model)
+    hooks = Hooks.from_techniques(made)
     if world > 1:
         seed_everything(recipe.seed * 1_000_003 + rank)  # after the weights: dropout masks differ per rank
         model = distributed.wrap(model, device)  # after the EMA copy and the optimizer, which hold the inner model
     parts = Parts(
-        recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks, trick_state
+        recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks, hooks.stateful
     )
     if recipe.optim.lr == "auto":
         pick_lr(parts)
@@ -349,7 +337,7 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
         if failure:
             print(failure, file=sys.stderr)
     parts = Parts(
-        recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks, trick_state
+        recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks, hooks.stateful
     )
     parts.compiled = compiled
     return parts
@@ -457,10 +445,10 @@ def train(
         accumulate=recipe.train.accumulate,
         on_nan=recipe.train.on_nan,
         rise_steps=rise_steps(recipe.schedule, optimizer_steps(recipe, parts.train_loader), lr_scale(recipe)),
+        clip_grad_norm=recipe.train.clip_grad_norm,
     )
     if loss is not None:
         plan.loss = loss
-    parts.hooks.stateful.update(parts.trick_state)
     saving = Saving(log.dir / "checkpoints", recipe.run.save_every, recipe.run.save_every_steps, recipe.run.keep,
                     recipe.model_dump(mode="json"))  # fmt: skip
     trainer = trainer_for(parts, plan, log, saving)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +33,15 @@ def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
     if stray:
         raise HastenError(f"expected key=value overrides after the recipe, got {stray[0]!r}")
     return None, args
+
+
+def _recipe(ns: argparse.Namespace) -> Any:
+    """The command's recipe from its RECIPE and key=value arguments, validated: the prelude of every command that
+    takes one, so recipe errors show before torch and the data are loaded."""
+    from hasten.config import load_recipe
+
+    source, overrides = _split_recipe(ns.args)
+    return load_recipe(source, overrides)
 
 
 def _show(summary: dict[str, Any], as_table: bool, table: Any) -> None:
@@ -58,10 +68,7 @@ def results_table(summary: dict[str, Any]) -> Table:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
-    from hasten.config import load_recipe
-
-    source, overrides = _split_recipe(ns.args)
-    recipe = load_recipe(source, overrides)  # recipe errors show before torch and the data are loaded
+    recipe = _recipe(ns)  # recipe errors show before torch and the data are loaded
     if ns.devices < 1 or ns.max_restarts < 0:
         raise HastenError("--devices must be at least 1 and --max-restarts at least 0")
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
@@ -112,10 +119,7 @@ def cmd_data(ns: argparse.Namespace) -> int:
 
 
 def cmd_schedule(ns: argparse.Namespace) -> int:
-    from hasten.config import load_recipe
-
-    source, overrides = _split_recipe(ns.args)
-    recipe = load_recipe(source, overrides)
+    recipe = _recipe(ns)
     from hasten.build import run_dir
     from hasten.experiments.schedule import plot_schedule, schedule_trace
 
@@ -130,11 +134,9 @@ def cmd_schedule(ns: argparse.Namespace) -> int:
 
 
 def cmd_batch_size(ns: argparse.Namespace) -> int:
-    from hasten.config import load_recipe
     from hasten.memory import format_bytes, parse_bytes
 
-    source, overrides = _split_recipe(ns.args)
-    recipe = load_recipe(source, overrides)
+    recipe = _recipe(ns)
     budget = parse_bytes(ns.memory_budget) if ns.memory_budget else None
     from hasten.experiments.batch_size import find_batch_size
 
@@ -170,10 +172,7 @@ def cmd_batch_size(ns: argparse.Namespace) -> int:
 
 
 def cmd_lr_find(ns: argparse.Namespace) -> int:
-    from hasten.config import load_recipe
-
-    source, overrides = _split_recipe(ns.args)
-    recipe = load_recipe(source, overrides)
+    recipe = _recipe(ns)
     if not 0 < ns.start < ns.end or ns.steps < 5:
         raise HastenError("lr-find: need 0 < --start < --end and --steps of at least 5")
     import torch
@@ -199,23 +198,13 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:
-    import shlex
-
-    from hasten.config import load_recipe
-
-    source, overrides = _split_recipe(ns.args)
-    recipe = load_recipe(source, overrides)
+    recipe = _recipe(ns)
     if ns.repeats < 1 or (ns.naive_epochs is not None and ns.naive_epochs < 1):
         raise HastenError("bench: --repeats and --naive-epochs must be at least 1")
     from hasten.experiments.bench import bench, plan_variants
     from hasten.report import bench_table
 
     variants = plan_variants(recipe, ns.vary, ns.ablate, naive=not ns.no_naive, also=ns.also)
-    flags = [f"--vary={item}" for item in ns.vary] + ["--ablate"] * ns.ablate + [f"--repeats={ns.repeats}"]
-    flags += [f"--also={item}" for item in ns.also]
-    flags += [f"--naive-epochs={ns.naive_epochs}"] * (ns.naive_epochs is not None) + ["--no-naive"] * ns.no_naive
-    flags += ["--no-warmup"] * ns.no_warmup + ["--in-process"] * ns.in_process + [f"--out={ns.out}"] * bool(ns.out)
-    command = shlex.join(["hasten", "bench", *ns.args, *flags])  # as parsed, so the report shows what ran
     results, files = bench(
         recipe,
         variants,
@@ -224,7 +213,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
         warmup=not ns.no_warmup,
         isolate=not ns.in_process,
         naive_epochs=ns.naive_epochs,
-        command=command,
+        command=ns.command_line,
     )
     print(bench_table(results))
     print(f"\nwritten: {', '.join(str(f) for f in files)}")
@@ -235,40 +224,24 @@ def cmd_bench(ns: argparse.Namespace) -> int:
 
 
 def cmd_sweep(ns: argparse.Namespace) -> int:
-    import shlex
-
-    from hasten.config import load_recipe
-
-    source, overrides = _split_recipe(ns.args)
-    recipe = load_recipe(source, overrides)
+    recipe = _recipe(ns)
     from hasten.experiments.sweep import sweep
 
-    flags = [f"--vary={item}" for item in ns.vary] + ["--in-process"] * ns.in_process
-    flags += [f"--out={ns.out}"] * bool(ns.out)
-    command = shlex.join(["hasten", "sweep", *ns.args, *flags])
-    _, files = sweep(recipe, ns.vary, ns.out, isolate=not ns.in_process, command=command)
+    _, files = sweep(recipe, ns.vary, ns.out, isolate=not ns.in_process, command=ns.command_line)
     print(files[0].read_text())
     print(f"written: {', '.join(str(f) for f in files)}")
     return 0
 
 
 def cmd_transfer(ns: argparse.Namespace) -> int:
-    import shlex
-
-    from hasten.config import load_recipe
-
-    source, overrides = _split_recipe(ns.args)
-    recipe = load_recipe(source, overrides)
+    recipe = _recipe(ns)
     try:
         seeds = [int(s) for s in ns.seeds.split(",")] if ns.seeds else None
     except ValueError:
         raise HastenError(f"--seeds {ns.seeds!r}: whole numbers separated by commas, e.g. --seeds 0,1,2") from None
     from hasten.experiments.transfer import transfer
 
-    flags = [f"--seeds={ns.seeds}"] * bool(ns.seeds) + ["--in-process"] * ns.in_process
-    flags += [f"--out={ns.out}"] * bool(ns.out)
-    command = shlex.join(["hasten", "transfer", *ns.args, *flags])
-    _, files = transfer(recipe, ns.out, seeds=seeds, isolate=not ns.in_process, command=command)
+    _, files = transfer(recipe, ns.out, seeds=seeds, isolate=not ns.in_process, command=ns.command_line)
     print(files[0].read_text())
     print(f"written: {', '.join(str(f) for f in files)}")
     return 0
@@ -584,9 +557,12 @@ def top_parser(parsers: dict[str, argparse.ArgumentParser]) -> argparse.Argument
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parsers = commands()
     top = top_parser(parsers).parse_args(argv)
     ns = parsers[top.command].parse_intermixed_args(top.rest)
+    # the command line as given, which reports record: rebuilt from parsed options it would drop any new one
+    ns.command_line = shlex.join(["hasten", *argv])
     # a worker of a job with several processes names its rank in what it prints on the way out
     who = f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
     try:

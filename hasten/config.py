@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hasten.data.registry import DATASETS
 from hasten.errors import RecipeError
 
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -34,10 +35,13 @@ class AugmentConfig(Section):
     translate: Annotated[int, Field(ge=0)] = 0  # random shift of up to this many pixels (zero padding)
 
 
+# the registry's datasets, a folder of images by class, and the user's own data (hasten/own.py)
+DatasetName = Literal[(*DATASETS, "imagefolder", "import", "object")]
+
+
 class DataConfig(Section):
     # import: data.target's function returns the data; object: given in Python (hasten.train(data=...))
-    name: Literal["fashion-mnist", "mnist", "kmnist", "digits", "cifar10", "cifar100", "imagefolder", "synthetic",
-                  "import", "object"] = "fashion-mnist"  # fmt: skip
+    name: DatasetName = "fashion-mnist"
     root: str | None = None  # a folder holding the dataset's files under their official names
     download: bool = True  # allow fetching from the official address (checked against a pinned SHA-256)
     subset: Annotated[int, Field(ge=1)] | None = None  # first N training images
@@ -177,6 +181,8 @@ class TrainConfig(Section):
     threads: Annotated[int, Field(ge=1)] | None = None  # torch intra-op threads; None: torch's default
     freeze_epochs: Annotated[int, Field(ge=0)] = 0  # train only the classifier head for N epochs, then all
     on_nan: Literal["raise", "skip"] = "raise"  # a non-finite loss: stop naming the step, or skip that update
+    # clip the global gradient norm to this before each update (after fp16's unscaling); null or 0: off
+    clip_grad_norm: Annotated[float, Field(ge=0)] | None = None
     # several processes (hasten train --devices N, torchrun): what becomes of the training samples that do not
     # divide by the ranks each epoch: "pad" repeats a few so all ranks get as many (DistributedSampler's
     # default), "drop" leaves them out of that epoch (its drop_last). Evaluation always counts each image once.
@@ -195,6 +201,7 @@ class TricksConfig(Section):
     # training images over which the average's batch-norm statistics are recomputed before it is evaluated;
     # 0: keep the averaged running statistics
     ema_bn_images: Annotated[int, Field(ge=0)] = 4096
+    cutout: Annotated[int, Field(ge=0)] = 0  # side in pixels of the square zeroed in each image (DeVries, 2017); 0: off
 
     @model_validator(mode="after")
     def _ema_decay(self) -> TricksConfig:

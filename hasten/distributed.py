@@ -53,11 +53,17 @@ class DistEnv:
         return self.rank == 0
 
 
+def resolve_device(name: str) -> torch.device:
+    """The recipe's `device`: "auto" is CUDA when there is a GPU, else the CPU; anything else as torch reads it.
+    The one place "auto" is decided."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def device_for(env: DistEnv, requested: str) -> torch.device:
     """The device of this process: its own GPU (by local rank) under CUDA, else the CPU."""
-    if requested == "auto":
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(requested)
+    device = resolve_device(requested)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1))
     if device.type == "cuda":
@@ -102,12 +108,11 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def wrap(model: nn.Module, device: torch.device, *, sync_batchnorm: bool = False) -> nn.Module:
-    """The model wrapped in DistributedDataParallel when there are several processes, else unchanged."""
+def wrap(model: nn.Module, device: torch.device) -> nn.Module:
+    """The model wrapped in DistributedDataParallel when there are several processes, else unchanged (build
+    converts to SyncBatchNorm before, when train.sync_batchnorm asks)."""
     if world_size() == 1:
         return model
-    if sync_batchnorm:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
@@ -122,7 +127,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 @contextmanager
 def no_sync(model: nn.Module, skip: bool) -> Iterator[None]:
-    """Skip DDP's gradient all-reduce inside (for accumulation micro-steps that do not step)."""
+    """Skip DDP's gradient all-reduce inside (for accumulation micro-steps that do not step): hasten.step uses it."""
     if skip and isinstance(model, nn.parallel.DistributedDataParallel):
         with model.no_sync():
             yield
@@ -212,7 +217,10 @@ def launch(nproc: int, args: list[str], *, max_restarts: int = 0, script: str | 
             code = failure.exitcode
             how = f"was killed by signal {-code}" if code < 0 else f"failed with exit code {code}"
             print(f"hasten: worker rank {rank_id} {how}", file=sys.stderr)
-        first = failures[min(failures)].exitcode
+        # the job's code is a worker's own failure: a rank torchrun killed (SIGTERM) once another failed is a
+        # consequence, and which rank fails first is a race (rank 0 killed while rank 1 exits 2 meant exit 143)
+        codes = [failure.exitcode for _, failure in sorted(failures.items())]
+        first = next((code for code in codes if code > 0), codes[0])
         return first if first > 0 else 128 - first  # a signal's death as the shell reports it
     except SignalException as stop:
         print(f"hasten: stopped by {stop.sigval.name}; the workers were asked to checkpoint and stop", file=sys.stderr)

@@ -33,6 +33,7 @@ from hasten.data.download import download, sha256_file
 from hasten.data.sources import cache_folder
 from hasten.errors import CheckpointError, DataError, RecipeError
 from hasten.models import ResNet
+from hasten.tricks.technique import Context, Technique
 
 NORMALISATION = (nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel and torch.compile prefix every key
@@ -215,15 +216,32 @@ def frozen(step: int, freeze_steps: int) -> bool:
     return step < freeze_steps
 
 
-class Freeze:
-    """`after_step` hook: every parameter outside the classifier head is frozen (requires_grad=False) for the
-    first `freeze_steps` optimizer steps, then trainable. Made after the optimizer, which thus holds them all."""
+class Freeze(Technique):
+    """`after_step` hook (`train.freeze_epochs`): every parameter outside the classifier head is frozen
+    (requires_grad=False) for the first `freeze_steps` optimizer steps, then trainable. It freezes at
+    `on_optimizer`, after the optimizer is made, which thus holds them all."""
 
-    def __init__(self, model: nn.Module, freeze_steps: int):
+    name, hooks, order = "freeze", frozenset({"on_optimizer", "after_step"}), 40
+    stateful = True
+
+    def __init__(self, model: nn.Module | None, freeze_steps: int):
+        self.freeze_steps, self.steps = freeze_steps, 0
+        self.body: list[nn.Parameter] = []
+        if model is not None:
+            self.on_optimizer(model)
+
+    @classmethod
+    def from_recipe(cls, recipe: Any, context: Context) -> Freeze | None:
+        if not recipe.train.freeze_epochs:
+            return None
+        if context.world_size > 1:
+            raise RecipeError("train.freeze_epochs: not supported with several processes yet (DDP fixes its set)")
+        return cls(None, recipe.train.freeze_epochs * context.steps_per_epoch)
+
+    def on_optimizer(self, model: nn.Module) -> None:
         _, head = classifier_head(model)
         in_head = {id(p) for p in head.parameters()}
         self.body = [p for p in model.parameters() if id(p) not in in_head and p.requires_grad]
-        self.freeze_steps, self.steps = freeze_steps, 0
         self._apply()
 
     def _apply(self) -> None:

@@ -169,7 +169,10 @@ def parse_bytes(text: str) -> int:
     return int(value)
 
 
-def format_bytes(n: float) -> str:
+def format_bytes(n: float | None) -> str:
+    """A byte count for people: "512 B", "1.5 MiB"; "—" for a number not measured (None). The one formatter."""
+    if n is None:
+        return "—"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

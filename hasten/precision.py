@@ -10,6 +10,7 @@ needs no scaling. Each mode is one object with the same few methods, used by the
         loss = ...
     precision.backward(loss)
     stepped = precision.step(optimizer)   # False when the step was skipped for inf/NaN gradients
+    stepped = precision.step(optimizer, max_grad_norm=1.0)   # the global gradient norm clipped first
 
 A skipped step leaves weights and optimizer state untouched; the trainer then does not advance the LR schedule.
 `state_dict()` holds the loss scaler (and fp16-master's masters), which a checkpoint must keep.
@@ -35,9 +36,11 @@ class Precision:
 
     name = "fp32"
     autocast_dtype: torch.dtype | None = None
+    compute_dtype: torch.dtype = torch.float32  # what the matmuls run in (the bench's peak is measured in it)
 
     def __init__(self, device: torch.device):
         self.device = device
+        self.grad_norm: Tensor | None = None  # the global gradient norm before the last clipping (unscaled)
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
@@ -58,10 +61,20 @@ class Precision:
     def backward(self, loss: Tensor) -> None:
         loss.backward()
 
-    def step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Apply the accumulated gradients; True when the step was taken."""
+    def step(self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None) -> bool:
+        """Apply the accumulated gradients, their global norm clipped to `max_grad_norm` first when given; True
+        when the step was taken."""
+        self.clip(optimizer, max_grad_norm)
         optimizer.step()
         return True
+
+    def clip(self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None) -> None:
+        """Clip the gradients of the optimizer's parameters (unscaled by now) to a global norm of `max_grad_norm`;
+        the norm before clipping is kept in `grad_norm`, as a device tensor (no sync)."""
+        if not max_grad_norm:
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        self.grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
 
     @property
     def loss_scale(self) -> float:
@@ -78,7 +91,7 @@ class BF16(Precision):
     """bf16 autocast: matmuls and convolutions in bfloat16, weights and the update in fp32, no loss scaling."""
 
     name = "bf16"
-    autocast_dtype = torch.bfloat16
+    autocast_dtype = compute_dtype = torch.bfloat16
 
 
 class FP16(Precision):
@@ -86,7 +99,7 @@ class FP16(Precision):
     and the scale halved; after `growth_interval` clean steps the scale doubles."""
 
     name = "fp16"
-    autocast_dtype = torch.float16
+    autocast_dtype = compute_dtype = torch.float16
 
     def __init__(
         self,
@@ -100,8 +113,11 @@ class FP16(Precision):
     def backward(self, loss: Tensor) -> None:
         self.scaler.scale(loss).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+    def step(self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None) -> bool:
         scale_before = self.scaler.get_scale()
+        if max_grad_norm:
+            self.scaler.unscale_(optimizer)  # clip the true gradients; inf/NaN ones still make the step skip
+            self.clip(optimizer, max_grad_norm)
         self.scaler.step(optimizer)
         self.scaler.update()
         # GradScaler lowers the scale exactly when it skipped the step for non-finite gradients
@@ -146,6 +162,7 @@ class FP16Master(Precision):
     """
 
     name = "fp16-master"
+    compute_dtype = torch.float16
 
     def __init__(
         self,
@@ -182,7 +199,7 @@ class FP16Master(Precision):
     def backward(self, loss: Tensor) -> None:
         (loss.float() * self.scale).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+    def step(self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None) -> bool:
         if not self.pairs:
             raise RuntimeError("fp16-master: build the optimizer on precision.optimizer_groups(...), not the model")
         with torch.no_grad():
@@ -199,6 +216,8 @@ class FP16Master(Precision):
                 return False
             for g in grads:
                 g.mul_(1.0 / self.scale)
+        self.clip(optimizer, max_grad_norm)  # on the masters' unscaled fp32 gradients
+        with torch.no_grad():
             optimizer.step()
             for weight, master in self.pairs:
                 weight.copy_(master)
@@ -237,6 +256,11 @@ class FP16Master(Precision):
 MODES: dict[str, type[Precision]] = {"fp32": Precision, "bf16": BF16, "fp16": FP16, "fp16-master": FP16Master}
 
 
+def compute_dtype(name: str) -> torch.dtype:
+    """The dtype precision mode `name` computes in: the one map from mode names to dtypes."""
+    return MODES[name].compute_dtype
+
+
 def _describe(device: torch.device) -> str:
     if device.type == "cuda" and torch.cuda.is_available():
         return f"{device} ({torch.cuda.get_device_name(device)})"
@@ -245,7 +269,7 @@ def _describe(device: torch.device) -> str:
 
 def _probe(name: str, device: torch.device) -> None:
     """Run a tiny convolution, forward and backward, the way mode `name` will; raise RecipeError if it cannot."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp16-master": torch.float16}[name]
+    dtype = compute_dtype(name)
     try:
         conv = nn.Conv2d(2, 2, 3).to(device)
         x = torch.randn(2, 2, 5, 5, device=device)

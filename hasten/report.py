@@ -12,19 +12,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hasten.memory import format_bytes  # re-exported: the tables and benchmarks format bytes from here
 from hasten.runlog import write_atomic
 
-DASH = "—"  # a threshold never reached, a number not measured
-
-
-def format_bytes(n: float | None) -> str:
-    if n is None:
-        return DASH
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+DASH = "—"  # a threshold never reached, a number not measured (as format_bytes writes it)
 
 
 def format_seconds(seconds: float | None) -> str:

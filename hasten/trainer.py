@@ -39,22 +39,23 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hasten
 from hasten.checkpoint import load_model_weights, prune, rng_state, save_checkpoint, set_rng_state
 from hasten.data.loader import InMemoryLoader
-from hasten.distributed import agree, all_reduce_sum, any_rank, gather_objects, rank, unwrap, world_size
+from hasten.distributed import all_reduce_sum, any_rank, gather_objects, rank, unwrap, world_size
 from hasten.errors import CheckpointError, HastenError
 from hasten.memory import measure_peak, peak_memory_bytes, reset_peak
 from hasten.precision import Precision
 from hasten.progress import EpochProgress
 from hasten.runlog import RunLog
 from hasten.schedules import Scheduler
-from hasten.tricks import one_hot, soft_cross_entropy
+from hasten.step import StepResult, TrainStep, steps_per_epoch
+from hasten.tricks import Technique, soft_cross_entropy
 
 BatchHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 StepHook = Callable[[nn.Module], None]
+GRAD_NORM_EVERY = 10  # optimizer steps between TensorBoard's grad_norm_per_step points (reading it syncs)
 
 METRICS = [
     "epoch",
@@ -84,6 +85,7 @@ class Plan:
     on_nan: str = "raise"  # a non-finite loss: "raise" (stop, naming the step) or "skip" (no update, counted)
     rise_steps: int = 0  # optimizer steps of LR warm-up: the training loss is judged against ln(C) after them
     loss: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy  # (logits, soft targets) -> mean loss
+    clip_grad_norm: float | None = None  # clip the global gradient norm to this before each update; None/0: off
 
 
 @dataclass
@@ -114,11 +116,34 @@ class NonFiniteLoss(HastenError):
 
 @dataclass
 class Hooks:
+    """What the loop calls and the checkpoint gathers; `from_techniques` fills it from technique objects, so a
+    technique's hooks and its state come from one place. Plain callables may be added for tests and tools."""
+
     on_batch: list[BatchHook] = field(default_factory=list)
     after_step: list[StepHook] = field(default_factory=list)
     eval_model: Callable[[nn.Module], nn.Module] | None = None  # e.g. the EMA copy instead of the live model
     stateful: dict[str, Any] = field(default_factory=dict)  # hooks with state_dict() (EMA, mixing RNG), by name
     rank_local: set[str] = field(default_factory=set)  # names in `stateful` whose state differs per rank
+    techniques: list[Technique] = field(default_factory=list)  # the objects the fields above came from
+
+    @classmethod
+    def from_techniques(cls, techniques: Sequence[Technique]) -> Hooks:
+        """Each technique's loop hooks, as it declares them, and its state under its name."""
+        hooks = cls(techniques=list(techniques))
+        for technique in techniques:
+            if "on_batch" in technique.hooks:
+                hooks.on_batch.append(technique.on_batch)
+            if "after_step" in technique.hooks:
+                hooks.after_step.append(technique.after_step)
+            if "eval_model" in technique.hooks:
+                if hooks.eval_model is not None:
+                    raise TypeError(f"{technique.name}: a second technique that chooses the evaluated model")
+                hooks.eval_model = technique.eval_model
+            if technique.stateful:
+                hooks.stateful[technique.name] = technique
+                if technique.rank_local:
+                    hooks.rank_local.add(technique.name)
+        return hooks
 
 
 @dataclass
@@ -165,6 +190,9 @@ class Trainer:
         self.plan, self.log, self.hooks, self.saving = plan, log, hooks or Hooks(), saving
         self.device = next(model.parameters()).device
         self.state = State(time_to_accuracy={f"{t:.2f}": None for t in plan.thresholds})
+        self.stepper = TrainStep(
+            model, optimizer, precision, plan.num_classes, self.hooks.on_batch, plan.clip_grad_norm, plan.loss
+        )
         self.peak_step_memory_bytes: int | None = None  # hasten.memory.measure_peak of one optimizer step
         self.stop_signal: int | None = None  # set by SIGINT/SIGTERM; acted on at the next step boundary
         self.resumed = False
@@ -286,7 +314,7 @@ class Trainer:
     # ----- the loop -----
 
     def steps_per_epoch(self) -> int:
-        return -(-len(self.train_loader) // self.plan.accumulate)
+        return steps_per_epoch(len(self.train_loader), self.plan.accumulate)
 
     def _group_examples(self, group: int) -> int:
         """Examples in the `group`-th optimizer step of an epoch: k micro-batches, fewer in the epoch's last."""
@@ -295,23 +323,22 @@ class Trainer:
         return min(end * loader.batch_size, loader.shard_size) - first * loader.batch_size
 
     def train_step(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        """One optimizer step on one batch; returns the (detached) loss and the count of correct predictions."""
-        self.optimizer.zero_grad(set_to_none=True)
-        result = self.accumulate_grad(images, labels)
-        self.optimizer_step()
-        return result
+        """One optimizer step on one batch (hasten.step, then the schedule and `after_step` hooks); returns the
+        (detached) loss and the count of correct predictions."""
+        result = self.stepper.backward([(images, labels)], 1, len(labels), self.stop_signal is not None)
+        self._finish_step(result)
+        return result.last_loss, result.correct
 
-    def accumulate_grad(self, images: Tensor, labels: Tensor, weight: float = 1.0) -> tuple[Tensor, Tensor]:
-        """Forward and backward of one (micro-)batch, adding to the gradients; its mean loss counts `weight` in the
-        step's loss (its share of the step's examples). Returns the (detached) loss and the correct count."""
-        y_soft = one_hot(labels, self.plan.num_classes)
-        for hook in self.hooks.on_batch:
-            images, y_soft = hook(images, y_soft)
-        with self.precision.autocast():
-            logits = self.model(images)
-            loss = self.plan.loss(logits, y_soft)
-        self.precision.backward(loss if weight == 1 else loss * weight)
-        return loss.detach(), (logits.detach().argmax(1) == labels).sum()
+    def _finish_step(self, result: StepResult) -> None:
+        """After a step's backward: the update, or what a non-finite loss asks for; the per-step scalars."""
+        if result.nonfinite:
+            self._nonfinite(result.last_loss)
+        else:
+            self.optimizer_step()
+        self.log.scalar("train_loss_per_step", result.loss, self.state.step)  # no sync: the step read it
+        norm = self.precision.grad_norm
+        if norm is not None and (self.state.step - 1) % GRAD_NORM_EVERY == 0:  # steps 1, 11, 21, ...
+            self.log.scalar("grad_norm_per_step", norm.item(), self.state.step)  # a sync, so not every step
 
     def _nonfinite(self, loss: Tensor) -> None:
         """A micro-batch's loss was inf/NaN (on this or another rank): skip the update (train.on_nan=skip) or
@@ -329,7 +356,7 @@ class Trainer:
 
     def optimizer_step(self) -> None:
         """Apply the accumulated gradients; the schedule and `after_step` hooks only follow a step that was taken."""
-        if self.precision.step(self.optimizer):
+        if self.stepper.apply():
             self.log.scalar("lr_per_step", self.optimizer.param_groups[0]["lr"], self.state.step)  # the LR just used
             self.scheduler.step()
             self.state.step += 1
@@ -418,50 +445,24 @@ class Trainer:
         started = time.perf_counter() - self.state.epoch_seconds
         batches = iter(self.train_loader.batches(self.state.batch))
         count, k = len(self.train_loader), self.plan.accumulate
-        probe_at = 1 if self.plan.epochs * self.steps_per_epoch() > 1 else 0  # steady state: optimizer state exists
         while self.state.batch < count:
-            # one optimizer step: the rest of this group of k micro-batches (the epoch's last group may be short:
-            # it is stepped, each micro-batch weighted by its share of the group's examples, so it is exact too)
-            group = self.state.batch // k
-            group_end = min((group + 1) * k, count)
-            probing = self.plan.measure_step_memory and self.peak_step_memory_bytes is None
-            probing = probing and self.state.step + self.state.skipped_steps == probe_at
-            self.optimizer.zero_grad(set_to_none=True)
-            finite = True
-            with measure_peak(self.device) if probing else contextlib.nullcontext() as peak:
-                examples = self._group_examples(group)
-                while self.state.batch < group_end:
-                    images, labels = next(batches)
-                    last = self.state.batch == group_end - 1
-                    with self.model.no_sync() if isinstance(self.model, DDP) and not last else contextlib.nullcontext():
-                        loss, right = self.accumulate_grad(images, labels, len(labels) / examples)
-                    finite = finite and bool(torch.isfinite(loss))
-                    loss_sum += loss * len(labels)
-                    correct += right
-                    seen += len(labels)
-                    self.state.batch += 1
-                    if bar.due(self.state.batch):
-                        elapsed = time.perf_counter() - started
-                        bar.update(
-                            self.state.batch,
-                            loss=loss_sum.item() / seen,
-                            accuracy=correct.item() / seen,
-                            images_per_second=seen / max(elapsed, 1e-9),
-                        )
-                # one agreement for the step (one all-reduce with several processes, none with one)
-                nonfinite, stop = agree([not finite, self.stop_signal is not None], self.device)
-                if nonfinite:
-                    self._nonfinite(loss)
-                else:
-                    self.optimizer_step()
-            if probing:
-                self.peak_step_memory_bytes = peak.bytes
-            every = self.saving.every_steps if self.saving else 0
-            if (every and self.state.step % every == 0 and not nonfinite) or stop:
-                self._keep_epoch_sums(loss_sum, correct, seen, time.perf_counter() - started)
-                if not stop:
-                    self.save()
-            self._check_stop(stop)
+            # one optimizer step over the rest of this group of k micro-batches (the epoch's last group may be
+            # short: it is stepped all the same, each micro-batch weighted by its share of the group's examples)
+            group, first = self.state.batch // k, self.state.batch
+            micro_batches = min((group + 1) * k, count) - first
+            with self._probe_step_memory():
+                stop = self.stop_signal is not None
+                result = self.stepper.backward(batches, micro_batches, self._group_examples(group), stop)
+                self._finish_step(result)
+            self.state.batch += micro_batches
+            loss_sum += result.loss_sum
+            correct += result.correct
+            seen += result.examples
+            if any(bar.due(b) for b in range(first + 1, self.state.batch + 1)):
+                elapsed = time.perf_counter() - started
+                bar.update(self.state.batch, loss=loss_sum.item() / seen, accuracy=correct.item() / seen,
+                           images_per_second=seen / max(elapsed, 1e-9))  # fmt: skip
+            self._at_step_boundary(result, (loss_sum, correct, seen, time.perf_counter() - started))
         _sync(self.device)
         seconds = time.perf_counter() - started
         self.state.train_seconds += seconds
@@ -474,6 +475,30 @@ class Trainer:
             "train_accuracy": correct_total / max(seen_total, 1),
             "images_per_second": seen_total / max(seconds, 1e-9),
         }
+
+    def _at_step_boundary(self, result: StepResult, epoch_sums: tuple[Tensor, Tensor, int, float]) -> None:
+        """A step checkpoint every `saving.every_steps` steps; on a stop request (agreed by the step), a checkpoint
+        and `Interrupted`. The epoch's running sums (loss, correct, seen, seconds) are kept in the state first, so
+        a run resumed from here reports the same epoch metrics."""
+        every = self.saving.every_steps if self.saving else 0
+        if (every and self.state.step % every == 0 and not result.nonfinite) or result.stop:
+            self._keep_epoch_sums(*epoch_sums)
+            if not result.stop:
+                self.save()
+        self._check_stop(result.stop)
+
+    @contextlib.contextmanager
+    def _probe_step_memory(self) -> Iterator[None]:
+        """Around the run's second optimizer step (the first with optimizer state; the first when the run has one):
+        its peak memory becomes `peak_step_memory_bytes`. Elsewhere: nothing."""
+        probe_at = 1 if self.plan.epochs * self.steps_per_epoch() > 1 else 0
+        due = self.plan.measure_step_memory and self.peak_step_memory_bytes is None
+        if not (due and self.state.step + self.state.skipped_steps == probe_at):
+            yield
+            return
+        with measure_peak(self.device) as peak:
+            yield
+        self.peak_step_memory_bytes = peak.bytes
 
     def fit(self) -> dict[str, Any]:
         """Train for the planned epochs; returns the summary (also written to summary.json)."""

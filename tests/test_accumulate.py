@@ -75,3 +75,13 @@ def test_accumulation_in_a_two_step_run(tiny_overrides):
     run = ["data.subset=48", "data.test_subset=64", "train.epochs=1", "train.accumulate=2", "precision=fp32"]
     summary = hasten.train("fashion-fast", [*tiny_overrides, *run])
     assert summary["steps"] == 2 and summary["peak_step_memory_bytes"] > 0
+
+
+def test_schedule_command_counts_optimizer_steps_with_accumulation(tiny_overrides, tmp_path):
+    """`hasten schedule` with train.accumulate=4 over 2 epochs: 24 batches an epoch make 6 steps, 12 in all (it
+    reported 24 an epoch and drew the run as a twelfth of one)."""
+    from hasten.experiments.schedule import schedule_trace
+
+    recipe = load_recipe("fashion-fast", [*tiny_overrides, "train.accumulate=4"])  # 384 images, batch 16
+    trace = schedule_trace(recipe)
+    assert trace.steps_per_epoch == 6 and trace.total_steps == 12 and len(trace.lrs) == 13

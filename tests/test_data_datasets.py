@@ -240,3 +240,30 @@ def test_fashion_mnist_system_copy_verifies() -> None:
     assert report["folder"] == str(FASHION)
     # Debian recompresses the official gzip files: same IDX payload, different file hash
     assert all(f["check"] in ("verified", "verified content") for f in report["files"])
+
+
+def test_the_registry_is_the_one_list_of_dataset_names():
+    from typing import get_args
+
+    from hasten.config import DataConfig
+    from hasten.data.registry import DATASETS
+
+    assert set(get_args(DataConfig.model_fields["name"].annotation)) == {*DATASETS, "imagefolder"}
+
+
+def test_a_dataset_is_its_reader_and_its_registry_entry(monkeypatch):
+    """load_dataset asks the registry entry's reader: nothing else knows the dataset by name."""
+    from hasten.data import registry
+    from hasten.data.readers import ReadOptions
+
+    def read_tiny(spec, folder, options: ReadOptions):
+        assert folder is None  # no files: nothing to resolve
+        images = numpy.full((options.synthetic_size, 1, 2, 2), options.seed, dtype=numpy.uint8)
+        labels = numpy.arange(options.synthetic_size, dtype=numpy.int64) % 2
+        return images, labels, images[:2], labels[:2], spec.classes
+
+    spec = registry.DatasetSpec("tiny", image_shape=(1, 2, 2), num_classes=2, classes=("a", "b"), reader=read_tiny)
+    monkeypatch.setitem(registry.SPECS, "tiny", spec)
+    data = load_dataset("tiny", synthetic_size=6, seed=7)
+    assert data.classes == ["a", "b"] and data.train_images.shape == (6, 1, 2, 2)
+    assert int(data.train_images.max()) == 7 and data.test_labels.tolist() == [0, 1]

@@ -4,6 +4,7 @@ and bad trick settings as recipe errors naming the field."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from torch.optim.swa_utils import update_bn
 
 import hasten
 from hasten.build import build
+from hasten.checkpoint import load_checkpoint
 from hasten.config import ModelConfig, load_recipe
 from hasten.models import ResNet, build_model
 from hasten.runlog import RunLog
@@ -32,6 +34,7 @@ from hasten.tricks import (
     warmup_decay,
     zero_init_residual,
 )
+from hasten.tricks.zero_init import ZeroInitResidual
 
 
 def test_label_smoothing_gives_exact_targets():
@@ -114,6 +117,8 @@ def test_zero_init_leaves_the_named_gammas_at_zero():
     other_gammas = [n for n, p in params.items() if n.endswith("1.weight") and p.ndim == 1 and n not in zeroed]
     assert other_gammas and all(torch.all(params[n] == 1) for n in other_gammas)
     built = build_model(ModelConfig(width=4, blocks=[1, 2], zero_init_residual=True), (1, 28, 28), 10)
+    assert all(torch.count_nonzero(dict(built.named_parameters())[n]) > 0 for n in zeroed)  # torch's init
+    ZeroInitResidual().on_model(built)  # the technique, as build applies it
     assert all(torch.count_nonzero(dict(built.named_parameters())[n]) == 0 for n in zeroed)
 
 
@@ -208,26 +213,54 @@ def test_bad_tricks_are_recipe_errors_naming_the_field(override, field):
         load_recipe("fashion-fast", [override])
 
 
+def last_checkpoint(run: Path) -> dict:
+    newest = max((run / "checkpoints").glob("step-*.pt"), key=lambda p: int(p.stem.removeprefix("step-")))
+    return load_checkpoint(newest)
+
+
 @pytest.mark.parametrize(
-    "overrides",
+    "overrides, shared_state, rank_state",
     [
-        ["tricks.label_smoothing=0.2"],
-        ["tricks.mixup=0.2"],
-        ["tricks.cutmix=1.0"],
-        ["tricks.mixup=0.2", "tricks.cutmix=1.0", "tricks.label_smoothing=0.1"],
-        ["tricks.ema=0.9"],
-        ["model.zero_init_residual=true"],
-        ["optim.no_bias_decay=false"],
+        (["tricks.label_smoothing=0.2"], set(), set()),
+        (["tricks.mixup=0.2"], set(), {"mixing"}),
+        (["tricks.cutmix=1.0"], set(), {"mixing"}),
+        (["tricks.mixup=0.2", "tricks.cutmix=1.0", "tricks.label_smoothing=0.1"], set(), {"mixing"}),
+        (["tricks.ema=0.9"], {"ema"}, set()),
+        (["model.zero_init_residual=true"], set(), set()),
+        (["optim.no_bias_decay=false", "optim.weight_decay=0.01"], set(), set()),
+        (["train.freeze_epochs=1"], {"freeze"}, set()),
     ],
 )
-def test_each_trick_in_a_two_step_run(tiny_overrides, overrides):
-    summary = hasten.train("fashion-fast", [*tiny_overrides, "data.synthetic_size=32", "train.epochs=1", *overrides])
-    assert summary["steps"] == 2 and math.isfinite(summary["train_loss"]) and math.isfinite(summary["test_loss"])
+def test_each_trick_in_a_two_step_run(tiny_overrides, tmp_path, overrides, shared_state, rank_state):
+    """Each trick changes what a 2-step run computes (so its hook ran), and its state is in the checkpoint."""
+    base = [*tiny_overrides, "data.synthetic_size=32", "train.epochs=1", "tricks.label_smoothing=0"]
+
+    def run(name: str, *extra: str) -> dict:
+        return hasten.train("fashion-fast", [*base, *extra, f"run.dir={tmp_path / name}"])
+
+    plain, tricked = run("plain"), run("trick", *overrides)
+    assert tricked["steps"] == plain["steps"] == 2
+    assert math.isfinite(tricked["train_loss"]) and math.isfinite(tricked["test_loss"])
+    assert (tricked["train_loss"], tricked["test_loss"]) != (plain["train_loss"], plain["test_loss"])
+    state = last_checkpoint(tmp_path / "trick")
+    assert set(state["hooks"]) == shared_state and set(state["ranks"][0]["hooks"]) == rank_state
 
 
 def test_mixup_draws_repeat_with_the_seed(tiny_overrides, tmp_path):
-    def loss(seed: int) -> float:
-        overrides = [*tiny_overrides, "data.synthetic_size=32", "train.epochs=1", "tricks.mixup=0.4", f"seed={seed}"]
-        return hasten.train("fashion-fast", [*overrides, f"run.dir={tmp_path / str(seed)}"])["train_loss"]
+    def run(seed: int, name: str, mixup: float = 0.4) -> tuple[float, dict]:
+        overrides = [
+            *tiny_overrides,
+            "data.synthetic_size=32",
+            "train.epochs=1",
+            f"tricks.mixup={mixup}",
+            f"seed={seed}",
+        ]
+        loss = hasten.train("fashion-fast", [*overrides, f"run.dir={tmp_path / name}"])["train_loss"]
+        return loss, last_checkpoint(tmp_path / name)["ranks"][0]["hooks"]
 
-    assert loss(1) == loss(1) != loss(2)
+    (first, first_state), (again, again_state) = run(1, "a"), run(1, "b")
+    assert first == again and first_state == again_state  # the same draws
+    other_seed = run(2, "c")[1]
+    assert other_seed["mixing"] != first_state["mixing"]  # the mixing stream follows the seed
+    without, without_state = run(1, "d", mixup=0)
+    assert without != first and without_state == {}  # mixup was on above: it changed the loss

@@ -32,10 +32,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten.build import dataset, resolve_device, scaled_lr, seed_everything, tricks
+from hasten.build import dataset, scaled_lr, seed_everything, tricks
 from hasten.build import optimizer as make_optimizer
 from hasten.config import Recipe, apply_overrides, load_recipe, validate
 from hasten.data.loader import Augment, channel_stats
+from hasten.distributed import resolve_device
 from hasten.memory import peak_memory_bytes, reset_peak
 from hasten.models import build_model
 from hasten.report import format_bytes, format_seconds, markdown_table

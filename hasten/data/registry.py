@@ -9,7 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hasten.data import readers
 from hasten.data.cifar import LAYOUTS, CifarLayout, batch_folder
+from hasten.data.readers import Reader
 from hasten.errors import DataError
 
 
@@ -43,6 +45,7 @@ class DatasetSpec:
     num_classes: int = 10
     classes: tuple[str, ...] = ()  # empty when the names come from the data files
     cifar_layout: CifarLayout | None = None  # its extracted batch folder stands in for the archive
+    reader: Reader = field(default=readers.read_idx, compare=False)  # files (or seed) -> arrays and class names
     # a mirror image is an image of the same class (clothes, objects); false where it is not (digits, letters,
     # gratings): horizontal flips (data.augment.flip, train.tta_flip) default to this
     mirror_invariant: bool = False
@@ -141,6 +144,7 @@ def _cifar_dataset(name: str, num_classes: int, classes: tuple[str, ...] = ()) -
         num_classes=num_classes,
         classes=classes,
         cifar_layout=layout,
+        reader=readers.read_cifar_spec,
         mirror_invariant=True,
     )
 
@@ -176,14 +180,20 @@ SPECS: dict[str, DatasetSpec] = {
         test_size=360,
         image_shape=(1, 8, 8),
         classes=DIGIT_NAMES,
+        reader=readers.read_digits,
     ),
     # sizes are load_dataset's defaults (synthetic_size=512 and a quarter of it)
     "synthetic": DatasetSpec(
-        "synthetic", install_hint="generated from the seed", train_size=512, test_size=128, classes=DIGIT_NAMES
+        "synthetic",
+        install_hint="generated from the seed",
+        train_size=512,
+        test_size=128,
+        classes=DIGIT_NAMES,
+        reader=readers.read_synthetic,
     ),
 }
 
-DATASETS: tuple[str, ...] = tuple(SPECS)
+DATASETS: tuple[str, ...] = tuple(SPECS)  # the one list of dataset names: the recipe's data.name takes these
 
 
 def mirror_invariant(name: str) -> bool:

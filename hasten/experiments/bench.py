@@ -30,10 +30,11 @@ from typing import Any
 import torch
 
 import hasten
-from hasten.build import dataset, resolve_device
+from hasten.build import dataset
 from hasten.config import Recipe, apply_overrides, validate
+from hasten.distributed import resolve_device
 from hasten.errors import HastenError
-from hasten.experiments.flops import PRECISION_DTYPES, matmul_peak, train_step_flops
+from hasten.experiments.flops import matmul_peak, train_step_flops
 from hasten.experiments.variants import (  # re-exported: the sweep and transfer experiments import them from here
     NAIVE,
     Variant,
@@ -46,6 +47,7 @@ from hasten.experiments.variants import (  # re-exported: the sweep and transfer
     variant_recipe,
 )
 from hasten.models import build_model
+from hasten.precision import compute_dtype
 from hasten.runlog import environment, write_atomic
 
 __all__ = [
@@ -275,7 +277,7 @@ def run_grid(
             torch.set_num_threads(recipe.train.threads)
         device = resolve_device(recipe.device)
         for precision in sorted(set(precisions.values())):
-            flops, size = matmul_peak(PRECISION_DTYPES[precision], device, min_seconds=peak_seconds)
+            flops, size = matmul_peak(compute_dtype(precision), device, min_seconds=peak_seconds)
             tf32 = device.type == "cuda" and precision == "fp32" and torch.backends.cudnn.allow_tf32
             peaks[precision] = {"flops_per_second": flops, "size": size, "tf32": tf32}
             log(f"matmul peak {precision}: {flops / 1e9:.1f} GFLOP/s ({size}x{size}, {device.type})")

@@ -18,9 +18,6 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-# the dtype whose matmul peak a precision mode is held to
-PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp16-master": torch.float16}
-
 
 def train_step_flops(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batch: int = 4) -> float:
     """FLOPs of one forward and backward pass per image, for images of `input_shape` (C, H, W).

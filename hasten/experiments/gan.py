@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from torch import Tensor, nn
 
-from hasten.build import resolve_device, seed_everything
+from hasten.build import seed_everything
 from hasten.checkpoint import (
     latest_usable,
     load_checkpoint,
@@ -43,6 +43,7 @@ from hasten.checkpoint import (
 )
 from hasten.data import ImageDataset, load_dataset
 from hasten.data.loader import InMemoryLoader
+from hasten.distributed import resolve_device
 from hasten.errors import CheckpointError, RecipeError
 from hasten.experiments.frechet import QualityProbe, quality_probe
 from hasten.experiments.gan_recipe import GanRecipe, gan_recipe_yaml

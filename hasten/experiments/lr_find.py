@@ -30,7 +30,7 @@ from torch import Tensor
 
 from hasten.build import Parts
 from hasten.errors import HastenError
-from hasten.tricks import one_hot, soft_cross_entropy
+from hasten.step import TrainStep
 
 RULE = "LR at the smoothed loss's minimum / 10"
 # optim.lr=auto: the peak LR for the run's schedule from a range test of AUTO_STEPS steps (benchmarks/lr_auto.py
@@ -171,31 +171,21 @@ def lr_find(
         "model": copy.deepcopy(model.state_dict()),
         "optimizer": copy.deepcopy(optimizer.state_dict()),
         "precision": copy.deepcopy(precision.state_dict()),
-        "tricks": {name: copy.deepcopy(obj.state_dict()) for name, obj in parts.trick_state.items()},
+        "tricks": {name: copy.deepcopy(obj.state_dict()) for name, obj in parts.hooks.stateful.items()},
         "torch_rng": torch.get_rng_state(),
         "loader_epoch": parts.train_loader.epoch,
     }
     batches = _endless_batches(parts)
-    num_classes = len(parts.data.classes)
-
+    # the run's own step: its batch hooks (the loss the run will see), precision, clipping and accumulation
+    train_step = TrainStep(
+        model, optimizer, precision, len(parts.data.classes), parts.hooks.on_batch, parts.recipe.train.clip_grad_norm
+    )
     accumulate = parts.recipe.train.accumulate  # a step spans the run's global batch, as the LR will
 
     def step(lr: float) -> float:
         for group in optimizer.param_groups:
             group["lr"] = lr
-        optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for _ in range(accumulate):
-            images, labels = next(batches)
-            y_soft = one_hot(labels, num_classes)
-            for hook in parts.hooks.on_batch:  # the loss the run will see: label smoothing, mixup, cutmix
-                images, y_soft = hook(images, y_soft)
-            with precision.autocast():
-                loss = soft_cross_entropy(model(images), y_soft) / accumulate
-            precision.backward(loss)
-            total += loss.item()
-        precision.step(optimizer)
-        return total
+        return train_step([next(batches) for _ in range(accumulate)]).loss
 
     was_training = model.training
     model.train()
@@ -207,7 +197,7 @@ def lr_find(
         optimizer.load_state_dict(saved["optimizer"])
         optimizer.zero_grad(set_to_none=True)
         precision.load_state_dict(saved["precision"])
-        for name, obj in parts.trick_state.items():
+        for name, obj in parts.hooks.stateful.items():
             obj.load_state_dict(saved["tricks"][name])
         torch.set_rng_state(saved["torch_rng"])
         parts.train_loader.set_epoch(saved["loader_epoch"])

@@ -19,10 +19,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from hasten.build import dataset, resolve_device, run_dir, seed_everything
+from hasten.build import dataset, run_dir, seed_everything
 from hasten.config import Recipe, apply_overrides, to_yaml, validate
 from hasten.data import ImageDataset
 from hasten.data.loader import channel_stats
+from hasten.distributed import resolve_device
 from hasten.errors import HastenError
 from hasten.memory import peak_memory_bytes, reset_peak
 from hasten.models import build_model

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import torch
 
-from hasten.build import dataset, global_batch, loaders, lr_scale, optimizer_steps, resolve_for_data, scaled_lr
+from hasten.build import (
+    dataset,
+    global_batch,
+    loaders,
+    lr_scale,
+    optimizer_steps,
+    resolve_for_data,
+    scaled_lr,
+    steps_per_epoch,
+)
 from hasten.config import Recipe
 from hasten.schedules import trace, warmup_steps
 
@@ -35,7 +44,7 @@ def schedule_trace(recipe: Recipe) -> ScheduleTrace:
     return ScheduleTrace(
         lrs=[peak * m for m in multipliers],
         momenta=momenta if momenta is not None else [fixed] * len(multipliers),
-        steps_per_epoch=len(train_loader),
+        steps_per_epoch=steps_per_epoch(recipe, train_loader),  # optimizer steps, not batches (train.accumulate)
         total_steps=total,
         warmup_steps=warmup_steps(recipe.schedule, total),
         momentum_scheduled=momenta is not None,

@@ -12,16 +12,12 @@ __all__ = ["ResNet", "Residual", "build_model", "build_sequential"]
 
 
 def build_model(config: ModelConfig, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """The model the recipe describes, for images of `input_shape` (C, H, W) and `num_classes` classes."""
+    """The model the recipe describes, for images of `input_shape` (C, H, W) and `num_classes` classes, as
+    initialised by torch (`model.zero_init_residual` is a technique: hasten.tricks.zero_init, applied by build)."""
     if config.name in ("import", "object"):  # the user's own (hasten/own.py): model.target called with model.args
         from hasten.own import own_model  # here: hasten.own imports the data package, which imports models
 
         return own_model(config, None, input_shape, num_classes)
     if config.name == "sequential":
         return build_sequential(config.layers or [], input_shape, num_classes)
-    model = ResNet(input_shape[0], num_classes, width=config.width, blocks=config.blocks)
-    if config.zero_init_residual:
-        from hasten.tricks.zero_init import zero_init_residual  # here: tricks.zero_init imports this package
-
-        zero_init_residual(model)
-    return model
+    return ResNet(input_shape[0], num_classes, width=config.width, blocks=config.blocks)

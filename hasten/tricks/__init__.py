@@ -1,16 +1,29 @@
 """The bag of tricks (He et al., "Bag of Tricks for Image Classification", 2019): each a pure function plus
 a thin adapter that plugs it into the loop at a named hook point (`on_batch`, `after_step`, `eval_model`)."""
 
+import importlib
+import pkgutil
+
 from hasten.tricks.ema import EMA, ema_update, warmup_decay
 from hasten.tricks.mixing import BatchMixing, cutmix, cutmix_box, mixup
-from hasten.tricks.no_bias_decay import param_groups
+from hasten.tricks.no_bias_decay import NoBiasDecay, param_groups
 from hasten.tricks.soft_targets import LabelSmoothing, one_hot, smooth, soft_cross_entropy
-from hasten.tricks.zero_init import zero_init_residual
+from hasten.tricks.technique import Context, Technique, techniques
+from hasten.tricks.zero_init import ZeroInitResidual, zero_init_residual
+
+# every module of this package is imported, so each technique defined in one registers itself: a new one is
+# its module, its recipe section and its test, with no list to extend here
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "EMA",
     "BatchMixing",
+    "Context",
     "LabelSmoothing",
+    "NoBiasDecay",
+    "Technique",
+    "ZeroInitResidual",
     "cutmix",
     "cutmix_box",
     "ema_update",
@@ -19,6 +32,7 @@ __all__ = [
     "param_groups",
     "smooth",
     "soft_cross_entropy",
+    "techniques",
     "warmup_decay",
     "zero_init_residual",
 ]

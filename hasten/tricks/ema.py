@@ -16,11 +16,16 @@ torch.optim.swa_utils.AveragedModel keeps the average.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel
+
+from hasten.tricks.technique import Context, Technique
+
+if TYPE_CHECKING:
+    from hasten.config import Recipe
 
 
 def ema_update(average: Tensor, value: Tensor, decay: float) -> Tensor:
@@ -37,17 +42,35 @@ def has_batch_norm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
-class EMA:
+class EMA(Technique):
     """After-step hook: keeps the moving average of `model`; `eval_model` hands the averaged copy to the
     evaluation, its batch-norm statistics recomputed by `calibrate(module)` first when it has batch norm.
-    `state_dict()` holds the averaged weights and buffers and the update count."""
+    `state_dict()` holds the averaged weights and buffers and the update count (checkpointed as
+    `state["hooks"]["ema"]`). Made from a recipe without a model, it copies the model at `on_optimizer`, once
+    the model is on its device and in its precision."""
 
-    def __init__(self, model: nn.Module, decay: float, calibrate: Callable[[nn.Module], None] | None = None):
+    name, hooks, order = "ema", frozenset({"on_optimizer", "after_step", "eval_model"}), 30
+    stateful = True
+
+    def __init__(self, model: nn.Module | None, decay: float, calibrate: Callable[[nn.Module], None] | None = None):
         self.decay = decay
-        self.calibrate = calibrate if has_batch_norm(model) else None
-        self.averaged = AveragedModel(model, multi_avg_fn=self._average, use_buffers=True)
+        self._calibrate = calibrate
+        self.calibrate: Callable[[nn.Module], None] | None = None
+        self.averaged: AveragedModel | None = None
         self.updates = 0  # updates made: sets the warmed-up decay (kept in n_averaged for checkpoints)
         self._calibrated_at = -1  # `updates` when the statistics were last recomputed
+        if model is not None:
+            self.on_optimizer(model)
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe, context: Context) -> EMA | None:
+        if not recipe.tricks.ema:
+            return None
+        return cls(None, recipe.tricks.ema, context.calibrate if recipe.tricks.ema_bn_images else None)
+
+    def on_optimizer(self, model: nn.Module) -> None:
+        self.calibrate = self._calibrate if has_batch_norm(model) else None
+        self.averaged = AveragedModel(model, multi_avg_fn=self._average, use_buffers=True)
 
     def _average(self, averaged: list[Tensor], current: list[Tensor], num_averaged: Tensor) -> None:
         weight = 1 - warmup_decay(self.decay, self.updates)

@@ -9,10 +9,16 @@ area is a `1 - lam` share of the image, and the targets are blended by the box's
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from hasten.tricks.technique import Context, Technique
+
+if TYPE_CHECKING:
+    from hasten.config import Recipe
 
 Box = tuple[int, int, int, int]  # top, bottom, left, right (bottom and right exclusive), in pixels
 
@@ -40,12 +46,24 @@ def cutmix_box(lam: float, height: int, width: int, center: tuple[float, float])
     return max(cy - half_h, 0), min(cy + half_h, height), max(cx - half_w, 0), min(cx + half_w, width)
 
 
-class BatchMixing:
+class BatchMixing(Technique):
     """Batch hook: mixup or CutMix on each training batch (one of the two, with equal odds, when both are on,
-    as timm does). Draws lambda, the permutation and the box from `rng`, the run's seeded generator."""
+    as timm does). Draws lambda, the permutation and the box from `rng`, the run's seeded generator; its state
+    (the generator's) is checkpointed per rank, since each rank draws its own stream."""
+
+    name, hooks, order = "mixing", frozenset({"on_batch"}), 20
+    stateful = rank_local = True
 
     def __init__(self, mixup_alpha: float, cutmix_alpha: float, rng: np.random.Generator):
         self.mixup_alpha, self.cutmix_alpha, self.rng = mixup_alpha, cutmix_alpha, rng
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe, context: Context) -> BatchMixing | None:
+        config = recipe.tricks
+        if not (config.mixup or config.cutmix):
+            return None
+        # seeded by (seed, rank): runs repeat and ranks differ
+        return cls(config.mixup, config.cutmix, np.random.default_rng([recipe.seed, context.rank]))
 
     def on_batch(self, images: Tensor, y_soft: Tensor) -> tuple[Tensor, Tensor]:
         use_cutmix = self.cutmix_alpha > 0 and (self.mixup_alpha <= 0 or self.rng.random() < 0.5)
@@ -57,8 +75,8 @@ class BatchMixing:
         box = cutmix_box(lam, images.shape[2], images.shape[3], (self.rng.random(), self.rng.random()))
         return cutmix(images, y_soft, box, perm)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"rng": self.rng.bit_generator.state}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]

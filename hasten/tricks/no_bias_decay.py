@@ -5,9 +5,14 @@ regularise. The split is by shape: every 1-D parameter (bias, BN/LayerNorm scale
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
+
+from hasten.tricks.technique import Context, Technique
+
+if TYPE_CHECKING:
+    from hasten.config import Recipe
 
 
 def param_groups(model: nn.Module, weight_decay: float, no_bias_decay: bool) -> list[dict[str, Any]]:
@@ -18,3 +23,30 @@ def param_groups(model: nn.Module, weight_decay: float, no_bias_decay: bool) -> 
     decay = [p for p in params if p.ndim > 1]
     no_decay = [p for p in params if p.ndim <= 1]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def split_no_decay(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each group split in two, in place of it: its >1-D parameters as they were, its 1-D ones without weight
+    decay. A group with one parameter kind stays one group (plus an empty no-decay group when it is the only
+    group, as `param_groups` gives, so checkpoints of earlier runs still fit)."""
+    split = []
+    for group in groups:
+        decay = [p for p in group["params"] if p.ndim > 1]
+        no_decay = [p for p in group["params"] if p.ndim <= 1]
+        halves = [{**group, "params": decay}, {**group, "params": no_decay, "weight_decay": 0.0}]
+        split += halves if len(groups) == 1 else [h for h in halves if h["params"]]
+    return split
+
+
+class NoBiasDecay(Technique):
+    """Optimizer hook (`optim.no_bias_decay`): biases and normalisation parameters without weight decay, in
+    whatever groups the run made (one, or one per layer for discriminative fine-tuning)."""
+
+    name, hooks, order = "no_bias_decay", frozenset({"param_groups"}), 0
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe, context: Context) -> NoBiasDecay | None:
+        return cls() if recipe.optim.no_bias_decay else None
+
+    def param_groups(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return split_no_decay(groups)

@@ -7,8 +7,15 @@ the refinements measured in He et al., "Bag of Tricks for Image Classification" 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
+
+from hasten.tricks.technique import Context, Technique
+
+if TYPE_CHECKING:
+    from hasten.config import Recipe
 
 
 def one_hot(labels: Tensor, num_classes: int) -> Tensor:
@@ -28,11 +35,17 @@ def soft_cross_entropy(logits: Tensor, y_soft: Tensor) -> Tensor:
     return -(y_soft * logits.float().log_softmax(1)).sum(1).mean()
 
 
-class LabelSmoothing:
-    """Batch hook: smooths the soft targets by `eps`; no randomness."""
+class LabelSmoothing(Technique):
+    """Batch hook: smooths the soft targets by `eps` (`tricks.label_smoothing`); no randomness, no state."""
+
+    name, hooks, order = "label_smoothing", frozenset({"on_batch"}), 10
 
     def __init__(self, eps: float):
         self.eps = eps
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe, context: Context) -> LabelSmoothing | None:
+        return cls(recipe.tricks.label_smoothing) if recipe.tricks.label_smoothing else None
 
     def on_batch(self, images: Tensor, y_soft: Tensor) -> tuple[Tensor, Tensor]:
         return images, smooth(y_soft, self.eps)

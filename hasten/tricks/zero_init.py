@@ -4,9 +4,16 @@ large learning rates."""
 
 from __future__ import annotations
 
+import sys
+from typing import TYPE_CHECKING
+
 from torch import nn
 
 from hasten.models.resnet import Residual
+from hasten.tricks.technique import Context, Technique
+
+if TYPE_CHECKING:
+    from hasten.config import Recipe
 
 
 def zero_init_residual(model: nn.Module) -> list[str]:
@@ -21,3 +28,22 @@ def zero_init_residual(model: nn.Module) -> list[str]:
             bn_name = next(n for n, m in module.named_modules() if m is module.last_bn)
             zeroed.append(f"{name}.{bn_name}.weight")
     return zeroed
+
+
+class ZeroInitResidual(Technique):
+    """Model hook (`model.zero_init_residual`): zero-inits the residual blocks' last BN gammas once the model is
+    built, before pretrained weights (which then win). Needs residual blocks ending in BN (hasten's ResNet
+    `Residual`); on a model without them it changes nothing and says so."""
+
+    name, hooks, order = "zero_init_residual", frozenset({"on_model"}), 0
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe, context: Context) -> ZeroInitResidual | None:
+        return cls() if recipe.model.zero_init_residual else None
+
+    def on_model(self, model: nn.Module) -> None:
+        if not zero_init_residual(model):
+            print(
+                "model.zero_init_residual: the model has no residual blocks ending in BN; nothing zeroed",
+                file=sys.stderr,
+            )
