@@ -346,10 +346,10 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
 def pick_lr(parts: Parts) -> None:
     """optim.lr=auto: a short LR range test on the built run picks the peak LR (lr_find.AUTO_RULE); the optimizer
     and the schedule are set to it, and the recipe records it as `optim.lr` (per `optim.base_batch`)."""
-    from hasten.experiments.lr_find import AUTO_RULE, AUTO_STEPS, auto_lr, lr_find
+    from hasten.experiments.lr_find import AUTO_RULE, AUTO_START, AUTO_STEPS, auto_lr, lr_find
 
     recipe = parts.recipe
-    result = lr_find(parts, steps=AUTO_STEPS)
+    result = lr_find(parts, start=AUTO_START, steps=AUTO_STEPS)
     peak = auto_lr(result)
     for group in parts.optimizer.param_groups:  # discriminative LRs keep their ratios to the peak
         group["initial_lr"] = group["initial_lr"] * peak / parts.lr

@@ -177,16 +177,21 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
         raise HastenError("lr-find: need 0 < --start < --end and --steps of at least 5")
     import torch
 
-    from hasten.build import build, run_dir
-    from hasten.experiments.lr_find import lr_find, plot_lr_find
+    from hasten.build import build, lr_scale, run_dir
+    from hasten.experiments.lr_find import AUTO_RULE, auto_lr, lr_find, plot_lr_find
 
     parts = build(recipe)
     result = lr_find(parts, ns.start, ns.end, ns.steps)
+    recipe, scale = parts.recipe, lr_scale(parts.recipe)
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
         return 0  # rank 0 reports; every rank has the same result
     path = plot_lr_find(result, ns.plot or run_dir(recipe) / "lr-find.png", f"{recipe.name}: LR range test")
-    per_base = result.suggestion * recipe.optim.lr / parts.lr  # undo the scaling rule for the recipe's optim.lr
-    print(f"suggested LR: {result.suggestion:.4g} ({result.rule})")
+    peak = auto_lr(result)
+    base = f" per {recipe.optim.base_batch} examples" if recipe.optim.base_batch else ""
+    print(f"peak LR for this recipe's {recipe.schedule.name} schedule: {peak:.4g} ({AUTO_RULE}, the rule of "
+          f"optim.lr=auto); to use it: optim.lr={peak / scale:.4g}{base}")  # fmt: skip
+    per_base = result.suggestion / scale  # undo the scaling rule for the recipe's optim.lr
+    print(f"suggested LR (fastai's rule): {result.suggestion:.4g} ({result.rule})")
     stopped = ", stopped when the loss diverged" if result.diverged else ""
     print(f"LR at the smoothed loss's minimum: {result.min_loss_lr:.4g}; swept {len(result.lrs)} steps{stopped}")
     if result.steepest_lr is not None:
@@ -395,7 +400,9 @@ def commands() -> dict[str, argparse.ArgumentParser]:
     )
     lr_find.add_argument("args", nargs="*", metavar="[RECIPE] [key=value ...]")
     lr_find.add_argument("--plot", metavar="PATH", help="PNG to write (default: RUN_DIR/lr-find.png)")
-    lr_find.add_argument("--start", type=float, default=1e-6, help="first LR of the sweep (default 1e-6)")
+    lr_find.add_argument(
+        "--start", type=float, default=1e-5, help="first LR of the sweep (default 1e-5, as optim.lr=auto)"
+    )
     lr_find.add_argument("--end", type=float, default=10.0, help="last LR of the sweep (default 10)")
     lr_find.add_argument("--steps", type=int, default=100, help="optimizer steps in the sweep (default 100)")
     lr_find.set_defaults(run=cmd_lr_find)

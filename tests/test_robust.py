@@ -117,3 +117,29 @@ def test_synthetic_data_really_is_mirror_sensitive():
     # the mirror of class c's mean image is closer to another class's mean than to its own
     distance = ((mirrored[:, None] - means[None]) ** 2).flatten(2).sum(-1)
     assert (distance.argmin(1) != torch.arange(10)).sum() >= 5
+
+
+def test_auto_statistic_is_the_minimum_of_the_heavily_smoothed_loss():
+    from hasten.experiments.lr_find import AUTO_FACTOR, LRFindResult, auto_lr, auto_statistic, sweep_lrs
+
+    lrs = sweep_lrs(1e-5, 10, 100)
+    # a loss that falls until LR 0.3, then blows up, with noise that would move a lightly smoothed minimum
+    noise = [0.3 * (-1) ** i for i in range(100)]
+    losses = [2.3 - 1.5 * min(math.log10(lr / 1e-5), 4.5) / 4.5 + max(0.0, math.log10(lr / 0.3)) * 8 + n
+              for lr, n in zip(lrs, noise, strict=True)]  # fmt: skip
+    result = LRFindResult(lrs, losses, losses, 0.0, "", 0.0, None, False)
+    assert 0.1 < auto_statistic(result) < 0.5
+    assert auto_lr(result) == pytest.approx(AUTO_FACTOR * auto_statistic(result))
+    losses[-1] = float("nan")  # the sweep stops at a non-finite loss: it counts as huge, never as a minimum
+    assert 0.1 < auto_statistic(LRFindResult(lrs, losses, losses, 0.0, "", 0.0, None, False)) < 0.5
+
+
+def test_optim_lr_auto_picks_a_peak_and_the_run_records_it(tmp_path, capsys):
+    summary = train(_default(tmp_path, "data.name=digits", "train.epochs=3", "optim.lr=auto"))
+    assert "optim.lr=auto: peak LR" in capsys.readouterr().err
+    recorded = (tmp_path / "run" / "recipe.yaml").read_text()
+    assert "lr: auto" not in recorded
+    per_base = float(recorded.split("\n  lr: ")[1].split("\n")[0])
+    assert 0.01 < per_base < 3  # the measured plateau on digits is 0.1-0.4 per 256 (docs/lr-auto.md)
+    assert summary["lr"] == pytest.approx(per_base * 16 / 256)  # the batch rule applied to what was picked
+    assert summary["test_accuracy"] >= 0.85
