@@ -24,6 +24,7 @@ benchmark continues where it stopped (`--fresh` runs everything again).
     .venv/bin/python benchmarks/generalization.py --budgets 1,2 --seeds 0,1
     .venv/bin/python benchmarks/generalization.py --quick          # a smoke run: tiny model and data, 1 epoch
     .venv/bin/python benchmarks/generalization.py --only synthetic --budgets 1 model.width=4   # extra overrides
+    .venv/bin/python benchmarks/generalization.py --only digits --folder ~/data/letters   # and your own folder
 
 Output in OUT (default bench/generalization/): report.md (the command, the table, the verdicts), results.json
 (every run's overrides and summary) and default_vs_plain.png (the default's accuracy against the plain one's).
@@ -73,12 +74,16 @@ PLAIN = [
 QUIET = ["run.progress=false", "run.tensorboard=false"]
 TOY = ("arrows", "colours", "shapes")
 BUDGETS = (1, 2, 5)  # epochs, plus the recipe's own
+INTERRUPTED = {130, 143, -2, -9, -15}  # exit codes of a run stopped by SIGINT, SIGKILL or SIGTERM
 QUICK = ["data.subset=256", "data.test_subset=256", "model.width=4", "model.blocks=[1]"]
 
 
-def dataset_overrides(name: str, out: Path) -> list[str]:
+def dataset_overrides(name: str, out: Path, folders: dict[str, str] | None = None) -> list[str]:
     """The data.* overrides that swap the recipe's data for dataset `name` (every data key that picks the data
-    is set, so a recipe's own data.subset or data.root does not leak into another dataset)."""
+    is set, so a recipe's own data.subset or data.root does not leak into another dataset); `folders` maps the
+    names of the user's own image folders (--folder) to their paths."""
+    if folders and name in folders:
+        return ["data.name=imagefolder", f"data.root={folders[name]}", "data.subset=null"]
     fashion = ["data.name=fashion-mnist", "data.root=null"]
     table = {
         "fashion-full": fashion + ["data.subset=null"],
@@ -139,6 +144,8 @@ def run_one(recipe_name: str, variant: str, overrides: list[str], epochs: int, r
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=_env()).returncode
     seconds = round(time.perf_counter() - started, 1)
     result: dict[str, Any] = {"exit_code": code, "seconds": seconds, "command": shlex.join(command)}
+    if code in INTERRUPTED:  # stopped from outside, not a result: raise before anything is cached
+        raise KeyboardInterrupt(f"{run_dir}: run stopped by a signal (exit {code}); rerun to resume")
     summary_path = run_dir / "summary.json"
     if code != 0 or not summary_path.is_file():
         lines = (run_dir / "log.txt").read_text(errors="replace").strip().splitlines() or ["no output"]
@@ -156,7 +163,7 @@ def run_cells(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     for name in args.only:
         if name in TOY and not (out / "data" / name / "train").is_dir():
             make_toy(name, out / "data" / name, seed=0)
-        data = dataset_overrides(name, out)
+        data = dataset_overrides(name, out, args.folders)
         for epochs in budgets:
             for seed in args.seeds:
                 for variant in VARIANTS:
@@ -164,15 +171,21 @@ def run_cells(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                     overrides += [f"seed={seed}", f"train.threads={args.threads}", *QUIET, *args.overrides]
                     key = f"{name}__e{epochs}__{variant}__s{seed}"
                     cache = out / "cells" / f"{key}.json"
+                    # the resolved recipe, not just the overrides: a changed default in the recipe reruns the cell
+                    resolved = load_recipe(args.recipe, overrides).model_dump(mode="json")
                     if cache.is_file() and not args.fresh:
                         cached = json.loads(cache.read_text())
-                        if cached["overrides"] == overrides:
+                        if cached.get("resolved") == resolved:
                             runs.append(cached)
                             continue
                     print(f"{key}: running", flush=True)
                     result = run_one(args.recipe, variant, overrides, epochs, out / "runs" / key)
                     record = {"dataset": name, "epochs": epochs, "variant": variant, "seed": seed}
-                    record |= {"recipe_budget": epochs == recipe_epochs, "overrides": overrides} | result
+                    record |= {
+                        "recipe_budget": epochs == recipe_epochs,
+                        "overrides": overrides,
+                        "resolved": resolved,
+                    } | result
                     cache.parent.mkdir(parents=True, exist_ok=True)
                     write_atomic(cache, json.dumps(record, indent=2) + "\n")
                     print(f"{key}: accuracy {record['test_accuracy']} in {record['seconds']} s", flush=True)
@@ -298,6 +311,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="train.threads of every run")
     parser.add_argument("--plain-margin", type=float, default=0.01, help="accuracy the default may lag plain by")
     parser.add_argument("--chance-margin", type=float, default=0.05, help="accuracy the default must beat chance by")
+    parser.add_argument(
+        "--folder",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also an image folder of your own (DIR/train/<class>/, DIR/val/<class>/); repeatable",
+    )
     parser.add_argument("--out", default="bench/generalization")
     parser.add_argument("--fresh", action="store_true", help="run every cell again instead of using the cache")
     parser.add_argument("--quick", action="store_true", help="smoke run: synthetic and shapes, 1 epoch, tiny model")
@@ -305,8 +325,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.only, args.budgets, args.recipe_budget = "synthetic,shapes", "1", False
         args.overrides = QUICK + args.overrides
-    args.only = [name for name in args.only.split(",") if name]
-    unknown = [name for name in args.only if name not in DATASETS]
+    args.folders = {Path(folder).name: str(Path(folder).resolve()) for folder in args.folder}
+    missing = [folder for folder in args.folder if not (Path(folder) / "train").is_dir()]
+    if missing:
+        parser.error(f"--folder: no train/ folder in {', '.join(missing)} (expected train/<class>/*.png, val/...)")
+    clashes = [name for name in args.folders if name in DATASETS]
+    if clashes:
+        parser.error(f"--folder: {', '.join(clashes)} is the name of a built-in dataset; rename the folder")
+    args.only = [name for name in args.only.split(",") if name] + [n for n in args.folders if n not in args.only]
+    unknown = [name for name in args.only if name not in DATASETS and name not in args.folders]
     if unknown:
         parser.error(f"--only: unknown dataset(s) {', '.join(unknown)}; choose from {', '.join(DATASETS)}")
     try:
@@ -324,7 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = run_cells(args, out)
-    chances = {name: chance_level(args.recipe, dataset_overrides(name, out) + args.overrides) for name in args.only}
+    chances = {
+        name: chance_level(args.recipe, dataset_overrides(name, out, args.folders) + args.overrides)
+        for name in args.only
+    }
     rows = table_rows(runs, chances, args)
     argv_text = shlex.join(sys.argv[1:] if argv is None else argv)
     results = {

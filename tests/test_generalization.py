@@ -106,3 +106,43 @@ def test_a_failing_cell_is_reported_as_fail(generalization, tmp_path: Path) -> N
     rows[1] |= {"default": 0.9, "verdict": "OK"}
     rows = rows[1:]
     assert "All 1 cells OK." in generalization.write_report(rows, results, tmp_path).read_text()
+
+
+def test_cache_follows_the_resolved_recipe_and_user_folders(generalization, tmp_path: Path, monkeypatch) -> None:
+    """A cell is reused while its resolved recipe is unchanged and run again when it changes; --folder adds the
+    user's own image folder as one more dataset, with the same variants."""
+    from hasten.data.toy import make_toy
+
+    make_toy("shapes", tmp_path / "mine", train_per_class=4, val_per_class=2)
+    calls: list[tuple[str, list[str]]] = []
+
+    def fake_run(recipe: str, variant: str, overrides: list[str], epochs: int, run_dir: Path) -> dict:
+        calls.append((variant, overrides))
+        return {"exit_code": 0, "seconds": 1.0, "command": "x", "test_accuracy": 0.5, "train_loss": 1.0}
+
+    monkeypatch.setattr(generalization, "run_one", fake_run)
+    argv = ["--only", "synthetic", "--folder", str(tmp_path / "mine"), "--budgets", "1", "--no-recipe-budget"]
+    argv += ["--out", str(tmp_path / "out"), *TINY]
+    assert generalization.main(argv) == 0
+    assert len(calls) == 6  # 2 datasets x 3 variants
+    assert f"data.root={tmp_path / 'mine'}" in calls[3][1] and "data.name=imagefolder" in calls[3][1]
+    rows = json.loads((tmp_path / "out" / "results.json").read_text())["cells"]
+    assert [r["dataset"] for r in rows] == ["synthetic", "mine"] and rows[1]["chance"] == pytest.approx(0.2)
+    generalization.main(argv)
+    assert len(calls) == 6  # all from the cache
+    generalization.main(argv[:-1] + ["model.blocks=[2]"])
+    assert len(calls) == 12  # another model: every cell again
+    with pytest.raises(SystemExit):
+        generalization.parse_args(["--folder", str(tmp_path / "nothing-here")])
+    with pytest.raises(SystemExit):
+        generalization.parse_args(["--only", "letters"])
+
+
+def test_an_interrupted_run_is_not_cached(generalization, tmp_path: Path, monkeypatch) -> None:
+    class Stopped:
+        returncode = 130  # what hasten train exits with after SIGINT
+
+    monkeypatch.setattr(generalization.subprocess, "run", lambda *a, **k: Stopped())
+    with pytest.raises(KeyboardInterrupt):
+        generalization.main(["--only", "synthetic", "--budgets", "1", "--no-recipe-budget", "--out", str(tmp_path)])
+    assert not list(tmp_path.rglob("cells/*.json"))
