@@ -50,6 +50,7 @@ from hasten.build import dataset
 from hasten.config import load_recipe
 from hasten.data.imagefolder import ImageFolder
 from hasten.data.toy import make_toy
+from hasten.errors import HastenError
 from hasten.runlog import environment, write_atomic
 
 VARIANTS = ("default", "plain", "naive")
@@ -211,7 +212,7 @@ def table_rows(runs: list[dict[str, Any]], chances: dict[str, float], args: argp
                 row[variant] = _mean([r["test_accuracy"] for r in mine])
                 row[f"{variant}_train_loss"] = _mean([r.get("train_loss") for r in mine])
                 row[f"{variant}_seconds"] = round(sum(r["seconds"] for r in mine), 1)
-                row[f"{variant}_warnings"] = sorted({w for r in mine for w in (r.get("warnings") or [])})
+                row[f"{variant}_warnings"] = sorted({str(w) for r in mine for w in (r.get("warnings") or [])})
                 row[f"{variant}_errors"] = [r["error"] for r in mine if r.get("error")]
             row["verdict"], row["why"] = verdict(
                 row["default"], row["plain"], row["chance"], args.plain_margin, args.chance_margin
@@ -347,6 +348,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except HastenError as error:  # a bad recipe, override or folder: the message names it
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -146,3 +146,8 @@ def test_an_interrupted_run_is_not_cached(generalization, tmp_path: Path, monkey
     with pytest.raises(KeyboardInterrupt):
         generalization.main(["--only", "synthetic", "--budgets", "1", "--no-recipe-budget", "--out", str(tmp_path)])
     assert not list(tmp_path.rglob("cells/*.json"))
+
+
+def test_a_bad_override_is_an_error_naming_it(generalization, tmp_path: Path, capsys) -> None:
+    assert generalization.main(["--only", "synthetic", "--out", str(tmp_path), "model.widht=4"]) == 2
+    assert "model.widht" in capsys.readouterr().err
