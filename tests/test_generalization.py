@@ -132,6 +132,10 @@ def test_cache_follows_the_resolved_recipe_and_user_folders(generalization, tmp_
     assert len(calls) == 6  # all from the cache
     generalization.main(argv[:-1] + ["model.blocks=[2]"])
     assert len(calls) == 12  # another model: every cell again
+    generalization.main(argv[:-1] + ["model.blocks=[3]", "--report-only", "--budgets", "1,2"])
+    assert len(calls) == 12  # --report-only runs nothing: the cached cells as they are
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| synthetic | 1 |" in report and "| synthetic | 2 |" not in report
     with pytest.raises(SystemExit):
         generalization.parse_args(["--folder", str(tmp_path / "nothing-here")])
     with pytest.raises(SystemExit):
