@@ -303,7 +303,7 @@ def plot(rows: list[dict], out: Path) -> Path:
     ax.set_title("Default recipe vs plain baseline per cell (red x: FAIL)")
     ax.set_xlim(0, 100)
     ax.set_ylim(0, 100)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left")
     path = out / "default_vs_plain.png"
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
