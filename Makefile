@@ -43,6 +43,7 @@ bench: data
 	$(BIN)/python benchmarks/gan.py
 	$(BIN)/python benchmarks/distributed.py
 	$(BIN)/hasten bench fashion-fast --repeats 3
+	$(BIN)/python benchmarks/generalization.py
 
 # hasten beside PyTorch Lightning on the same recipe (benchmarks/peers/); the extra is installed only here, with
 # the torch already in the venv named as a requirement so pip keeps it. PEERS_ARGS, e.g. "--repeats 1", is passed on

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 from hasten.build import dataset, run_dir, seed_everything
 from hasten.config import Recipe, apply_overrides, to_yaml, validate
 from hasten.data import ImageDataset
+from hasten.data.imagefolder import ImageFolder, read_into_memory
 from hasten.data.loader import channel_stats
 from hasten.distributed import resolve_device
 from hasten.errors import HastenError
@@ -119,6 +120,8 @@ def train_naive(recipe: Recipe, epochs: int | None = None) -> dict[str, Any]:
         torch.set_num_threads(recipe.train.threads)
     seed_everything(recipe.seed)
     data = dataset(recipe)
+    if isinstance(data, ImageFolder):  # a tutorial's loop holds a small folder in memory too; decoded once here
+        data = read_into_memory(data)
     if not isinstance(data, ImageDataset):
         raise HastenError(f"data.name: the naive loop needs an in-memory dataset, not {recipe.data.name}")
     mean, std = channel_stats(data.train_images)
