@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from rich.console import Console
+from rich.markup import escape
 from torch import Tensor, nn
 
 from hasten.build import resolve_device, seed_everything
@@ -46,7 +47,14 @@ from hasten.data.loader import InMemoryLoader
 from hasten.errors import CheckpointError, RecipeError
 from hasten.experiments.frechet import QualityProbe, quality_probe
 from hasten.experiments.gan_recipe import GanRecipe, gan_recipe_yaml
-from hasten.experiments.gan_report import GanProgress, generate, save_grid
+from hasten.experiments.gan_report import (
+    GanProgress,
+    collapse_warning,
+    generate,
+    largest_class,
+    save_class_histogram,
+    save_grid,
+)
 from hasten.memory import peak_memory_bytes, reset_peak
 from hasten.models.dcgan import SIZE, Discriminator, Generator, dcgan, padded
 from hasten.precision import Precision, make_precision
@@ -54,7 +62,7 @@ from hasten.runlog import RunLog
 
 METRICS = [
     "epoch", "step", "loss_d", "loss_g", "d_real", "d_fake", "train_seconds", "images_per_second",
-    "loss_scale_d", "loss_scale_g", "skipped_d", "skipped_g", "frechet",
+    "loss_scale_d", "loss_scale_g", "skipped_d", "skipped_g", "frechet", "largest_class", "largest_share",
 ]  # fmt: skip
 LOG_EVERY = 10  # steps between per-step TensorBoard scalars (reading a loss syncs the device)
 Measured = tuple[float, dict[str, float]]  # (Fréchet distance, class distribution)
@@ -270,7 +278,8 @@ def train_epoch(parts: GanParts, state: GanState, log: RunLog, bar: Any) -> None
             state.sums[key] = state.sums.get(key, 0.0) + total
 
 
-def epoch_row(parts: GanParts, state: GanState, frechet: float | None) -> dict[str, Any]:
+def epoch_row(parts: GanParts, state: GanState, measured: Measured | None) -> dict[str, Any]:
+    top = largest_class(measured[1]) if measured else ("", "")
     images = max(state.sums.get("images", 0.0), 1.0)
     row: dict[str, Any] = {k: state.sums.get(k, 0.0) / images for k in ("loss_d", "loss_g", "d_real", "d_fake")}
     return row | {
@@ -282,7 +291,9 @@ def epoch_row(parts: GanParts, state: GanState, frechet: float | None) -> dict[s
         "loss_scale_g": parts.precision_g.loss_scale,
         "skipped_d": state.skipped_d,
         "skipped_g": state.skipped_g,
-        "frechet": "" if frechet is None else round(frechet, 4),
+        "frechet": "" if measured is None else round(measured[0], 4),
+        "largest_class": top[0],  # the class the quality classifier gives most samples: mode collapse shows here
+        "largest_share": top[1],
     }
 
 
@@ -294,7 +305,7 @@ def end_epoch(
     state.epoch, state.batch = state.epoch + 1, 0
     due = probe is not None and (recipe.quality.every_epoch or state.epoch == recipe.train.epochs)
     measured = probe.measure(generate(parts.generator, probe.noise)) if due else None
-    row = epoch_row(parts, state, measured[0] if measured else None)
+    row = epoch_row(parts, state, measured)
     state.history.append(row)
     state.sums = {}
     pixels = save_grid(
@@ -336,7 +347,7 @@ def train_gan(recipe: GanRecipe) -> dict[str, Any]:
     started = time.perf_counter()
     measured: Measured | None = None
     try:
-        with GanProgress(len(parts.loader), enabled=recipe.run.progress and log.enabled) as bar:
+        with GanProgress(len(parts.loader), enabled=recipe.run.progress and log.enabled, console=console) as bar:
             while state.epoch < recipe.train.epochs:
                 bar.start_epoch(state.epoch + 1, recipe.train.epochs)
                 try:
@@ -347,11 +358,20 @@ def train_gan(recipe: GanRecipe) -> dict[str, Any]:
                     raise
                 row, measured = end_epoch(parts, state, probe, log, folder)
                 bar.end_epoch(row)
+                warn_collapse(console, measured, recipe.quality.collapse_share, f"epoch {state.epoch}")
         if probe is not None and measured is None:  # resumed with nothing left to train
             measured = probe.measure(generate(parts.generator, probe.noise))
+            warn_collapse(console, measured, recipe.quality.collapse_share, "end of run")
     finally:
         log.close()
     return summarise(parts, state, log, probe, measured, time.perf_counter() - started)
+
+
+def warn_collapse(console: Console, measured: Measured | None, threshold: float, when: str) -> None:
+    """Print the mode-collapse warning (stderr) when one class takes more than `threshold` of the samples."""
+    warning = collapse_warning(measured[1], threshold) if measured else None
+    if warning:
+        console.print(f"[bold yellow]warning[/bold yellow] ({when}): {escape(warning)}", highlight=False)
 
 
 def summarise(
@@ -380,6 +400,18 @@ def summarise(
         "grid": str(log.dir / "samples" / f"epoch-{state.epoch:03d}.png"),
     }
     if probe is not None and measured is not None:
-        summary |= {"frechet_distance": measured[0], "class_distribution": measured[1], "quality": probe.info}
+        threshold = parts.recipe.quality.collapse_share
+        name, share = largest_class(measured[1])
+        summary |= {
+            "frechet_distance": measured[0],
+            "class_distribution": measured[1],
+            "largest_class": {"name": name, "share": share},
+            "mode_collapse": collapse_warning(measured[1], threshold),  # None when no class takes more
+            "quality": probe.info,
+        }
+        if log.enabled:
+            title = f"generated samples per class after epoch {state.epoch} ({probe.info['samples']} samples)"
+            path = save_class_histogram(measured[1], log.dir / "class_histogram.png", title, threshold)
+            summary["class_histogram"] = str(path)
     log.summary(summary)
     return summary | {"run_dir": str(log.dir)}

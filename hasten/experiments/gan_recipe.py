@@ -64,6 +64,7 @@ class GanQuality(Section):
     classifier_overrides: list[str] = []  # more key=value overrides for the classifier's recipe
     samples: Annotated[int, Field(ge=16)] = 2000  # generated and real images per estimate
     every_epoch: bool = True  # also measure after every epoch (a metrics.csv column), not only at the end
+    collapse_share: Annotated[float, Field(gt=0, lt=1)] = 0.5  # warn of mode collapse when one class takes more
 
 
 class GanRun(Section):
