@@ -334,3 +334,25 @@ def test_run_warns_of_mode_collapse_and_reports_the_class_histogram(tmp_path, mo
     cells = [str(cell) for column in table.columns for cell in column._cells]
     assert sum("█" in cell for cell in cells) == (5 if collapsed else 10)  # a bar per class with samples: 3, 6-9
     assert any("mode collapse" in cell for cell in cells) == collapsed
+
+
+@pytest.mark.parametrize("real_label", [1.0, 0.9])
+def test_discriminator_loss_uses_train_real_label_for_real_images_only(tmp_path, real_label):
+    import copy
+
+    parts = build_gan(tiny(tmp_path, "precision=fp32", f"train.real_label={real_label}"))
+    generator, discriminator = copy.deepcopy(parts.generator), copy.deepcopy(parts.discriminator)
+    real, _ = next(iter(parts.loader.batches()))
+    torch.manual_seed(1)
+    result = gan_step(parts, real)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        fake = generator(torch.randn(len(real), parts.recipe.model.latent))
+        real_logits, fake_logits = discriminator(real), discriminator(fake)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    expected = bce(real_logits, torch.full_like(real_logits, real_label)) + bce(
+        fake_logits, torch.zeros_like(fake_logits)
+    )
+    assert float(result.loss_d) == pytest.approx(float(expected), rel=1e-5)
+    with pytest.raises(RecipeError, match="train.real_label"):
+        tiny(tmp_path, "train.real_label=0.4")

@@ -1,7 +1,8 @@
 """`hasten gan`: a DCGAN (Radford et al., 2015) trained with two optimizers in fp32, bf16 or fp16.
 
 Per batch of real images x and noise z (standard normal):
-  D step: loss_D = BCE(D(x), 1) + BCE(D(G(z)), 0), with G(z) detached, so only D gets gradients;
+  D step: loss_D = BCE(D(x), r) + BCE(D(G(z)), 0), with G(z) detached, so only D gets gradients; r is
+          train.real_label (1, or e.g. 0.9 for one-sided label smoothing, Salimans et al., 2016);
   G step: loss_G = BCE(D(G(z)), 1), the non-saturating loss (Goodfellow et al., 2014) the paper uses, with D's
           parameters frozen for the pass, so the backward pass computes no gradients for them.
 Each network has its own Adam and its own precision object (hasten.precision). In fp16 that is one dynamic
@@ -152,7 +153,8 @@ def gan_step(parts: GanParts, real: Tensor) -> StepResult:
     with parts.precision_d.autocast():
         fake = generator(z)
         real_logits, fake_logits = discriminator(real).float(), discriminator(fake.detach()).float()
-    loss_d = F.binary_cross_entropy_with_logits(real_logits, ones) + F.binary_cross_entropy_with_logits(
+    real_targets = torch.full_like(ones, parts.recipe.train.real_label)  # below 1: one-sided label smoothing
+    loss_d = F.binary_cross_entropy_with_logits(real_logits, real_targets) + F.binary_cross_entropy_with_logits(
         fake_logits, zeros
     )
     parts.optimizer_d.zero_grad(set_to_none=True)
