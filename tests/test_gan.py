@@ -328,6 +328,7 @@ def test_run_warns_of_mode_collapse_and_reports_the_class_histogram(tmp_path, mo
     assert [(r["largest_class"], float(r["largest_share"])) for r in rows] == [
         (summary["largest_class"]["name"], expected_share)
     ] * 2
+    assert Image.open(summary["quality_plot"]).size[0] > 200  # Fréchet and largest share per epoch
     histogram = Image.open(summary["class_histogram"])
     assert histogram.size[0] > 200 and (tmp_path / "run" / "class_histogram.png").stat().st_size < 200_000
     table = results_table(summary | {"run_dir": "x"})

@@ -55,6 +55,7 @@ from hasten.experiments.gan_report import (
     largest_class,
     save_class_histogram,
     save_grid,
+    save_quality_plot,
 )
 from hasten.memory import peak_memory_bytes, reset_peak
 from hasten.models.dcgan import SIZE, Discriminator, Generator, dcgan, padded
@@ -415,5 +416,10 @@ def summarise(
             title = f"generated samples per class after epoch {state.epoch} ({probe.info['samples']} samples)"
             path = save_class_histogram(measured[1], log.dir / "class_histogram.png", title, threshold)
             summary["class_histogram"] = str(path)
+            floor = probe.info.get("real_train_vs_test")
+            title = f"{parts.recipe.name} ({parts.recipe.precision}): sample quality per epoch"
+            plot = save_quality_plot(state.history, log.dir / "quality.png", title, floor, threshold)
+            if plot is not None:
+                summary["quality_plot"] = str(plot)
     log.summary(summary)
     return summary | {"run_dir": str(log.dir)}

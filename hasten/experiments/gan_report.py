@@ -143,6 +143,42 @@ def save_class_histogram(distribution: dict[str, float], path: Path, title: str,
     return path
 
 
+def save_quality_plot(
+    history: list[dict[str, Any]], path: Path, title: str, floor: float | None, threshold: float
+) -> Path | None:
+    """Per epoch, the Fréchet distance (left, log scale, with the real-vs-real floor) and the largest class's share
+    of the samples (right, with the collapse threshold and the uniform share); None when nothing was measured."""
+    rows = [row for row in history if row.get("frechet") not in ("", None)]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [row["epoch"] for row in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.2))
+    left.plot(epochs, [float(row["frechet"]) for row in rows], marker="o", markersize=3)
+    if floor:
+        left.axhline(floor, color="gray", linestyle="--", linewidth=1, label=f"real vs real {floor:.1f}")
+        left.legend(fontsize=8)
+    left.set_yscale("log")
+    left.set(xlabel="epoch", ylabel="Fréchet distance (classifier features)")
+    right.plot(epochs, [100 * float(row["largest_share"]) for row in rows], marker="o", markersize=3)
+    right.axhline(100 * threshold, color="tab:red", linestyle=":", linewidth=1, label="collapse warning")
+    right.axhline(10, color="gray", linestyle="--", linewidth=1, label="10%")
+    right.set(xlabel="epoch", ylabel="largest class, % of samples", ylim=(0, 100))
+    right.legend(fontsize=8)
+    for axis in (left, right):
+        axis.grid(alpha=0.3, which="both")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
 def results_table(summary: dict[str, Any]) -> Table:
     """The end-of-run table `hasten gan` prints."""
     table = Table(title=f"results ({summary['precision']})", show_header=False)
