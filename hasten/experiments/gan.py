@@ -374,7 +374,9 @@ def warn_collapse(console: Console, measured: Measured | None, threshold: float,
     """Print the mode-collapse warning (stderr) when one class takes more than `threshold` of the samples."""
     warning = collapse_warning(measured[1], threshold) if measured else None
     if warning:
-        console.print(f"[bold yellow]warning[/bold yellow] ({when}): {escape(warning)}", highlight=False)
+        console.print(
+            f"[bold yellow]warning[/bold yellow] ({when}): {escape(warning)}", highlight=False, soft_wrap=True
+        )
 
 
 def summarise(
