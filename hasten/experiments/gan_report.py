@@ -160,7 +160,7 @@ def save_quality_plot(
     fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.2))
     left.plot(epochs, [float(row["frechet"]) for row in rows], marker="o", markersize=3)
     if floor:
-        left.axhline(floor, color="gray", linestyle="--", linewidth=1, label=f"real vs real {floor:.1f}")
+        left.axhline(floor, color="gray", linestyle="--", linewidth=1, label=f"real vs real {floor:.2g}")
         left.legend(fontsize=8)
     left.set_yscale("log")
     left.set(xlabel="epoch", ylabel="Fréchet distance (classifier features)")
@@ -169,8 +169,11 @@ def save_quality_plot(
     right.axhline(10, color="gray", linestyle="--", linewidth=1, label="10%")
     right.set(xlabel="epoch", ylabel="largest class, % of samples", ylim=(0, 100))
     right.legend(fontsize=8)
+    from matplotlib.ticker import MaxNLocator
+
     for axis in (left, right):
         axis.grid(alpha=0.3, which="both")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
