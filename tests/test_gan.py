@@ -357,3 +357,35 @@ def test_discriminator_loss_uses_train_real_label_for_real_images_only(tmp_path,
     assert float(result.loss_d) == pytest.approx(float(expected), rel=1e-5)
     with pytest.raises(RecipeError, match="train.real_label"):
         tiny(tmp_path, "train.real_label=0.4")
+
+
+def test_checkpoint_quality_script_measures_every_checkpoint_like_the_run(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "benchmarks" / "gan_checkpoints.py"
+    spec = importlib.util.spec_from_file_location("gan_checkpoints", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    data = load_dataset("synthetic", synthetic_size=64)
+    config = ModelConfig(width=4)
+    model = build_model(config, data.image_shape, data.num_classes)  # untrained: features need no training
+    save_checkpoint(
+        {"model": model.state_dict(), "recipe": {"model": config.model_dump(mode="json")}}, tmp_path / "c.pt"
+    )
+    measured = train_gan(
+        tiny(tmp_path, "train.epochs=2", "run.keep=5", "quality.enabled=true", "quality.samples=32",
+             f"quality.classifier={tmp_path / 'c.pt'}")
+    )  # fmt: skip
+    assert module.main([str(tmp_path / "run"), "--classifier", str(tmp_path / "c.pt"), "--samples", "32"]) == 0
+    result = json.loads((tmp_path / "run" / "checkpoint_quality.json").read_text())
+    assert [r["epoch"] for r in result["checkpoints"]] == [1, 2] and [r["step"] for r in result["checkpoints"]] == [
+        8,
+        16,
+    ]
+    rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    for row, checkpoint in zip(rows, result["checkpoints"], strict=True):  # the same numbers the run measured
+        assert checkpoint["frechet"] == pytest.approx(float(row["frechet"]), abs=0.01)
+        assert checkpoint["largest_share"] == pytest.approx(float(row["largest_share"]))
+    assert result["checkpoints"][-1]["mix"] == measured["class_distribution"]
+    assert "epoch   2 step    16" in capsys.readouterr().out
