@@ -389,3 +389,17 @@ def test_checkpoint_quality_script_measures_every_checkpoint_like_the_run(tmp_pa
         assert checkpoint["largest_share"] == pytest.approx(float(row["largest_share"]))
     assert result["checkpoints"][-1]["mix"] == measured["class_distribution"]
     assert "epoch   2 step    16" in capsys.readouterr().out
+
+
+def test_quality_plot_skips_unmeasured_epochs_and_rows_from_before_the_share_column(tmp_path):
+    from hasten.experiments.gan_report import save_quality_plot
+
+    history = [
+        {"epoch": 1, "frechet": 40.0},  # a row restored from a checkpoint written before largest_share existed
+        {"epoch": 2, "frechet": "", "largest_share": ""},  # quality.every_epoch=false: not measured
+        {"epoch": 3, "frechet": 9.5, "largest_share": 0.3},
+    ]
+    path = save_quality_plot(history, tmp_path / "q.png", "t", 0.1, 0.5, uniform=0.1)
+    assert path is not None and Image.open(path).size[0] > 200
+    assert save_quality_plot([{"epoch": 1, "frechet": ""}], tmp_path / "none.png", "t", None, 0.5, 0.1) is None
+    assert not (tmp_path / "none.png").exists()

@@ -420,7 +420,8 @@ def summarise(
             summary["class_histogram"] = str(path)
             floor = probe.info.get("real_train_vs_test")
             title = f"{parts.recipe.name} ({parts.recipe.precision}): sample quality per epoch"
-            plot = save_quality_plot(state.history, log.dir / "quality.png", title, floor, threshold)
+            uniform = 1 / max(len(probe.classes), 1)
+            plot = save_quality_plot(state.history, log.dir / "quality.png", title, floor, threshold, uniform)
             if plot is not None:
                 summary["quality_plot"] = str(plot)
     log.summary(summary)

@@ -144,10 +144,11 @@ def save_class_histogram(distribution: dict[str, float], path: Path, title: str,
 
 
 def save_quality_plot(
-    history: list[dict[str, Any]], path: Path, title: str, floor: float | None, threshold: float
+    history: list[dict[str, Any]], path: Path, title: str, floor: float | None, threshold: float, uniform: float
 ) -> Path | None:
     """Per epoch, the Fréchet distance (left, log scale, with the real-vs-real floor) and the largest class's share
-    of the samples (right, with the collapse threshold and the uniform share); None when nothing was measured."""
+    of the samples (right, with the collapse threshold and the `uniform` share); None when nothing was measured.
+    Rows without a largest share (from a checkpoint written before that column existed) are left out of the right."""
     rows = [row for row in history if row.get("frechet") not in ("", None)]
     if not rows:
         return None
@@ -164,9 +165,13 @@ def save_quality_plot(
         left.legend(fontsize=8)
     left.set_yscale("log")
     left.set(xlabel="epoch", ylabel="Fréchet distance (classifier features)")
-    right.plot(epochs, [100 * float(row["largest_share"]) for row in rows], marker="o", markersize=3)
+    shares = [
+        (row["epoch"], 100 * float(row["largest_share"])) for row in rows if row.get("largest_share") not in ("", None)
+    ]
+    if shares:
+        right.plot(*zip(*shares, strict=True), marker="o", markersize=3)
     right.axhline(100 * threshold, color="tab:red", linestyle=":", linewidth=1, label="collapse warning")
-    right.axhline(10, color="gray", linestyle="--", linewidth=1, label="10%")
+    right.axhline(100 * uniform, color="gray", linestyle="--", linewidth=1, label=f"uniform {uniform:.0%}")
     right.set(xlabel="epoch", ylabel="largest class, % of samples", ylim=(0, 100))
     right.legend(fontsize=8)
     from matplotlib.ticker import MaxNLocator
