@@ -4,8 +4,10 @@ on hasten classifier features after the budget's epochs, and the sample grids si
     .venv/bin/python benchmarks/gan.py            # the full run (~10 min on 2 busy CPU cores)
     .venv/bin/python benchmarks/gan.py --quick    # smoke run: synthetic data, tiny networks (~1 min)
 
-The recipe is the shipped dcgan-fashion (width 64, batch 128, Adam 2e-4 with betas (0.5, 0.999)); the budget is
---epochs over the first --subset training images, from the same seed in every precision.
+The recipe is the shipped dcgan-fashion (width 32, batch 64, Adam 2e-4 with betas (0.5, 0.999)); the budget is
+--epochs over the first --subset training images, from the same seed in every precision. The report has the
+class mix of each precision's samples (the quality classifier's labels) and warns of mode collapse where one
+class takes more than half.
 
 1. The classifier behind the quality measure: the shipped fashion-fast recipe for --classifier-epochs, trained
    once into OUT/classifier and reused by later runs.
@@ -45,7 +47,7 @@ from PIL import Image
 from hasten.experiments.frechet import NAME, train_classifier
 from hasten.experiments.gan import GanParts, build_gan, gan_step, train_gan
 from hasten.experiments.gan_recipe import GanRecipe, load_gan_recipe
-from hasten.experiments.gan_report import save_grid
+from hasten.experiments.gan_report import collapse_warning, save_grid
 from hasten.memory import measure_peak
 from hasten.models.dcgan import padded, signed
 from hasten.report import DASH, format_bytes, markdown_table
@@ -203,6 +205,26 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     return markdown_table(headers, rows)
 
 
+def class_table(results: dict[str, dict[str, Any]]) -> str:
+    """Share of each trained precision's samples per class (the quality classifier's labels), one row a class."""
+    trained = {name: r["summary"]["class_distribution"] for name, r in results.items() if r["trained"]}
+    if not trained:
+        return ""
+    classes = list(next(iter(trained.values())))
+    rows = [[name, *(f"{mix[name]:.1%}" for mix in trained.values())] for name in classes]
+    return markdown_table(["class", *trained], rows)
+
+
+def collapse_lines(results: dict[str, dict[str, Any]]) -> list[str]:
+    """A warning line per trained precision whose samples collapsed onto one class."""
+    lines = []
+    for name, r in results.items():
+        warning = collapse_warning(r["summary"]["class_distribution"]) if r["trained"] else None
+        if warning:
+            lines.append(f"**Warning ({name})**: {warning}.")
+    return lines
+
+
 def grids_figure(results: dict[str, dict[str, Any]], real_grid: Path, path: Path) -> Path:
     import matplotlib
 
@@ -288,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.samples} test images; classifier fashion-fast, {args.classifier_epochs} epochs, test accuracy "
         f"{accuracy:.4f}; floor (real training vs test images): {DASH if floor is None else f'{floor:.1f}'}.", "",
         table(results), "",
+        *collapse_lines(results), "",
+        "Generated samples per class (the quality classifier's labels; 10% each when every class is covered):", "",
+        class_table(results), "",
         f"Machine: {environment()['machine']}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
         f"load average {os.getloadavg()[0]:.1f}; wall time {time.perf_counter() - started:.0f} s. Grids: {figure}", "",
     ])  # fmt: skip

@@ -16,6 +16,9 @@
 # What it runs: the naive loop and fashion-fast in fp32 and in bf16, REPEATS times each after a warm-up, each
 # run in its own process, cut off after LIMIT seconds (default 470). Results in $OUT (default bench/gpu):
 # report.md, results.csv, results.json and the plots.
+# GAN=1 also runs the DCGAN in fp32, bf16 and fp16 (per-network loss scaling) on the shipped dcgan-fashion
+# recipe's full budget (GAN_ARGS, default 4 epochs of all 60,000 images), every precision trained, cut off
+# after GAN_LIMIT seconds (default 900): speed, memory, Fréchet and class mix in $OUT/gan (docs/gan.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -85,3 +88,11 @@ timeout --signal=INT "$LIMIT" "$PY" -m hasten bench fashion-fast \
   --vary precision=fp32,bf16 --repeats "$REPEATS" --out "$OUT" $EXTRA
 set +x
 echo "report: $OUT/report.md"
+if [ "${GAN:-0}" = 1 ]; then
+  set -x
+  # shellcheck disable=SC2086
+  timeout --signal=INT "${GAN_LIMIT:-900}" "$PY" benchmarks/gan.py --out "$OUT/gan" --max-train-seconds 100000 \
+    ${GAN_ARGS:---epochs 4 --subset 60000}
+  set +x
+  echo "DCGAN report: $OUT/gan/report.md"
+fi

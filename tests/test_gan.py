@@ -19,6 +19,7 @@ from hasten.errors import CheckpointError, RecipeError
 from hasten.experiments import gan
 from hasten.experiments.frechet import (
     ClassifierFeatures,
+    QualityProbe,
     frechet_distance,
     gaussian_stats,
     load_classifier,
@@ -27,7 +28,14 @@ from hasten.experiments.frechet import (
 )
 from hasten.experiments.gan import build_gan, gan_step, restore, train_gan
 from hasten.experiments.gan_recipe import GanRecipe, load_gan_recipe
-from hasten.experiments.gan_report import generate, save_grid
+from hasten.experiments.gan_report import (
+    collapse_warning,
+    generate,
+    histogram_lines,
+    largest_class,
+    results_table,
+    save_grid,
+)
 from hasten.models import build_model
 from hasten.models.dcgan import SIZE, padded, signed
 
@@ -260,3 +268,138 @@ def test_resume_is_top_level_as_for_train_and_the_old_key_points_there():
     assert load_gan_recipe(None, ["resume=auto"]).resume == "auto"
     with pytest.raises(RecipeError, match=r"run.resume: unknown key \(moved to resume\)"):
         load_gan_recipe(None, ["run.resume=auto"])
+
+
+def test_collapse_warning_names_the_class_above_the_threshold_and_is_quiet_otherwise():
+    collapsed = {"T-shirt/top": 0.05, "Bag": 0.81, "Boot": 0.14}
+    warning = collapse_warning(collapsed)
+    assert warning is not None and "'Bag'" in warning and "81%" in warning and "50%" in warning
+    assert collapse_warning({"a": 0.5, "b": 0.5}) is None  # exactly half is not more than half
+    assert collapse_warning({str(c): 0.1 for c in range(10)}) is None
+    assert collapse_warning({"a": 0.3, "b": 0.25, "c": 0.45}, threshold=0.4) is not None
+    assert collapse_warning({}) is None
+    assert largest_class(collapsed) == ("Bag", 0.81)
+
+
+def test_histogram_lines_have_one_bar_per_class_as_long_as_its_share():
+    lines = histogram_lines({"a": 0.5, "bb": 0.25, "c": 0.0, "d": 0.25}, width=8)
+    assert [line.split()[0] for line in lines] == ["a", "bb", "c", "d"]
+    assert [line.count("█") for line in lines] == [4, 2, 0, 2]
+    assert lines[0].endswith("50.0%") and lines[2].endswith("0.0%")
+    assert len({line.index("%") for line in lines}) == 1  # shares aligned in one column
+    assert histogram_lines({"a": 1 / 16}, width=8)[0].split()[1] == "▌"  # half a block for half a step
+
+
+class LabelsAs:
+    """A stand-in for the quality classifier: features are pixel means, the label is `label(i)` for sample i."""
+
+    def __init__(self, classes: int, label):
+        self.classes, self.label = classes, label
+
+    def over(self, batches):
+        images = torch.cat(list(batches))
+        features = images.flatten(2).mean(2).repeat(1, 3) + 0.01 * torch.randn(len(images), 3)
+        labels = torch.tensor([self.label(i) for i in range(len(images))])
+        return features, torch.nn.functional.one_hot(labels, self.classes).float()
+
+
+@pytest.mark.parametrize("collapsed", [True, False])
+def test_run_warns_of_mode_collapse_and_reports_the_class_histogram(tmp_path, monkeypatch, capsys, collapsed):
+    classes = [f"class {c}" for c in range(10)]
+    label = (lambda i: 3 if i % 10 < 6 else i % 10) if collapsed else (lambda i: i % 10)  # 60% class 3, or 10% each
+
+    def probe(recipe, data, device, folder, console):
+        reference = gaussian_stats(torch.randn(64, 3))
+        info = {"measure": "stand-in", "samples": 40, "real_train_vs_test": 0.0}
+        return QualityProbe(LabelsAs(10, label), reference, torch.randn(40, 8), classes, info)
+
+    monkeypatch.setattr(gan, "quality_probe", probe)
+    summary = train_gan(tiny(tmp_path, "quality.enabled=true", "train.epochs=2"))
+    err = capsys.readouterr().err
+    expected_share = 0.6 if collapsed else 0.1
+    assert summary["class_distribution"]["class 3"] == pytest.approx(expected_share)
+    assert summary["largest_class"] == {"name": "class 3" if collapsed else "class 0", "share": expected_share}
+    if collapsed:
+        assert err.count("mode collapse") == 2 and "'class 3'" in err and "epoch 2" in err
+        assert "60%" in summary["mode_collapse"]
+    else:
+        assert "mode collapse" not in err and summary["mode_collapse"] is None
+    rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    assert [(r["largest_class"], float(r["largest_share"])) for r in rows] == [
+        (summary["largest_class"]["name"], expected_share)
+    ] * 2
+    assert Image.open(summary["quality_plot"]).size[0] > 200  # Fréchet and largest share per epoch
+    histogram = Image.open(summary["class_histogram"])
+    assert histogram.size[0] > 200 and (tmp_path / "run" / "class_histogram.png").stat().st_size < 200_000
+    table = results_table(summary | {"run_dir": "x"})
+    cells = [str(cell) for column in table.columns for cell in column._cells]
+    assert sum("█" in cell for cell in cells) == (5 if collapsed else 10)  # a bar per class with samples: 3, 6-9
+    assert any("mode collapse" in cell for cell in cells) == collapsed
+
+
+@pytest.mark.parametrize("real_label", [1.0, 0.9])
+def test_discriminator_loss_uses_train_real_label_for_real_images_only(tmp_path, real_label):
+    import copy
+
+    parts = build_gan(tiny(tmp_path, "precision=fp32", f"train.real_label={real_label}"))
+    generator, discriminator = copy.deepcopy(parts.generator), copy.deepcopy(parts.discriminator)
+    real, _ = next(iter(parts.loader.batches()))
+    torch.manual_seed(1)
+    result = gan_step(parts, real)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        fake = generator(torch.randn(len(real), parts.recipe.model.latent))
+        real_logits, fake_logits = discriminator(real), discriminator(fake)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    expected = bce(real_logits, torch.full_like(real_logits, real_label)) + bce(
+        fake_logits, torch.zeros_like(fake_logits)
+    )
+    assert float(result.loss_d) == pytest.approx(float(expected), rel=1e-5)
+    with pytest.raises(RecipeError, match="train.real_label"):
+        tiny(tmp_path, "train.real_label=0.4")
+
+
+def test_checkpoint_quality_script_measures_every_checkpoint_like_the_run(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "benchmarks" / "gan_checkpoints.py"
+    spec = importlib.util.spec_from_file_location("gan_checkpoints", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    data = load_dataset("synthetic", synthetic_size=64)
+    config = ModelConfig(width=4)
+    model = build_model(config, data.image_shape, data.num_classes)  # untrained: features need no training
+    save_checkpoint(
+        {"model": model.state_dict(), "recipe": {"model": config.model_dump(mode="json")}}, tmp_path / "c.pt"
+    )
+    measured = train_gan(
+        tiny(tmp_path, "train.epochs=2", "run.keep=5", "quality.enabled=true", "quality.samples=32",
+             f"quality.classifier={tmp_path / 'c.pt'}")
+    )  # fmt: skip
+    assert module.main([str(tmp_path / "run"), "--classifier", str(tmp_path / "c.pt"), "--samples", "32"]) == 0
+    result = json.loads((tmp_path / "run" / "checkpoint_quality.json").read_text())
+    assert [r["epoch"] for r in result["checkpoints"]] == [1, 2] and [r["step"] for r in result["checkpoints"]] == [
+        8,
+        16,
+    ]
+    rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    for row, checkpoint in zip(rows, result["checkpoints"], strict=True):  # the same numbers the run measured
+        assert checkpoint["frechet"] == pytest.approx(float(row["frechet"]), abs=0.01)
+        assert checkpoint["largest_share"] == pytest.approx(float(row["largest_share"]))
+    assert result["checkpoints"][-1]["mix"] == measured["class_distribution"]
+    assert "epoch   2 step    16" in capsys.readouterr().out
+
+
+def test_quality_plot_skips_unmeasured_epochs_and_rows_from_before_the_share_column(tmp_path):
+    from hasten.experiments.gan_report import save_quality_plot
+
+    history = [
+        {"epoch": 1, "frechet": 40.0},  # a row restored from a checkpoint written before largest_share existed
+        {"epoch": 2, "frechet": "", "largest_share": ""},  # quality.every_epoch=false: not measured
+        {"epoch": 3, "frechet": 9.5, "largest_share": 0.3},
+    ]
+    path = save_quality_plot(history, tmp_path / "q.png", "t", 0.1, 0.5, uniform=0.1)
+    assert path is not None and Image.open(path).size[0] > 200
+    assert save_quality_plot([{"epoch": 1, "frechet": ""}], tmp_path / "none.png", "t", None, 0.5, 0.1) is None
+    assert not (tmp_path / "none.png").exists()

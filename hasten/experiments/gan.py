@@ -1,7 +1,8 @@
 """`hasten gan`: a DCGAN (Radford et al., 2015) trained with two optimizers in fp32, bf16 or fp16.
 
 Per batch of real images x and noise z (standard normal):
-  D step: loss_D = BCE(D(x), 1) + BCE(D(G(z)), 0), with G(z) detached, so only D gets gradients;
+  D step: loss_D = BCE(D(x), r) + BCE(D(G(z)), 0), with G(z) detached, so only D gets gradients; r is
+          train.real_label (1, or e.g. 0.9 for one-sided label smoothing, Salimans et al., 2016);
   G step: loss_G = BCE(D(G(z)), 1), the non-saturating loss (Goodfellow et al., 2014) the paper uses, with D's
           parameters frozen for the pass, so the backward pass computes no gradients for them.
 Each network has its own Adam and its own precision object (hasten.precision). In fp16 that is one dynamic
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from rich.console import Console
+from rich.markup import escape
 from torch import Tensor, nn
 
 from hasten.build import seed_everything
@@ -47,7 +49,15 @@ from hasten.distributed import resolve_device
 from hasten.errors import CheckpointError, RecipeError
 from hasten.experiments.frechet import QualityProbe, quality_probe
 from hasten.experiments.gan_recipe import GanRecipe, gan_recipe_yaml
-from hasten.experiments.gan_report import GanProgress, generate, save_grid
+from hasten.experiments.gan_report import (
+    GanProgress,
+    collapse_warning,
+    generate,
+    largest_class,
+    save_class_histogram,
+    save_grid,
+    save_quality_plot,
+)
 from hasten.memory import peak_memory_bytes, reset_peak
 from hasten.models.dcgan import SIZE, Discriminator, Generator, dcgan, padded
 from hasten.precision import Precision, make_precision
@@ -55,7 +65,7 @@ from hasten.runlog import RunLog
 
 METRICS = [
     "epoch", "step", "loss_d", "loss_g", "d_real", "d_fake", "train_seconds", "images_per_second",
-    "loss_scale_d", "loss_scale_g", "skipped_d", "skipped_g", "frechet",
+    "loss_scale_d", "loss_scale_g", "skipped_d", "skipped_g", "frechet", "largest_class", "largest_share",
 ]  # fmt: skip
 LOG_EVERY = 10  # steps between per-step TensorBoard scalars (reading a loss syncs the device)
 Measured = tuple[float, dict[str, float]]  # (Fréchet distance, class distribution)
@@ -145,7 +155,8 @@ def gan_step(parts: GanParts, real: Tensor) -> StepResult:
     with parts.precision_d.autocast():
         fake = generator(z)
         real_logits, fake_logits = discriminator(real).float(), discriminator(fake.detach()).float()
-    loss_d = F.binary_cross_entropy_with_logits(real_logits, ones) + F.binary_cross_entropy_with_logits(
+    real_targets = torch.full_like(ones, parts.recipe.train.real_label)  # below 1: one-sided label smoothing
+    loss_d = F.binary_cross_entropy_with_logits(real_logits, real_targets) + F.binary_cross_entropy_with_logits(
         fake_logits, zeros
     )
     parts.optimizer_d.zero_grad(set_to_none=True)
@@ -271,7 +282,8 @@ def train_epoch(parts: GanParts, state: GanState, log: RunLog, bar: Any) -> None
             state.sums[key] = state.sums.get(key, 0.0) + total
 
 
-def epoch_row(parts: GanParts, state: GanState, frechet: float | None) -> dict[str, Any]:
+def epoch_row(parts: GanParts, state: GanState, measured: Measured | None) -> dict[str, Any]:
+    top = largest_class(measured[1]) if measured else ("", "")
     images = max(state.sums.get("images", 0.0), 1.0)
     row: dict[str, Any] = {k: state.sums.get(k, 0.0) / images for k in ("loss_d", "loss_g", "d_real", "d_fake")}
     return row | {
@@ -283,7 +295,9 @@ def epoch_row(parts: GanParts, state: GanState, frechet: float | None) -> dict[s
         "loss_scale_g": parts.precision_g.loss_scale,
         "skipped_d": state.skipped_d,
         "skipped_g": state.skipped_g,
-        "frechet": "" if frechet is None else round(frechet, 4),
+        "frechet": "" if measured is None else round(measured[0], 4),
+        "largest_class": top[0],  # the class the quality classifier gives most samples: mode collapse shows here
+        "largest_share": top[1],
     }
 
 
@@ -295,7 +309,7 @@ def end_epoch(
     state.epoch, state.batch = state.epoch + 1, 0
     due = probe is not None and (recipe.quality.every_epoch or state.epoch == recipe.train.epochs)
     measured = probe.measure(generate(parts.generator, probe.noise)) if due else None
-    row = epoch_row(parts, state, measured[0] if measured else None)
+    row = epoch_row(parts, state, measured)
     state.history.append(row)
     state.sums = {}
     pixels = save_grid(
@@ -337,7 +351,7 @@ def train_gan(recipe: GanRecipe) -> dict[str, Any]:
     started = time.perf_counter()
     measured: Measured | None = None
     try:
-        with GanProgress(len(parts.loader), enabled=recipe.run.progress and log.enabled) as bar:
+        with GanProgress(len(parts.loader), enabled=recipe.run.progress and log.enabled, console=console) as bar:
             while state.epoch < recipe.train.epochs:
                 bar.start_epoch(state.epoch + 1, recipe.train.epochs)
                 try:
@@ -348,11 +362,22 @@ def train_gan(recipe: GanRecipe) -> dict[str, Any]:
                     raise
                 row, measured = end_epoch(parts, state, probe, log, folder)
                 bar.end_epoch(row)
+                warn_collapse(console, measured, recipe.quality.collapse_share, f"epoch {state.epoch}")
         if probe is not None and measured is None:  # resumed with nothing left to train
             measured = probe.measure(generate(parts.generator, probe.noise))
+            warn_collapse(console, measured, recipe.quality.collapse_share, "end of run")
     finally:
         log.close()
     return summarise(parts, state, log, probe, measured, time.perf_counter() - started)
+
+
+def warn_collapse(console: Console, measured: Measured | None, threshold: float, when: str) -> None:
+    """Print the mode-collapse warning (stderr) when one class takes more than `threshold` of the samples."""
+    warning = collapse_warning(measured[1], threshold) if measured else None
+    if warning:
+        console.print(
+            f"[bold yellow]warning[/bold yellow] ({when}): {escape(warning)}", highlight=False, soft_wrap=True
+        )
 
 
 def summarise(
@@ -381,6 +406,24 @@ def summarise(
         "grid": str(log.dir / "samples" / f"epoch-{state.epoch:03d}.png"),
     }
     if probe is not None and measured is not None:
-        summary |= {"frechet_distance": measured[0], "class_distribution": measured[1], "quality": probe.info}
+        threshold = parts.recipe.quality.collapse_share
+        name, share = largest_class(measured[1])
+        summary |= {
+            "frechet_distance": measured[0],
+            "class_distribution": measured[1],
+            "largest_class": {"name": name, "share": share},
+            "mode_collapse": collapse_warning(measured[1], threshold),  # None when no class takes more
+            "quality": probe.info,
+        }
+        if log.enabled:
+            title = f"generated samples per class after epoch {state.epoch} ({probe.info['samples']} samples)"
+            path = save_class_histogram(measured[1], log.dir / "class_histogram.png", title, threshold)
+            summary["class_histogram"] = str(path)
+            floor = probe.info.get("real_train_vs_test")
+            title = f"{parts.recipe.name} ({parts.recipe.precision}): sample quality per epoch"
+            uniform = 1 / max(len(probe.classes), 1)
+            plot = save_quality_plot(state.history, log.dir / "quality.png", title, floor, threshold, uniform)
+            if plot is not None:
+                summary["quality_plot"] = str(plot)
     log.summary(summary)
     return summary | {"run_dir": str(log.dir)}

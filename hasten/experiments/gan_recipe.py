@@ -52,6 +52,9 @@ class GanTrain(Section):
     epochs: Annotated[int, Field(ge=1)] = 5
     batch_size: Annotated[int, Field(ge=2)] = 128  # real images per step (batch norm needs 2 or more)
     threads: Annotated[int, Field(ge=1)] | None = None  # torch intra-op threads; None: torch's default
+    # D's target for real images; below 1 is one-sided label smoothing (Salimans et al., "Improved Techniques for
+    # Training GANs", 2016): D is kept from growing overconfident on real images; fake targets stay 0, G's stay 1
+    real_label: Annotated[float, Field(gt=0.5, le=1)] = 1.0
 
 
 class GanQuality(Section):
@@ -64,6 +67,7 @@ class GanQuality(Section):
     classifier_overrides: list[str] = []  # more key=value overrides for the classifier's recipe
     samples: Annotated[int, Field(ge=16)] = 2000  # generated and real images per estimate
     every_epoch: bool = True  # also measure after every epoch (a metrics.csv column), not only at the end
+    collapse_share: Annotated[float, Field(gt=0, lt=1)] = 0.5  # warn of mode collapse when one class takes more
 
 
 class GanRun(Section):

@@ -9,10 +9,13 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+from rich.markup import escape
 from rich.table import Table
 from torch import Tensor, nn
 
 from hasten.progress import EpochBar
+
+COLLAPSE_SHARE = 0.5  # default quality.collapse_share: one class above half of the samples is mode collapse
 
 
 @torch.no_grad()
@@ -80,6 +83,110 @@ class GanProgress(EpochBar):
             )
 
 
+def largest_class(distribution: dict[str, float]) -> tuple[str, float]:
+    """The class the classifier gives most samples to, and its share (the first such class on a tie)."""
+    name = max(distribution, key=lambda key: distribution[key])
+    return name, distribution[name]
+
+
+def collapse_warning(distribution: dict[str, float], threshold: float = COLLAPSE_SHARE) -> str | None:
+    """A warning naming the class when one class takes more than `threshold` of the samples, else None.
+
+    Mode collapse (Goodfellow et al., 2014; Salimans et al., 2016): G maps most of z onto a few outputs. The
+    class mix that the quality classifier gives the samples shows it directly.
+    """
+    if not distribution:
+        return None
+    name, share = largest_class(distribution)
+    if share <= threshold:
+        return None
+    return (
+        f"mode collapse: the classifier puts {share:.0%} of the generated samples in class {name!r} "
+        f"(more than {threshold:.0%}; {1 / len(distribution):.0%} each if all {len(distribution)} were covered)"
+    )
+
+
+def histogram_lines(distribution: dict[str, float], width: int = 24) -> list[str]:
+    """The class mix as text bars, one line per class in the classifier's order: `name  ████▌  12.3%`."""
+    blocks = " ▏▎▍▌▋▊█"
+    label = max((len(name) for name in distribution), default=0)
+    lines = []
+    for name, share in distribution.items():
+        eighths = round(share * width * 8)
+        bar = "█" * (eighths // 8) + (blocks[eighths % 8] if eighths % 8 else "")
+        lines.append(f"{name:<{label}}  {bar:<{width}}  {share:6.1%}")
+    return lines
+
+
+def save_class_histogram(distribution: dict[str, float], path: Path, title: str, threshold: float) -> Path:
+    """A bar chart of the share of generated samples per class (PNG), with the uniform share and the collapse
+    threshold drawn as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names, shares = list(distribution), list(distribution.values())
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    ax.bar(range(len(names)), [100 * s for s in shares], color="tab:blue")
+    ax.axhline(100 / max(len(names), 1), color="gray", linestyle="--", linewidth=1, label="uniform")
+    ax.axhline(100 * threshold, color="tab:red", linestyle=":", linewidth=1, label="collapse warning")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("% of generated samples")
+    ax.set_ylim(0, 100)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def save_quality_plot(
+    history: list[dict[str, Any]], path: Path, title: str, floor: float | None, threshold: float, uniform: float
+) -> Path | None:
+    """Per epoch, the Fréchet distance (left, log scale, with the real-vs-real floor) and the largest class's share
+    of the samples (right, with the collapse threshold and the `uniform` share); None when nothing was measured.
+    Rows without a largest share (from a checkpoint written before that column existed) are left out of the right."""
+    rows = [row for row in history if row.get("frechet") not in ("", None)]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [row["epoch"] for row in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.2))
+    left.plot(epochs, [float(row["frechet"]) for row in rows], marker="o", markersize=3)
+    if floor:
+        left.axhline(floor, color="gray", linestyle="--", linewidth=1, label=f"real vs real {floor:.2g}")
+        left.legend(fontsize=8)
+    left.set_yscale("log")
+    left.set(xlabel="epoch", ylabel="Fréchet distance (classifier features)")
+    shares = [
+        (row["epoch"], 100 * float(row["largest_share"])) for row in rows if row.get("largest_share") not in ("", None)
+    ]
+    if shares:
+        right.plot(*zip(*shares, strict=True), marker="o", markersize=3)
+    right.axhline(100 * threshold, color="tab:red", linestyle=":", linewidth=1, label="collapse warning")
+    right.axhline(100 * uniform, color="gray", linestyle="--", linewidth=1, label=f"uniform {uniform:.0%}")
+    right.set(xlabel="epoch", ylabel="largest class, % of samples", ylim=(0, 100))
+    right.legend(fontsize=8)
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in (left, right):
+        axis.grid(alpha=0.3, which="both")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
 def results_table(summary: dict[str, Any]) -> Table:
     """The end-of-run table `hasten gan` prints."""
     table = Table(title=f"results ({summary['precision']})", show_header=False)
@@ -89,8 +196,10 @@ def results_table(summary: dict[str, Any]) -> Table:
         quality = summary["quality"]
         table.add_row("Fréchet distance", f"{summary['frechet_distance']:.2f} ({quality['measure']})")
         table.add_row("  real vs real", f"{quality['real_train_vs_test']:.2f} (train vs test images, same count)")
-        mix = sorted(summary["class_distribution"].items(), key=lambda item: -item[1])
-        table.add_row("class mix", ", ".join(f"{name} {share:.0%}" for name, share in mix if share > 0))
+        for i, line in enumerate(histogram_lines(summary["class_distribution"])):
+            table.add_row("class mix" if i == 0 else "", escape(line))
+        if summary.get("mode_collapse"):
+            table.add_row("[bold yellow]warning", "[yellow]" + escape(summary["mode_collapse"]))
     if summary["skipped_steps_d"] or summary["skipped_steps_g"] or summary["precision"] == "fp16":
         table.add_row("loss scales", f"D {summary['loss_scale_d']:g}  G {summary['loss_scale_g']:g}")
         table.add_row("skipped steps", f"D {summary['skipped_steps_d']}  G {summary['skipped_steps_g']}")
