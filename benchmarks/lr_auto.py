@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         overrides = DATASETS[name]
         entry = cache.setdefault(name, {"range": {}, "grid": {}, "auto": {}})
+        entry.setdefault("auto", {})
         for seed in seeds:
             for steps in (100, 200):
                 key = f"{seed}-{steps}"

@@ -149,6 +149,14 @@ def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: in
     if aug.flip == "auto":
         aug.flip = allowed
         notes.append(f"flips {'on' if allowed else 'off'} ({why}; data.augment.flip=auto)")
+    side = min(data.image_shape[1:])
+    most = int(side * aug.translate_max_fraction)
+    if aug.translate > most:
+        notes.append(
+            f"translate {aug.translate} -> {most} pixels: at most {aug.translate_max_fraction:g} of the {side}-pixel "
+            "images (data.augment.translate_max_fraction)"
+        )
+        aug.translate = most
     if train_cfg.tta_flip == "auto":
         train_cfg.tta_flip = allowed
         if allowed:
