@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hasten.data.registry import DATASETS
 from hasten.errors import RecipeError
@@ -109,7 +109,7 @@ class OptimConfig(Section):
     name: Literal["sgd", "adamw", "adam"] = "sgd"
     # peak learning rate, per `base_batch` examples when that is set; auto: picked by a short LR range test before
     # training (hasten/experiments/lr_find.py, AUTO_RULE; calibrated in benchmarks/lr_auto.py)
-    lr: PositiveFloat | Literal["auto"] = 0.1
+    lr: float | Literal["auto"] = 0.1  # (checked positive below: one error, not one per member of the union)
     base_batch: Annotated[int, Field(ge=1)] | None = None  # batch size `lr` is given for; None: no scaling
     scaling: Literal["linear", "sqrt"] = "linear"  # how lr grows with the global batch
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
@@ -120,6 +120,13 @@ class OptimConfig(Section):
     # discriminative fine-tuning (Howard & Ruder, 2018): each layer below the head gets this times the LR of
     # the layer above it; 1: one LR for all
     layer_lr_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
+
+    @field_validator("lr")
+    @classmethod
+    def _positive_lr(cls, lr: float | str) -> float | str:
+        if lr != "auto" and not lr > 0:
+            raise ValueError(f"optim.lr: the peak learning rate must be greater than 0, or auto (got {lr!r})")
+        return lr
 
 
 class ScheduleConfig(Section):

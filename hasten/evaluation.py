@@ -117,7 +117,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """Evaluate the model a run evaluated (`source`: run folder or checkpoint) on its test data, or on the
     data `overrides` name; returns the results (also written, with the confusion matrix, to `out`)."""
-    from hasten.build import dataset, resolve_device
+    from hasten.build import dataset
+    from hasten.distributed import resolve_device
     from hasten.precision import make_precision
 
     path, state = checkpoint_of(source)

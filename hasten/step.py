@@ -70,7 +70,11 @@ class TrainStep:
         self.device = next(model.parameters()).device
 
     def backward(
-        self, micro_batches: Iterable[tuple[Tensor, Tensor]], count: int, examples: int, stop: bool = False
+        self,
+        micro_batches: Iterable[tuple[Tensor, Tensor]],
+        count: int,
+        examples: int,
+        stop: bool | Callable[[], bool] = False,
     ) -> StepResult:
         """Gradients of `count` micro-batches holding `examples` examples in all, then the agreement across ranks
         (`stop`: this rank was asked to stop). On a non-finite loss the gradients are dropped."""
@@ -90,7 +94,8 @@ class TrainStep:
             loss_sum = loss_sum + loss * len(labels) if index else loss * len(labels)
             correct = correct + right if index else right
             seen += len(labels)
-        nonfinite, stop = agree([not finite, stop], self.device)  # one all-reduce with several processes
+        asked = stop() if callable(stop) else stop  # read after the backward: a signal during it counts now
+        nonfinite, stop = agree([not finite, asked], self.device)  # one all-reduce with several processes
         if nonfinite:
             self.optimizer.zero_grad(set_to_none=True)
         return StepResult(total, loss_sum, correct, seen, loss, nonfinite, stop)

@@ -451,8 +451,8 @@ class Trainer:
             group, first = self.state.batch // k, self.state.batch
             micro_batches = min((group + 1) * k, count) - first
             with self._probe_step_memory():
-                stop = self.stop_signal is not None
-                result = self.stepper.backward(batches, micro_batches, self._group_examples(group), stop)
+                asked = lambda: self.stop_signal is not None  # noqa: E731  (read once the step's backward is done)
+                result = self.stepper.backward(batches, micro_batches, self._group_examples(group), asked)
                 self._finish_step(result)
             self.state.batch += micro_batches
             loss_sum += result.loss_sum

@@ -248,7 +248,7 @@ def test_the_registry_is_the_one_list_of_dataset_names():
     from hasten.config import DataConfig
     from hasten.data.registry import DATASETS
 
-    assert set(get_args(DataConfig.model_fields["name"].annotation)) == {*DATASETS, "imagefolder"}
+    assert set(get_args(DataConfig.model_fields["name"].annotation)) == {*DATASETS, "imagefolder", "import", "object"}
 
 
 def test_a_dataset_is_its_reader_and_its_registry_entry(monkeypatch):
