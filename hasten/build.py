@@ -228,7 +228,7 @@ def build(recipe: Recipe) -> Parts:
         hooks.after_step.append(freeze.after_step)
         trick_state["freeze"] = freeze
     if world > 1:
-        seed_everything(recipe.seed * 1_000_003 + rank)  # after the weights: dropout masks differ per rank
+        seed_everything((recipe.seed * 1_000_003 + rank) % 2**63)  # after the weights: dropout masks differ per rank
         model = distributed.wrap(model, device)  # after the EMA copy and the optimizer, which hold the inner model
     compiled = False
     if recipe.train.compile:  # last: the EMA copy above stays eager

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hasten.errors import RecipeError
+
 # how long a collective may wait for a missing peer before the job fails instead of hanging
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=int(os.environ.get("HASTEN_DIST_TIMEOUT_MIN", "10")))
 
@@ -58,6 +60,12 @@ def device_for(env: DistEnv, requested: str) -> torch.device:
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(requested)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RecipeError(f"device: {requested} asked for, but this PyTorch build sees no CUDA device (use device=cpu)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise RecipeError(f"device: {requested}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise RecipeError(f"device: {requested} asked for, but MPS is not available here (use device=cpu)")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1))
     if device.type == "cuda":
