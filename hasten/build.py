@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
@@ -25,10 +26,11 @@ from hasten.data.imagefolder import ImageFolder, ImageFolderLoader, image_folder
 from hasten.data.loader import Augment, InMemoryLoader, channel_stats
 from hasten.data.transforms import prepare
 from hasten.distributed import DistEnv, world_size
-from hasten.errors import CheckpointError, RecipeError
+from hasten.errors import CheckpointError, HastenError, RecipeError
 from hasten.finetune import Freeze, discriminative_groups, pretrained_from_config, save_weights
 from hasten.models import ResNet, build_model
 from hasten.precision import Precision, make_precision
+from hasten.runfolder import RunLock, check_resume_recipe, claim_fresh
 from hasten.runlog import RunLog
 from hasten.schedules import Scheduler, scale_lr, scheduler
 from hasten.trainer import Hooks, Plan, Saving, Trainer
@@ -280,11 +282,39 @@ def resume_from(recipe: Recipe, folder: Path) -> tuple[Path, dict[str, Any]] | N
     return found if found is not None else (chosen, load_checkpoint(chosen, require_digest=True))
 
 
+def claim_run_folder(recipe: Recipe, folder: Path, checkpoint: tuple[Path, dict[str, Any]] | None) -> None:
+    """Before anything is written: a resume must continue the same run (the checkpoint's recipe), a fresh run
+    must not mix with another run's files (hasten/runfolder.py). Rank 0 checks; every rank gets its verdict."""
+    error = None
+    if distributed.is_main():
+        try:
+            if checkpoint is not None:
+                saved = checkpoint[1].get("recipe")
+                check_resume_recipe(
+                    saved, recipe.model_dump(mode="json"), recipe.resume_allow_changes, str(checkpoint[0])
+                )
+            elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:  # a restart continues its own files
+                claim_fresh(folder, recipe.run.overwrite)
+        except HastenError as failure:
+            error = (type(failure), str(failure))
+    error = distributed.broadcast_object(error)
+    if error:
+        raise error[0](error[1])
+
+
 def train(recipe: Recipe) -> dict[str, Any]:
-    """Train the recipe; writes the run folder and returns the summary."""
+    """Train the recipe; writes the run folder and returns the summary. The folder is locked while the run
+    writes it (hasten/runfolder.py): two runs never share one."""
     parts = build(recipe)
     folder = run_dir(recipe)
+    lock = RunLock(folder) if distributed.is_main() else contextlib.nullcontext()
+    with lock:
+        return _train_locked(recipe, parts, folder)
+
+
+def _train_locked(recipe: Recipe, parts: Parts, folder: Path) -> dict[str, Any]:
     checkpoint = resume_from(recipe, folder / "checkpoints")  # before anything in the run folder is written
+    claim_run_folder(recipe, folder, checkpoint)
     log = RunLog(folder, enabled=distributed.is_main(), tensorboard=recipe.run.tensorboard)
     plan = Plan(
         epochs=recipe.train.epochs,
@@ -308,7 +338,9 @@ def train(recipe: Recipe) -> dict[str, Any]:
             raise
         if log.enabled:
             print(f"resuming from {path} (epoch {trainer.state.epoch}, step {trainer.state.step})", file=sys.stderr)
-    elif log.enabled:
+    if log.enabled:  # a killed save's temporary files, whether the run starts afresh or resumes
+        if checkpoint is not None:
+            log.existing_metrics()  # an unreadable metrics.csv stops the resume before anything is written
         remove_stale_temporaries(saving.folder)
     log.write_recipe(to_yaml(recipe))  # only once the checkpoint, if any, fitted: a failed resume changes nothing
     batch = global_batch(recipe)
@@ -317,14 +349,17 @@ def train(recipe: Recipe) -> dict[str, Any]:
         o = recipe.optim
         rule = f"{o.scaling} rule from {o.lr:g} per {o.base_batch}" if o.base_batch else "no optim.base_batch: as given"
         print(f"global batch {batch} ({how}); peak LR {parts.lr:.4g} ({rule})", file=sys.stderr)
+    # signals stay caught until the run returns: a stop once the last epoch is done lets the summary be written
+    # and the run end with 0 (its work is complete), instead of killing it mid-write
     try:
-        summary = trainer.fit()
-        model = distributed.unwrap(parts.model)
-        if recipe.run.save_weights and log.enabled:  # the weights evaluated: the EMA copy when there is one
-            save_weights(parts.hooks.eval_model(model) if parts.hooks.eval_model else model, log.dir)
-        summary |= {"run_dir": str(log.dir), "lr": parts.lr, "global_batch": batch, "world_size": world_size()}
-        log.summary(summary)
-        distributed.barrier()  # the ranks end together, once rank 0 has written everything
+        with trainer.stop_on_signals():
+            summary = trainer.fit()
+            model = distributed.unwrap(parts.model)
+            if recipe.run.save_weights and log.enabled:  # the weights evaluated: the EMA copy when there is one
+                save_weights(parts.hooks.eval_model(model) if parts.hooks.eval_model else model, log.dir)
+            summary |= {"run_dir": str(log.dir), "lr": parts.lr, "global_batch": batch, "world_size": world_size()}
+            log.summary(summary)
+            distributed.barrier()  # the ranks end together, once rank 0 has written everything
     finally:
         log.close()
     return summary

@@ -465,7 +465,12 @@ def validate(raw: dict[str, Any], origin: str = "recipe") -> Recipe:
 def load_recipe(source: str | None = None, overrides: list[str] | None = None) -> Recipe:
     """The recipe named or at `source` (default: the default recipe) with `overrides` applied and validated."""
     raw, origin = load_raw(source)
-    return validate(apply_overrides(raw, overrides or []), origin)
+    recipe = validate(apply_overrides(raw, overrides or []), origin)
+    section = raw.get("data")
+    own_data = section.get("name", DataConfig().name) if isinstance(section, dict) else DataConfig().name
+    if recipe.run.dir is None and recipe.data.name != own_data:  # never in the folder of the recipe's own data
+        recipe.run.dir = str(Path("runs") / f"{recipe.name}-{recipe.data.name}")
+    return recipe
 
 
 def to_yaml(recipe: Recipe) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import signal
 import sys
 import threading
@@ -137,6 +138,21 @@ class State:
     epoch_seen: int = 0
     epoch_seconds: float = 0.0
     best_checkpoint: str | None = None  # file name of the checkpoint with the best test accuracy
+    last_row: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics: a finished run's summary
+
+
+def _abort_on_second_sigint(read_end: int) -> None:
+    """Watcher thread: read signal numbers from the wakeup pipe until it closes; on the second SIGINT, end the
+    process at once with 130 (the last checkpoint stays; the step in progress is lost)."""
+    interrupts = 0
+    try:
+        while chunk := os.read(read_end, 64):
+            interrupts += chunk.count(signal.SIGINT)
+            if interrupts >= 2:
+                print("interrupted: second Ctrl-C, aborting without a checkpoint", file=sys.stderr, flush=True)
+                os._exit(130)
+    finally:
+        os.close(read_end)
 
 
 def _sync(device: torch.device) -> None:
@@ -196,7 +212,16 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any], source: str = "checkpoint") -> None:
-        """Continue from `state` (a `state_dict()`); CheckpointError naming `source` when it does not fit."""
+        """Continue from `state` (a `state_dict()`); CheckpointError naming `source` when it does not fit.
+        Fails closed: whatever a malformed checkpoint makes the loading raise becomes a CheckpointError."""
+        try:
+            self._load_state_dict(state, source)
+        except HastenError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a malformed checkpoint can break any step of the loading
+            raise CheckpointError(f"{source} is malformed: {type(error).__name__}: {error}") from None
+
+    def _load_state_dict(self, state: dict[str, Any], source: str) -> None:
         missing = [k for k in ("model", "optimizer", "scheduler", "trainer") if k not in state]
         if "ranks" not in state and "rng" not in state:
             missing.append("ranks")
@@ -255,8 +280,10 @@ class Trainer:
         self.state.epoch_seen, self.state.epoch_seconds = seen, seconds
 
     @contextlib.contextmanager
-    def _stop_on_signals(self) -> Iterator[None]:
-        """SIGINT/SIGTERM ask for a stop at the next step boundary; a second SIGINT aborts at once."""
+    def stop_on_signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM ask for a stop at the next step boundary; a second SIGINT aborts at once, even in the
+        middle of a long step: Python runs signal handlers only between bytecodes, so a watcher thread reads the
+        signals from a wakeup pipe (written by the C-level handler) and ends the process with 130."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -267,9 +294,17 @@ class Trainer:
             self.stop_signal = signum
 
         previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        watcher = threading.Thread(target=_abort_on_second_sigint, args=(read_end,), daemon=True)
+        watcher.start()
         try:
             yield
         finally:
+            signal.set_wakeup_fd(previous_fd)
+            os.close(write_end)  # the watcher reads end-of-file and returns
+            watcher.join(timeout=1)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -424,10 +459,15 @@ class Trainer:
         }
 
     def fit(self) -> dict[str, Any]:
-        """Train for the planned epochs; returns the summary (also written to summary.json)."""
+        """Train for the planned epochs; returns the summary (also written to summary.json). Resumed from the
+        run's last checkpoint (stopped during the final evaluation or before the summary was written), it only
+        writes the summary again, from the metrics that checkpoint holds."""
         if self.state.epoch >= self.plan.epochs:
+            if self.state.last_row and self.state.epoch == self.plan.epochs:
+                return self.summary(self.state.last_row, 0.0)
             raise CheckpointError(
-                f"nothing to resume: the checkpoint is at the end of the run (epoch {self.state.epoch})"
+                f"nothing to resume: the checkpoint is at the end of a {self.state.epoch}-epoch run; raise "
+                "train.epochs to train longer"
             )
         reset_peak(self.device)
         started = time.perf_counter()
@@ -436,7 +476,7 @@ class Trainer:
         else:
             self.log.start_metrics(METRICS)
         bar = EpochProgress(len(self.train_loader), enabled=self.plan.progress and self.log.enabled)
-        with self._stop_on_signals(), bar:
+        with self.stop_on_signals(), bar:
             while self.state.epoch < self.plan.epochs:
                 bar.start_epoch(self.state.epoch + 1, self.plan.epochs)
                 row = self.train_epoch(bar)
@@ -458,10 +498,12 @@ class Trainer:
                 )
                 self.log.epoch(row, self.state.step)
                 bar.end_epoch(row)
+                self.state.last_row = dict(row)
                 every = self.saving.every_epochs if self.saving else 0
                 if (every and self.state.epoch % every == 0) or self.state.epoch == self.plan.epochs:
                     self.save(end_of_epoch=True, accuracy=test_accuracy)
-                self._check_stop()
+                if self.state.epoch < self.plan.epochs:  # after the last epoch the run is done: its summary follows
+                    self._check_stop()
         return self.summary(row, time.perf_counter() - started)
 
     def summary(self, last: dict[str, float], wall_seconds: float) -> dict[str, Any]:
