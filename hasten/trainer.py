@@ -149,7 +149,8 @@ def _abort_on_second_sigint(read_end: int) -> None:
         while chunk := os.read(read_end, 64):
             interrupts += chunk.count(signal.SIGINT)
             if interrupts >= 2:
-                print("interrupted: second Ctrl-C, aborting without a checkpoint", file=sys.stderr, flush=True)
+                # straight to the file descriptor: sys.stderr's lock may be held by the interrupted main thread
+                os.write(2, b"interrupted: second Ctrl-C, aborting without a checkpoint\n")
                 os._exit(130)
     finally:
         os.close(read_end)
