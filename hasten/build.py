@@ -26,7 +26,7 @@ from hasten.data.imagefolder import ImageFolder, ImageFolderLoader, image_folder
 from hasten.data.loader import Augment, InMemoryLoader, channel_stats
 from hasten.data.transforms import prepare
 from hasten.distributed import DistEnv, world_size
-from hasten.errors import CheckpointError, HastenError, RecipeError
+from hasten.errors import CheckpointError, DataError, HastenError, RecipeError
 from hasten.finetune import Freeze, discriminative_groups, pretrained_from_config, save_weights
 from hasten.models import ResNet, build_model
 from hasten.precision import Precision, make_precision
@@ -55,7 +55,16 @@ def run_dir(recipe: Recipe) -> Path:
 
 def dataset(recipe: Recipe) -> ImageDataset | ImageFolder:
     """The recipe's dataset, cut to `data.subset` / `data.test_subset` when given, with `data.per_class`,
-    `data.label_noise`, `data.size` and `data.rgb` applied. An image folder is scanned, not read into memory."""
+    `data.label_noise`, `data.size` and `data.rgb` applied. An image folder is scanned, not read into memory.
+    A file or folder that cannot be read (permissions, a vanished disk) is a DataError naming it."""
+    try:
+        return _dataset(recipe)
+    except OSError as error:
+        where = error.filename or recipe.data.root or recipe.data.name
+        raise DataError(f"data: cannot read {where}: {error.strerror or error}") from None
+
+
+def _dataset(recipe: Recipe) -> ImageDataset | ImageFolder:
     cfg = recipe.data
     if cfg.name == "imagefolder":
         options = dict(subset=cfg.subset, test_subset=cfg.test_subset, per_class=cfg.per_class)

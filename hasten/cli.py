@@ -490,6 +490,10 @@ def top_parser(parsers: dict[str, argparse.ArgumentParser]) -> argparse.Argument
 
 def main(argv: Sequence[str] | None = None) -> int:
     parsers = commands()
+    if not (sys.argv[1:] if argv is None else list(argv)):  # bare `hasten`: what to type, not argparse's internals
+        top_parser(parsers).print_help(sys.stderr)
+        console.print("[red]error:[/red] give a COMMAND, e.g. 'hasten train fashion-fast'", highlight=False)
+        return 2
     top = top_parser(parsers).parse_args(argv)
     ns = parsers[top.command].parse_intermixed_args(top.rest)
     # a worker of a job with several processes names its rank in what it prints on the way out

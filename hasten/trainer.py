@@ -233,7 +233,7 @@ class Trainer:
         try:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
-            self.precision.load_state_dict(state.get("precision", {}))
+            self._load_precision(state, source)
             for name, hook in self.hooks.stateful.items():
                 saved = state.get("hooks", {}) | mine.get("hooks", {})
                 if name not in saved:
@@ -244,6 +244,18 @@ class Trainer:
         self.state = State(**(state["trainer"] | mine.get("epoch_sums", {})))
         set_rng_state(mine["rng"])
         self.resumed = True
+
+    def _load_precision(self, state: dict[str, Any], source: str) -> None:
+        """The loss scaler's (or fp32 masters') state; another precision's state is named as such."""
+        try:
+            self.precision.load_state_dict(state.get("precision") or {})
+        except (KeyError, ValueError, TypeError, RuntimeError) as error:
+            recipe = state.get("recipe") if isinstance(state.get("recipe"), dict) else {}
+            saved = recipe.get("precision", "another precision")
+            raise CheckpointError(
+                f"{source} was trained with precision={saved}; its precision state does not fit "
+                f"precision={self.precision.name} ({type(error).__name__}: {error}): resume with precision={saved}"
+            ) from None
 
     def _own_rank_state(self, state: dict[str, Any], source: str) -> dict[str, Any]:
         """This rank's part of a checkpoint. Another number of processes may resume from an epoch's end (each
