@@ -141,19 +141,21 @@ class State:
     last_row: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics: a finished run's summary
 
 
-def _abort_on_second_sigint(read_end: int) -> None:
+def _abort_on_second_sigint(read_end: int, stderr_fd: int) -> None:
     """Watcher thread: read signal numbers from the wakeup pipe until it closes; on the second SIGINT, end the
-    process at once with 130 (the last checkpoint stays; the step in progress is lost)."""
+    process at once with 130 (the last checkpoint stays; the step in progress is lost). The message goes to
+    `stderr_fd`, a copy of the original stderr: sys.stderr's lock may be held by the interrupted main thread,
+    and fd 2 may be pointed at /dev/null for the moment (hasten.memory hides the profiler's native output)."""
     interrupts = 0
     try:
         while chunk := os.read(read_end, 64):
             interrupts += chunk.count(signal.SIGINT)
             if interrupts >= 2:
-                # straight to the file descriptor: sys.stderr's lock may be held by the interrupted main thread
-                os.write(2, b"interrupted: second Ctrl-C, aborting without a checkpoint\n")
+                os.write(stderr_fd, b"interrupted: second Ctrl-C, aborting without a checkpoint\n")
                 os._exit(130)
     finally:
         os.close(read_end)
+        os.close(stderr_fd)
 
 
 def _sync(device: torch.device) -> None:
@@ -310,7 +312,7 @@ class Trainer:
         read_end, write_end = os.pipe()
         os.set_blocking(write_end, False)
         previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-        watcher = threading.Thread(target=_abort_on_second_sigint, args=(read_end,), daemon=True)
+        watcher = threading.Thread(target=_abort_on_second_sigint, args=(read_end, os.dup(2)), daemon=True)
         watcher.start()
         try:
             yield
