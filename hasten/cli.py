@@ -503,6 +503,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HastenError as error:
         console.print(f"[red]{who}error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
         return error.exit_code
+    except OSError as error:
+        if not error.filename:
+            raise
+        # a file or folder the user named that the system refuses (permissions, a vanished disk): exit 2 naming it
+        message = escape(f"{error.filename}: {error.strerror or error}")
+        console.print(f"[red]{who}error:[/red] {message}", highlight=False, soft_wrap=True)
+        return 2
     except KeyboardInterrupt:
         console.print(f"[yellow]{who}interrupted[/yellow]")
         return 130

@@ -311,6 +311,17 @@ def unreadable_data_folder(c: Ctx) -> None:
     assert not (c.tmp / "never").exists()
 
 
+def data_command_on_an_unreadable_folder(c: Ctx) -> None:
+    import hasten.data
+
+    def denied(*args: object, **kwargs: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", "/data/fashion")
+
+    c.monkeypatch.setattr(hasten.data, "info", denied)
+    code, err = c.hasten("data", "info", "fashion-mnist")
+    expect_refusal(code, err, "/data/fashion: Permission denied")
+
+
 def text_file_named_png_in_val(c: Ctx) -> None:
     root = c.tmp / "folder"
     for split, cls in (("train", "a"), ("train", "b"), ("val", "a"), ("val", "b")):
@@ -439,6 +450,7 @@ FAULTS: list[Callable[[Ctx], None]] = [
     out_of_range_seeds,
     unusable_devices,
     unreadable_data_folder,
+    data_command_on_an_unreadable_folder,
     text_file_named_png_in_val,
     export_of_a_text_file,
     resume_from_a_digest_sidecar,
