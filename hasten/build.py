@@ -30,7 +30,7 @@ from hasten.errors import CheckpointError, DataError, HastenError, RecipeError
 from hasten.finetune import Freeze, discriminative_groups, pretrained_from_config, save_weights
 from hasten.models import ResNet, build_model
 from hasten.precision import Precision, make_precision
-from hasten.runfolder import RunLock, check_resume_recipe, claim_fresh
+from hasten.runfolder import RunLock, check_resume_recipe, claim_fresh, recipe_changes
 from hasten.runlog import RunLog
 from hasten.schedules import Scheduler, scale_lr, scheduler
 from hasten.trainer import Hooks, Plan, Saving, Trainer
@@ -303,7 +303,7 @@ def claim_run_folder(recipe: Recipe, folder: Path, checkpoint: tuple[Path, dict[
                     saved, recipe.model_dump(mode="json"), recipe.resume_allow_changes, str(checkpoint[0])
                 )
             elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:  # a restart continues its own files
-                claim_fresh(folder, recipe.run.overwrite)
+                claim_fresh(folder, recipe.run.overwrite, resuming=recipe.resume == "auto")
         except HastenError as failure:
             error = (type(failure), str(failure))
     error = distributed.broadcast_object(error)
@@ -347,6 +347,9 @@ def _train_locked(recipe: Recipe, parts: Parts, folder: Path) -> dict[str, Any]:
             raise
         if log.enabled:
             print(f"resuming from {path} (epoch {trainer.state.epoch}, step {trainer.state.step})", file=sys.stderr)
+        saved = state.get("recipe")
+        if isinstance(saved, dict) and recipe_changes(saved, recipe.model_dump(mode="json")):
+            saving.protect = (path,)  # the run changes from here on (resume.allow_changes): keep where it began
     if log.enabled:  # a killed save's temporary files, whether the run starts afresh or resumes
         if checkpoint is not None:
             log.existing_metrics()  # an unreadable metrics.csv stops the resume before anything is written

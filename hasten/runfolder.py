@@ -129,7 +129,7 @@ def run_files(folder: str | Path) -> list[Path]:
     return found
 
 
-def claim_fresh(folder: str | Path, overwrite: bool) -> Path | None:
+def claim_fresh(folder: str | Path, overwrite: bool, resuming: bool = False) -> Path | None:
     """Make `folder` ready for a new run: refuse when it holds another run's results, or with `overwrite` move
     them into a dated subfolder (returned). Call with the lock held."""
     folder = Path(folder)
@@ -138,9 +138,10 @@ def claim_fresh(folder: str | Path, overwrite: bool) -> Path | None:
         return None
     names = ", ".join(p.name for p in found)
     if not overwrite:
+        how = "it has no checkpoint to resume=auto from" if resuming else "continue that run with resume=auto"
         raise RunFolderError(
-            f"run.dir {folder} holds another run's files ({names}): continue that run with resume=auto, give this "
-            "run a new run.dir, or pass run.overwrite=true to move them into a dated subfolder (nothing is deleted)"
+            f"run.dir {folder} holds another run's files ({names}): {how}; give this run a new run.dir, or pass "
+            "run.overwrite=true to move them into a dated subfolder (nothing is deleted)"
         )
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     aside = folder / f"replaced-{stamp}"

@@ -94,6 +94,7 @@ class Saving:
     every_steps: int = 0  # 0: off
     keep: int = 2  # newest kept, besides the best
     recipe: dict[str, Any] = field(default_factory=dict)
+    protect: tuple[Path, ...] = ()  # never pruned: e.g. the checkpoint a run with allowed recipe changes resumed
 
 
 class Interrupted(HastenError):
@@ -287,7 +288,7 @@ class Trainer:
         if end_of_epoch and accuracy is not None and accuracy >= self.state.best_accuracy:
             self.state.best_checkpoint = path.name
         best = (folder / self.state.best_checkpoint,) if self.state.best_checkpoint else ()
-        prune(folder, self.saving.keep, protect=best)
+        prune(folder, self.saving.keep, protect=best + tuple(self.saving.protect))
         return path
 
     def _keep_epoch_sums(self, loss_sum: Tensor, correct: Tensor, seen: int, seconds: float) -> None:

@@ -165,9 +165,11 @@ def resume_with_a_changed_recipe(c: Ctx) -> None:
 
 def resume_with_allowed_changes(c: Ctx) -> None:
     run = c.copy_of_finished()
-    code, err = c.train(run, "resume=auto", "optim.lr=0.5", "train.epochs=3", "resume.allow_changes=[optim.lr]")
+    resumed = checkpoints_in(run / "checkpoints")[0]
+    code, err = c.train(run, "resume=auto", "optim.lr=0.5", "train.epochs=4", "resume.allow_changes=[optim.lr]")
     assert code == 0, err
-    assert json.loads((run / "summary.json").read_text())["epochs"] == 3
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 4
+    assert resumed.is_file(), "the checkpoint the changed run began from is kept, not pruned"
 
 
 def resume_auto_after_a_stop_past_the_last_checkpoint_writes_the_summary(c: Ctx) -> None:
