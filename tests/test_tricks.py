@@ -193,6 +193,7 @@ def test_each_trick_in_a_two_step_run(tiny_overrides, overrides):
 def test_mixup_draws_repeat_with_the_seed(tiny_overrides, tmp_path):
     def loss(seed: int) -> float:
         overrides = [*tiny_overrides, "data.synthetic_size=32", "train.epochs=1", "tricks.mixup=0.4", f"seed={seed}"]
-        return hasten.train("fashion-fast", [*overrides, f"run.dir={tmp_path / str(seed)}"])["train_loss"]
+        rerun = "run.overwrite=true"  # loss(1) twice into one folder: the second moves the first's files aside
+        return hasten.train("fashion-fast", [*overrides, f"run.dir={tmp_path / str(seed)}", rerun])["train_loss"]
 
     assert loss(1) == loss(1) != loss(2)
