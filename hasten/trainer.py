@@ -313,7 +313,11 @@ class Trainer:
         read_end, write_end = os.pipe()
         os.set_blocking(write_end, False)
         previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-        watcher = threading.Thread(target=_abort_on_second_sigint, args=(read_end, os.dup(2)), daemon=True)
+        try:
+            stderr_fd = os.dup(2)
+        except OSError:  # no stderr (a detached service): the abort is silent
+            stderr_fd = os.open(os.devnull, os.O_WRONLY)
+        watcher = threading.Thread(target=_abort_on_second_sigint, args=(read_end, stderr_fd), daemon=True)
         watcher.start()
         try:
             yield
