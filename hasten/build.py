@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import random
@@ -31,7 +32,7 @@ from hasten.data.preprocessing import dataset_summary
 from hasten.data.registry import mirror_invariant
 from hasten.data.transforms import prepare
 from hasten.distributed import DistEnv, world_size
-from hasten.errors import CheckpointError, RecipeError
+from hasten.errors import CheckpointError, DataError, HastenError, RecipeError
 from hasten.finetune import discriminative_groups, pretrained_from_config, save_weights  # Freeze registers here
 from hasten.memory import checkpoint_activations
 from hasten.models import build_model
@@ -46,6 +47,7 @@ from hasten.own import (
     user_objects,
 )
 from hasten.precision import Precision, make_precision
+from hasten.runfolder import RunLock, check_resume_recipe, claim_fresh, recipe_changes
 from hasten.runlog import RunLog
 from hasten.schedules import Scheduler, rise_steps, scale_lr, scheduler
 from hasten.trainer import Hooks, Plan, Saving, Trainer
@@ -64,7 +66,16 @@ def run_dir(recipe: Recipe) -> Path:
 
 def dataset(recipe: Recipe) -> ImageDataset | ImageFolder:
     """The recipe's dataset, cut to `data.subset` / `data.test_subset` when given, with `data.per_class`,
-    `data.label_noise`, `data.size` and `data.rgb` applied. An image folder is scanned, not read into memory."""
+    `data.label_noise`, `data.size` and `data.rgb` applied. An image folder is scanned, not read into memory.
+    A file or folder that cannot be read (permissions, a vanished disk) is a DataError naming it."""
+    try:
+        return _dataset(recipe)
+    except OSError as error:
+        where = error.filename or recipe.data.root or recipe.data.name
+        raise DataError(f"data: cannot read {where}: {error.strerror or error}") from None
+
+
+def _dataset(recipe: Recipe) -> ImageDataset | ImageFolder:
     cfg = recipe.data
     if cfg.name in USER_SOURCES:  # data.target's function (hasten/own.py)
         return load_data(recipe)
@@ -330,7 +341,7 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
         technique.on_optimizer(model)
     hooks = Hooks.from_techniques(made)
     if world > 1:
-        seed_everything(recipe.seed * 1_000_003 + rank)  # after the weights: dropout masks differ per rank
+        seed_everything((recipe.seed * 1_000_003 + rank) % 2**63)  # after the weights: dropout masks differ per rank
         model = distributed.wrap(model, device)  # after the EMA copy and the optimizer, which hold the inner model
     parts = Parts(
         recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks, hooks.stateful
@@ -434,15 +445,45 @@ def evaluated_on(recipe: Recipe) -> str:
     return f"val: {fraction:g} of the training data held out (seed {recipe.seed})" if fraction else "test"
 
 
+def claim_run_folder(recipe: Recipe, folder: Path, checkpoint: tuple[Path, dict[str, Any]] | None) -> None:
+    """Before anything is written: a resume must continue the same run (the checkpoint's recipe), a fresh run
+    must not mix with another run's files (hasten/runfolder.py). Rank 0 checks; every rank gets its verdict."""
+    error = None
+    if distributed.is_main():
+        try:
+            if checkpoint is not None:
+                saved = checkpoint[1].get("recipe")
+                check_resume_recipe(
+                    saved, recipe.model_dump(mode="json"), recipe.resume_allow_changes, str(checkpoint[0])
+                )
+            elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:  # a restart continues its own files
+                claim_fresh(folder, recipe.run.overwrite, resuming=recipe.resume == "auto")
+        except HastenError as failure:
+            error = (type(failure), str(failure))
+    error = distributed.broadcast_object(error)
+    if error:
+        raise error[0](error[1])
+
+
 def train(
     recipe: Recipe, model: Any = None, data: Any = None, loss: Callable[[Tensor, Tensor], Tensor] | None = None
 ) -> dict[str, Any]:
     """Train the recipe (with the user's `model` and `data`, see `build`; `loss(logits, soft targets)` in place
-    of the soft cross-entropy); writes the run folder and returns the summary."""
+    of the soft cross-entropy); writes the run folder and returns the summary. The folder is locked while the run
+    writes it (hasten/runfolder.py): two runs never share one."""
     parts = build(recipe, model, data)
     recipe = parts.recipe  # what was used: data-dependent settings decided, the user's model and data recorded
     folder = run_dir(recipe)
+    lock = RunLock(folder) if distributed.is_main() else contextlib.nullcontext()
+    with lock:
+        return _train_locked(recipe, parts, folder, loss)
+
+
+def _train_locked(
+    recipe: Recipe, parts: Parts, folder: Path, loss: Callable[[Tensor, Tensor], Tensor] | None
+) -> dict[str, Any]:
     checkpoint = resume_from(recipe, folder / "checkpoints")  # before anything in the run folder is written
+    claim_run_folder(recipe, folder, checkpoint)
     log = RunLog(folder, enabled=distributed.is_main(), tensorboard=recipe.run.tensorboard)
     plan = Plan(
         epochs=recipe.train.epochs,
@@ -478,7 +519,12 @@ def train(
             raise
         if log.enabled:
             print(f"resuming from {path} (epoch {trainer.state.epoch}, step {trainer.state.step})", file=sys.stderr)
-    elif log.enabled:
+        saved = state.get("recipe")
+        if isinstance(saved, dict) and recipe_changes(saved, recipe.model_dump(mode="json")):
+            saving.protect = (path,)  # the run changes from here on (resume.allow_changes): keep where it began
+    if log.enabled:  # a killed save's temporary files, whether the run starts afresh or resumes
+        if checkpoint is not None:
+            log.existing_metrics()  # an unreadable metrics.csv stops the resume before anything is written
         remove_stale_temporaries(saving.folder)
     log.write_recipe(to_yaml(recipe))  # only once the checkpoint, if any, fitted: a failed resume changes nothing
     batch = global_batch(recipe)
@@ -487,16 +533,19 @@ def train(
         o = recipe.optim
         rule = f"{o.scaling} rule from {o.lr:g} per {o.base_batch}" if o.base_batch else "no optim.base_batch: as given"
         print(f"global batch {batch} ({how}); peak LR {parts.lr:.4g} ({rule})", file=sys.stderr)
+    # signals stay caught until the run returns: a stop once the last epoch is done lets the summary be written
+    # and the run end with 0 (its work is complete), instead of killing it mid-write
     try:
-        summary = trainer.fit()
-        model = distributed.unwrap(parts.model)
-        if recipe.run.save_weights and log.enabled:  # the weights evaluated: the EMA copy when there is one
-            save_weights(parts.hooks.eval_model(model) if parts.hooks.eval_model else model, log.dir)
-        summary |= {"run_dir": str(log.dir), "lr": parts.lr, "global_batch": batch, "world_size": world_size()}
-        summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader)  # what evaluate/predict need
-        summary["evaluated_on"] = evaluated_on(recipe)
-        log.summary(summary)
-        distributed.barrier()  # the ranks end together, once rank 0 has written everything
+        with trainer.stop_on_signals():
+            summary = trainer.fit()
+            model = distributed.unwrap(parts.model)
+            if recipe.run.save_weights and log.enabled:  # the weights evaluated: the EMA copy when there is one
+                save_weights(parts.hooks.eval_model(model) if parts.hooks.eval_model else model, log.dir)
+            summary |= {"run_dir": str(log.dir), "lr": parts.lr, "global_batch": batch, "world_size": world_size()}
+            summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader)  # for evaluate/predict
+            summary["evaluated_on"] = evaluated_on(recipe)
+            log.summary(summary)
+            distributed.barrier()  # the ranks end together, once rank 0 has written everything
     finally:
         log.close()
     return summary

@@ -10,12 +10,14 @@ fallback to unsafe loading.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
 import random
 import re
-import warnings
+import shutil
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -64,45 +66,106 @@ def write_atomic_bytes(path: Path, write: Any) -> None:
     _fsync_dir(path.parent)
 
 
+def _tensor_bytes(value: Any) -> int:
+    """Bytes of the tensors in a nested state: about what its checkpoint file takes on disk."""
+    if isinstance(value, torch.Tensor):
+        return value.untyped_storage().nbytes()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 2**20:,.1f} MiB"
+
+
+def disk_full_message(path: Path, needed_bytes: int) -> str:
+    """What to tell the user when writing `path` ran out of space: how much it needs, how much is free."""
+    try:
+        free = f"{_megabytes(shutil.disk_usage(path.parent).free)} free now"
+    except OSError:
+        free = "free space unknown"
+    return f"needs about {_megabytes(needed_bytes)} free in {path.parent} ({free})"
+
+
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
-    """Write `state` to `path` atomically, then its digest sidecar; returns the path."""
+    """Write `state` to `path` atomically, then its digest sidecar; returns the path. On failure (a full disk
+    included: torch's zip writer raises RuntimeError, not OSError) the earlier checkpoints stay as they were and
+    a CheckpointError says how much space the checkpoint needs."""
     path = Path(path)
+    sidecar = path.with_name(path.name + DIGEST_SUFFIX)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic_bytes(path, lambda f: torch.save(state, f))
         digest = _sha256(path)
-        write_atomic_bytes(path.with_name(path.name + DIGEST_SUFFIX), lambda f: f.write(f"{digest}\n".encode()))
-    except OSError as error:
-        raise CheckpointError(f"cannot write checkpoint {path}: {error.strerror or error}") from None
+        write_atomic_bytes(sidecar, lambda f: f.write(f"{digest}\n".encode()))
+    except (OSError, RuntimeError) as error:
+        if path.is_file() and not sidecar.is_file():
+            path.unlink(missing_ok=True)  # written but never marked complete: it would only be skipped later
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[0]
+        space = disk_full_message(path, _tensor_bytes(state) + (1 << 20))
+        raise CheckpointError(
+            f"cannot write checkpoint {path}: {reason}; it {space}; the earlier checkpoints are kept"
+        ) from None
     return path
+
+
+def _looks_like_torch_file(path: Path) -> bool:
+    """A zip archive (torch.save since 1.6) or a legacy torch.save pickle (starts with a pickle protocol byte)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80" or zipfile.is_zipfile(path)
 
 
 def load_checkpoint(path: str | Path, *, require_digest: bool = False) -> dict[str, Any]:
     """A checkpoint's contents, loaded safely onto the CPU; CheckpointError naming the file when it cannot be.
 
+    Fails closed: whatever a malformed file makes the reader raise becomes a CheckpointError naming it.
     With `require_digest` (resuming a hasten run) a missing or mismatching `.sha256` sidecar is an error;
     files from elsewhere (plain state dicts) have none and are checked only by the safe unpickler.
     """
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a folder, not a file")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    if path.name.endswith(DIGEST_SUFFIX):
+        raise CheckpointError(
+            f"{path} is a checkpoint's digest sidecar, not a checkpoint: give {path.name[: -len(DIGEST_SUFFIX)]}"
+        )
     sidecar = path.with_name(path.name + DIGEST_SUFFIX)
-    if sidecar.is_file():
-        expected = sidecar.read_text().strip()
-        if _sha256(path) != expected:
-            raise CheckpointError(f"checkpoint {path} is corrupt: its SHA-256 does not match {sidecar.name}")
-    elif require_digest:
-        raise CheckpointError(f"checkpoint {path} is incomplete: {sidecar.name} is missing (interrupted save?)")
+    try:
+        if sidecar.is_file():
+            try:
+                expected = sidecar.read_bytes().decode("ascii").strip()
+            except UnicodeDecodeError:
+                raise CheckpointError(f"checkpoint {path}: its digest {sidecar.name} is not text") from None
+            if _sha256(path) != expected:
+                raise CheckpointError(f"checkpoint {path} is corrupt: its SHA-256 does not match {sidecar.name}")
+        elif require_digest:
+            raise CheckpointError(f"checkpoint {path} is incomplete: {sidecar.name} is missing (interrupted save?)")
+        if not _looks_like_torch_file(path):
+            raise CheckpointError(f"{path} is not a PyTorch checkpoint (neither a torch.save zip archive nor a pickle)")
+    except OSError as error:
+        raise CheckpointError(f"cannot read checkpoint {path}: {error.strerror or error}") from None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         first_line = str(error).splitlines()[-1] if str(error) else ""
+        if "weights only load failed" not in str(error).lower():  # a damaged pickle, not a refused object
+            reason = f"checkpoint {path} is unreadable (corrupt or not a checkpoint): {first_line}"
+            raise CheckpointError(reason) from None
         raise CheckpointError(
             f"refusing to load {path}: it holds objects outside what a weights-only load allows "
             f"(hasten never loads checkpoints unsafely). {first_line}".strip()
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
-        raise CheckpointError(f"checkpoint {path} is unreadable (truncated or not a checkpoint): {error}") from None
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as error:  # noqa: BLE001 - fail closed: a malformed file makes the reader raise anything
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".strip()
+        raise CheckpointError(f"checkpoint {path} is unreadable (truncated or not a checkpoint): {reason}") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a mapping")
     return state
@@ -123,7 +186,7 @@ def latest_usable(folder: str | Path) -> tuple[Path, dict[str, Any]] | None:
         try:
             return path, load_checkpoint(path, require_digest=True)
         except CheckpointError as error:
-            warnings.warn(f"skipping {error}", stacklevel=2)
+            print(f"warning: skipping {error}", file=sys.stderr)  # a note for the user, not a Python warning
     return None
 
 
@@ -170,7 +233,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def model_weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The model's weights from a hasten checkpoint or a plain state dict."""
     weights = state.get("model", state)
-    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+    if not isinstance(weights, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
+    ):
         raise CheckpointError("no model weights found: expected a hasten checkpoint or a state dict of tensors")
     return weights
 
@@ -196,13 +261,16 @@ def export_safetensors(checkpoint: str | Path, out: str | Path) -> Path:
     """Write a checkpoint's model weights to a safetensors file (contiguous copies, shared storage split)."""
     weights = {k: v.detach().clone().contiguous() for k, v in model_weights(load_checkpoint(checkpoint)).items()}
     out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
         save_safetensors(weights, str(tmp))
         os.replace(tmp, out)
-    except OSError as error:
-        raise CheckpointError(f"cannot write {out}: {error.strerror or error}") from None
+    except Exception as error:  # noqa: BLE001 - OSError, or safetensors' own SafetensorError (read-only folder)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise CheckpointError(f"cannot write {out}: {reason}") from None
     return out
 
 

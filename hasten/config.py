@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib.resources
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -229,7 +230,10 @@ class LossScaleConfig(Section):
 
 
 class RunConfig(Section):
-    dir: str | None = None  # default: runs/<recipe name>
+    dir: str | None = None  # default: runs/<recipe name>, or runs/<recipe name>-<data.name> on other data
+    # a fresh run into a run.dir holding another run's files: move those into run.dir/replaced-<UTC time>/
+    # (never deleted) instead of refusing
+    overwrite: bool = False
     progress: bool = True  # rich progress bar
     tensorboard: bool = True
     thresholds: list[Annotated[float, Field(gt=0, le=1)]] = [0.90, 0.91, 0.92, 0.93, 0.94]
@@ -254,7 +258,7 @@ class TransferConfig(Section):
 
 class Recipe(Section):
     name: str = "run"
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0  # torch and numpy seeds are unsigned 64-bit
     precision: Literal["fp32", "bf16", "fp16", "fp16-master"] = "fp32"
     loss_scale: LossScaleConfig = LossScaleConfig()  # fp16 and fp16-master only
     device: str = "auto"  # auto: cuda when available, else cpu
@@ -267,7 +271,45 @@ class Recipe(Section):
     run: RunConfig = RunConfig()
     sweep: SweepConfig = SweepConfig()
     resume: str | None = None  # "auto": the newest complete checkpoint in run.dir; or a checkpoint's path
+    # dotted keys (or whole sections) that may differ from the checkpoint's recipe on resume; also written
+    # resume.allow_changes=[...] or `resume: {from: auto, allow_changes: [...]}`
+    resume_allow_changes: list[str] = []
     transfer: TransferConfig = TransferConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resume_section(cls, data: Any) -> Any:
+        """`resume` may be a section {from, allow_changes}: stored as `resume` and `resume_allow_changes`."""
+        if isinstance(data, dict) and isinstance(data.get("resume"), dict):
+            data = dict(data)
+            section = dict(data.pop("resume"))
+            data["resume"] = section.pop("from", None)
+            if "allow_changes" in section:
+                data["resume_allow_changes"] = section.pop("allow_changes")
+            if section:
+                unknown = ", ".join(map(str, section))
+                raise ValueError(f"resume: unknown key(s) {unknown} (it takes from, allow_changes)")
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        if not name.strip() or any(c in name for c in "/\\\0") or name.strip() in (".", ".."):
+            raise ValueError(
+                f"name: {name!r} must be a plain folder name (no '/', '\\', '..'): it names runs/<name>, which a "
+                "run may not leave (set run.dir to write elsewhere)"
+            )
+        return name
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, device: str) -> str:
+        if not DEVICE.fullmatch(device):
+            raise ValueError(f"device: {device!r} is not auto, cpu, cuda, cuda:N or mps")
+        return device
+
+
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
 DEFAULT_RECIPE = "fashion-fast"
@@ -279,13 +321,76 @@ def shipped_recipes() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
+MAX_YAML_NODES = 100_000  # values a recipe may expand to through YAML aliases (`*name`); real recipes hold ~100
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a document whose aliases expand to more than MAX_YAML_NODES values, or
+    refer to themselves: a few hundred bytes of nested aliases ("billion laughs") would otherwise become
+    gigabytes once the recipe is copied, merged and validated."""
+
+    def compose_document(self) -> yaml.Node:
+        node = super().compose_document()
+        sizes: dict[int, int] = {}
+        open_nodes: set[int] = set()
+
+        def expanded(n: yaml.Node) -> int:  # values `n` stands for once every alias is copied out
+            if id(n) in sizes:
+                return sizes[id(n)]
+            if id(n) in open_nodes:
+                raise yaml.YAMLError("an alias refers to the value that contains it (a recursive structure)")
+            open_nodes.add(id(n))
+            children = n.value if isinstance(n, yaml.SequenceNode) else []
+            if isinstance(n, yaml.MappingNode):
+                children = [part for pair in n.value for part in pair]
+            total = 1
+            for child in children:
+                total += expanded(child)
+                if total > MAX_YAML_NODES:
+                    raise yaml.YAMLError(
+                        f"its aliases expand to more than {MAX_YAML_NODES:,} values (an alias bomb?); "
+                        "write the values out or use fewer nested aliases"
+                    )
+            open_nodes.discard(id(n))
+            sizes[id(n)] = total
+            return total
+
+        if node is not None:
+            expanded(node)
+        return node
+
+
+def load_yaml(text: str, origin: str) -> Any:
+    """`text` parsed as YAML with BoundedLoader; a RecipeError naming `origin` when it is not valid or too big."""
+    try:
+        return yaml.load(text, Loader=BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise RecipeError(f"{origin}: not a usable recipe: nested too deeply") from None
+    except yaml.YAMLError as error:
+        raise RecipeError(f"{origin}: not valid YAML: {error}") from None
+
+
+def read_text_file(path: Path, what: str) -> str:
+    """A UTF-8 text file's contents; a RecipeError naming the file when it is unreadable, binary or not UTF-8."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise RecipeError(f"{what} {path}: cannot read it: {error.strerror or error}") from None
+    if b"\0" in data:
+        raise RecipeError(f"{what} {path}: a binary file, not a YAML recipe")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RecipeError(f"{what} {path}: not UTF-8 text (byte {error.start}): not a YAML recipe") from None
+
+
 def _read_yaml(source: str) -> tuple[dict[str, Any], str]:
     """The raw mapping of a recipe given as a path or a shipped name, and where it came from."""
     path = Path(source)
     if path.suffix in (".yaml", ".yml") or path.is_file():  # a folder named like a recipe does not shadow it
         if not path.is_file():
             raise RecipeError(f"recipe file not found: {path}")
-        text, origin = path.read_text(encoding="utf-8"), str(path)
+        text, origin = read_text_file(path, "recipe"), str(path)
     else:
         shipped = importlib.resources.files("hasten") / "recipes" / f"{source}.yaml"
         if not shipped.is_file():
@@ -294,10 +399,7 @@ def _read_yaml(source: str) -> tuple[dict[str, Any], str]:
                 f"({', '.join(shipped_recipes())})"
             )
         text, origin = shipped.read_text(encoding="utf-8"), f"shipped recipe {source!r}"
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise RecipeError(f"{origin}: not valid YAML: {error}") from None
+    raw = load_yaml(text, origin)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -335,8 +437,8 @@ def load_raw(source: str | None, _seen: tuple[str, ...] = ()) -> tuple[dict[str,
 def parse_value(text: str) -> Any:
     """A command-line value as YAML would read it, so `0.2`, `1e-3`, `true`, `null`, `[1,2]` get their types."""
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
+        value = yaml.load(text, Loader=BoundedLoader) if text.strip() else ""  # noqa: S506 - a SafeLoader
+    except (yaml.YAMLError, RecursionError):
         return text
     if isinstance(value, str):
         try:  # YAML 1.1 reads `1e-3` as a string; users mean a number
@@ -344,6 +446,9 @@ def parse_value(text: str) -> Any:
         except ValueError:
             return value
     return value
+
+
+SHORTHAND = {"resume": "from"}  # a top-level value that may also be written as a section: resume=auto
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -358,13 +463,19 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         *parents, leaf = key.split(".")
         node = result
         for i, part in enumerate(parents):
+            if i == 0 and part in SHORTHAND and not isinstance(node.get(part), (dict, type(None))):
+                node[part] = {SHORTHAND[part]: node[part]}  # `resume=auto resume.allow_changes=[...]`
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
                 problems.append(f"{key}: {'.'.join(parents[: i + 1])} is a value, not a section")
                 break
             node = child
         else:
-            node[leaf] = parse_value(text)
+            value = parse_value(text)
+            if not parents and leaf in SHORTHAND and isinstance(node.get(leaf), dict) and not isinstance(value, dict):
+                node[leaf][SHORTHAND[leaf]] = value  # `resume=auto` keeps the section's allow_changes
+            else:
+                node[leaf] = value
     if problems:
         raise RecipeError("bad override(s):\n" + "\n".join(f"  - {p}" for p in problems))
     return result
@@ -403,7 +514,12 @@ def validate(raw: dict[str, Any], origin: str = "recipe") -> Recipe:
 def load_recipe(source: str | None = None, overrides: list[str] | None = None) -> Recipe:
     """The recipe named or at `source` (default: the default recipe) with `overrides` applied and validated."""
     raw, origin = load_raw(source)
-    return validate(apply_overrides(raw, overrides or []), origin)
+    recipe = validate(apply_overrides(raw, overrides or []), origin)
+    section = raw.get("data")
+    own_data = section.get("name", DataConfig().name) if isinstance(section, dict) else DataConfig().name
+    if recipe.run.dir is None and recipe.data.name != own_data:  # never in the folder of the recipe's own data
+        recipe.run.dir = str(Path("runs") / f"{recipe.name}-{recipe.data.name}")
+    return recipe
 
 
 def to_yaml(recipe: Recipe) -> str:

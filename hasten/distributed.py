@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hasten.errors import RecipeError
+
 # how long a collective may wait for a missing peer before the job fails instead of hanging
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=int(os.environ.get("HASTEN_DIST_TIMEOUT_MIN", "10")))
 
@@ -56,9 +58,15 @@ class DistEnv:
 def resolve_device(name: str) -> torch.device:
     """The recipe's `device`: "auto" is CUDA when there is a GPU, else the CPU; anything else as torch reads it.
     The one place "auto" is decided."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    requested = ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+    device = torch.device(requested)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RecipeError(f"device: {requested} asked for, but this PyTorch build sees no CUDA device (use device=cpu)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise RecipeError(f"device: {requested}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise RecipeError(f"device: {requested} asked for, but MPS is not available here (use device=cpu)")
+    return device
 
 
 def device_for(env: DistEnv, requested: str) -> torch.device:

@@ -5,18 +5,22 @@ Only the process that owns the run (rank 0) writes; the others get a RunLog with
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import json
 import math
 import os
 import platform
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import hasten
+from hasten.checkpoint import disk_full_message
 from hasten.errors import HastenError
 
 
@@ -55,10 +59,25 @@ def finite_json(value: Any) -> Any:
     return value
 
 
+@contextlib.contextmanager
+def writing(path: Path, size: int) -> Iterator[None]:
+    """Turn a failed write of `path` (about `size` bytes) into a HastenError naming it; a full disk says how much
+    space is needed."""
+    try:
+        yield
+    except OSError as error:
+        space = f"; it {disk_full_message(path, size)}" if error.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        raise HastenError(f"run.dir: cannot write {path}: {error.strerror or error}{space}") from None
+
+
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    with writing(path, len(text.encode())):
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 class RunLog:
@@ -66,6 +85,7 @@ class RunLog:
         self.dir = Path(run_dir)
         self.enabled = enabled
         self.writer = None
+        self._tensorboard = tensorboard  # the writer is made on first use: a run that fails early leaves no events
         self._fields: list[str] | None = None
         if not enabled:
             return
@@ -76,10 +96,14 @@ class RunLog:
             probe.unlink()
         except OSError as error:
             raise HastenError(f"run.dir: cannot write to {self.dir}: {error.strerror or error}") from None
-        if tensorboard:
+
+    def _board(self) -> Any:
+        """The TensorBoard writer, made on first use (None when off)."""
+        if self.writer is None and self._tensorboard and self.enabled:
             from torch.utils.tensorboard import SummaryWriter  # imported here: slow, and only rank 0 needs it
 
             self.writer = SummaryWriter(str(self.dir / "tensorboard"))
+        return self.writer
 
     def write_recipe(self, recipe_yaml: str) -> None:
         if self.enabled:
@@ -91,8 +115,22 @@ class RunLog:
         """Start metrics.csv afresh with these columns."""
         self._fields = fields
         if self.enabled:
-            with open(self.dir / "metrics.csv", "w", newline="") as f:
+            with writing(self.dir / "metrics.csv", 4096), open(self.dir / "metrics.csv", "w", newline="") as f:
                 csv.writer(f).writerow(fields)
+
+    def existing_metrics(self) -> list[dict[str, str]]:
+        """The rows of run.dir/metrics.csv (none when absent); a HastenError naming it when it cannot be read."""
+        path = self.dir / "metrics.csv"
+        if not path.exists():
+            return []
+        try:
+            with open(path, newline="", encoding="utf-8") as f:
+                return list(csv.DictReader(f))
+        except (OSError, UnicodeDecodeError, csv.Error) as error:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            raise HastenError(
+                f"{path}: cannot read it to continue the run ({reason}): move it away to resume without it"
+            ) from None
 
     def resume_metrics(self, fields: list[str], upto_epoch: int) -> None:
         """Continue metrics.csv after a resume: keep the rows up to `upto_epoch`, drop later ones (redone)."""
@@ -100,9 +138,9 @@ class RunLog:
         if not self.enabled:
             return
         path = self.dir / "metrics.csv"
-        rows = list(csv.DictReader(path.open(newline=""))) if path.is_file() else []
-        kept = [r for r in rows if r.get("epoch", "").isdigit() and int(r["epoch"]) <= upto_epoch]
-        with open(path, "w", newline="") as f:
+        rows = self.existing_metrics()
+        kept = [r for r in rows if (r.get("epoch") or "").isdigit() and int(r["epoch"]) <= upto_epoch]
+        with writing(path, 4096 + 200 * len(kept)), open(path, "w", newline="") as f:
             writer = csv.DictWriter(f, fields, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(kept)
@@ -112,17 +150,18 @@ class RunLog:
         if not self.enabled:
             return
         assert self._fields is not None, "start_metrics first"
-        with open(self.dir / "metrics.csv", "a", newline="") as f:
+        with writing(self.dir / "metrics.csv", 4096), open(self.dir / "metrics.csv", "a", newline="") as f:
             csv.writer(f).writerow([row.get(k, "") for k in self._fields])
-        if self.writer is not None:
+        if (writer := self._board()) is not None:
             for key, value in row.items():
                 if isinstance(value, (int, float)) and key != "epoch":
-                    self.writer.add_scalar(key, value, step)
-            self.writer.flush()
+                    writer.add_scalar(key, value, step)
+            with writing(self.dir / "tensorboard", 1 << 20):
+                writer.flush()
 
     def scalar(self, key: str, value: float, step: int) -> None:
-        if self.writer is not None:
-            self.writer.add_scalar(key, value, step)
+        if (writer := self._board()) is not None:
+            writer.add_scalar(key, value, step)
 
     def summary(self, summary: dict[str, Any]) -> None:
         """summary.json: strict JSON, so a non-finite number (a diverged loss) is written as null."""

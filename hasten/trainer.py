@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import signal
 import sys
 import threading
@@ -97,6 +98,7 @@ class Saving:
     every_steps: int = 0  # 0: off
     keep: int = 2  # newest kept, besides the best
     recipe: dict[str, Any] = field(default_factory=dict)
+    protect: tuple[Path, ...] = ()  # never pruned: e.g. the checkpoint a run with allowed recipe changes resumed
 
 
 class Interrupted(HastenError):
@@ -165,6 +167,24 @@ class State:
     epoch_seconds: float = 0.0
     best_checkpoint: str | None = None  # file name of the checkpoint with the best test accuracy
     warnings: list[str] = field(default_factory=list)  # what looked wrong (divergence, chance accuracy), in order
+    last_row: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics: a finished run's summary
+
+
+def _abort_on_second_sigint(read_end: int, stderr_fd: int) -> None:
+    """Watcher thread: read signal numbers from the wakeup pipe until it closes; on the second SIGINT, end the
+    process at once with 130 (the last checkpoint stays; the step in progress is lost). The message goes to
+    `stderr_fd`, a copy of the original stderr: sys.stderr's lock may be held by the interrupted main thread,
+    and fd 2 may be pointed at /dev/null for the moment (hasten.memory hides the profiler's native output)."""
+    interrupts = 0
+    try:
+        while chunk := os.read(read_end, 64):
+            interrupts += chunk.count(signal.SIGINT)
+            if interrupts >= 2:
+                os.write(stderr_fd, b"interrupted: second Ctrl-C, aborting without a checkpoint\n")
+                os._exit(130)
+    finally:
+        os.close(read_end)
+        os.close(stderr_fd)
 
 
 def _sync(device: torch.device) -> None:
@@ -228,7 +248,16 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any], source: str = "checkpoint") -> None:
-        """Continue from `state` (a `state_dict()`); CheckpointError naming `source` when it does not fit."""
+        """Continue from `state` (a `state_dict()`); CheckpointError naming `source` when it does not fit.
+        Fails closed: whatever a malformed checkpoint makes the loading raise becomes a CheckpointError."""
+        try:
+            self._load_state_dict(state, source)
+        except HastenError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a malformed checkpoint can break any step of the loading
+            raise CheckpointError(f"{source} is malformed: {type(error).__name__}: {error}") from None
+
+    def _load_state_dict(self, state: dict[str, Any], source: str) -> None:
         missing = [k for k in ("model", "optimizer", "scheduler", "trainer") if k not in state]
         if "ranks" not in state and "rng" not in state:
             missing.append("ranks")
@@ -239,7 +268,7 @@ class Trainer:
         try:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
-            self.precision.load_state_dict(state.get("precision", {}))
+            self._load_precision(state, source)
             for name, hook in self.hooks.stateful.items():
                 saved = state.get("hooks", {}) | mine.get("hooks", {})
                 if name not in saved:
@@ -250,6 +279,18 @@ class Trainer:
         self.state = State(**(state["trainer"] | mine.get("epoch_sums", {})))
         set_rng_state(mine["rng"])
         self.resumed = True
+
+    def _load_precision(self, state: dict[str, Any], source: str) -> None:
+        """The loss scaler's (or fp32 masters') state; another precision's state is named as such."""
+        try:
+            self.precision.load_state_dict(state.get("precision") or {})
+        except (KeyError, ValueError, TypeError, RuntimeError) as error:
+            recipe = state.get("recipe") if isinstance(state.get("recipe"), dict) else {}
+            saved = recipe.get("precision", "another precision")
+            raise CheckpointError(
+                f"{source} was trained with precision={saved}; its precision state does not fit "
+                f"precision={self.precision.name} ({type(error).__name__}: {error}): resume with precision={saved}"
+            ) from None
 
     def _own_rank_state(self, state: dict[str, Any], source: str) -> dict[str, Any]:
         """This rank's part of a checkpoint. Another number of processes may resume from an epoch's end (each
@@ -279,7 +320,7 @@ class Trainer:
         if end_of_epoch and accuracy is not None and accuracy >= self.state.best_accuracy:
             self.state.best_checkpoint = path.name
         best = (folder / self.state.best_checkpoint,) if self.state.best_checkpoint else ()
-        prune(folder, self.saving.keep, protect=best)
+        prune(folder, self.saving.keep, protect=best + tuple(self.saving.protect))
         return path
 
     def _keep_epoch_sums(self, loss_sum: Tensor, correct: Tensor, seen: int, seconds: float) -> None:
@@ -287,8 +328,10 @@ class Trainer:
         self.state.epoch_seen, self.state.epoch_seconds = seen, seconds
 
     @contextlib.contextmanager
-    def _stop_on_signals(self) -> Iterator[None]:
-        """SIGINT/SIGTERM ask for a stop at the next step boundary; a second SIGINT aborts at once."""
+    def stop_on_signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM ask for a stop at the next step boundary; a second SIGINT aborts at once, even in the
+        middle of a long step: Python runs signal handlers only between bytecodes, so a watcher thread reads the
+        signals from a wakeup pipe (written by the C-level handler) and ends the process with 130."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -299,9 +342,21 @@ class Trainer:
             self.stop_signal = signum
 
         previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        try:
+            stderr_fd = os.dup(2)
+        except OSError:  # no stderr (a detached service): the abort is silent
+            stderr_fd = os.open(os.devnull, os.O_WRONLY)
+        watcher = threading.Thread(target=_abort_on_second_sigint, args=(read_end, stderr_fd), daemon=True)
+        watcher.start()
         try:
             yield
         finally:
+            signal.set_wakeup_fd(previous_fd)
+            os.close(write_end)  # the watcher reads end-of-file and returns
+            watcher.join(timeout=1)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -501,10 +556,15 @@ class Trainer:
         self.peak_step_memory_bytes = peak.bytes
 
     def fit(self) -> dict[str, Any]:
-        """Train for the planned epochs; returns the summary (also written to summary.json)."""
+        """Train for the planned epochs; returns the summary (also written to summary.json). Resumed from the
+        run's last checkpoint (stopped during the final evaluation or before the summary was written), it only
+        writes the summary again, from the metrics that checkpoint holds."""
         if self.state.epoch >= self.plan.epochs:
+            if self.state.last_row and self.state.epoch == self.plan.epochs:
+                return self.summary(self.state.last_row, 0.0)
             raise CheckpointError(
-                f"nothing to resume: the checkpoint is at the end of the run (epoch {self.state.epoch})"
+                f"nothing to resume: the checkpoint is at the end of a {self.state.epoch}-epoch run; raise "
+                "train.epochs to train longer"
             )
         reset_peak(self.device)
         started = time.perf_counter()
@@ -513,8 +573,8 @@ class Trainer:
         else:
             self.log.start_metrics(METRICS)
         bar = EpochProgress(len(self.train_loader), enabled=self.plan.progress and self.log.enabled)
-        self.bar = bar
-        with self._stop_on_signals(), bar:
+        self.bar, live = bar, {}
+        with self.stop_on_signals(), bar:
             while self.state.epoch < self.plan.epochs:
                 bar.start_epoch(self.state.epoch + 1, self.plan.epochs)
                 epoch_start_step = self.state.step - (self.state.batch // self.plan.accumulate)
@@ -536,12 +596,15 @@ class Trainer:
                 )
                 self.log.epoch(row, self.state.step)
                 bar.end_epoch(row)
+                if self.state.epoch == self.plan.epochs:  # the end, judged before the last checkpoint keeps it
+                    self.check_result(test_accuracy)
+                    live = self.compare_live(test_accuracy)
+                self.state.last_row = dict(row)
                 every = self.saving.every_epochs if self.saving else 0
                 if (every and self.state.epoch % every == 0) or self.state.epoch == self.plan.epochs:
                     self.save(end_of_epoch=True, accuracy=test_accuracy)
-                self._check_stop()
-            self.check_result(test_accuracy)
-            live = self.compare_live(test_accuracy)
+                if self.state.epoch < self.plan.epochs:  # after the last epoch the run is done: its summary follows
+                    self._check_stop()
         return self.summary(row, time.perf_counter() - started) | live
 
     def compare_live(self, evaluated_accuracy: float) -> dict[str, float]:

@@ -144,14 +144,14 @@ def test_checkpointing_lowers_the_step_peak():
     assert peaks["checkpointed"] < 0.7 * peaks["plain"]
 
 
-def test_checkpointing_and_compile_in_two_step_runs(tiny_overrides, monkeypatch):
+def test_checkpointing_and_compile_in_two_step_runs(tiny_overrides, tmp_path, monkeypatch):
     import hasten
     from hasten import compiling
 
     monkeypatch.setattr(compiling, "BACKEND", "eager")  # Dynamo without Inductor: the plumbing, in seconds
     two_steps = ["data.subset=32", "data.test_subset=64", "train.epochs=1", "precision=fp32"]
     for option in ("train.checkpoint_activations=true", "train.compile=true"):  # fashion-fast: channels_last too
-        summary = hasten.train("fashion-fast", [*tiny_overrides, *two_steps, option])
+        summary = hasten.train("fashion-fast", [*tiny_overrides, *two_steps, option, f"run.dir={tmp_path / option}"])
         assert summary["steps"] == 2
 
 

@@ -70,7 +70,10 @@ def test_sigterm_checkpoints_exits_143_and_resume_auto_finishes(tiny_overrides, 
     newest = checkpoints_in(run / "checkpoints")[0]
     state = load_checkpoint(newest, require_digest=True)
     assert 0 < state["trainer"]["step"] < 200 * 24
-    code = main(["train", *args, "train.epochs=3", f"run.dir={run}", "resume=auto"])
+    # fewer epochs than the checkpoint's run: a change of the run's meaning, allowed here by name
+    assert main(["train", *args, "train.epochs=3", f"run.dir={run}", "resume=auto"]) == 2
+    allow = "resume.allow_changes=[train.epochs]"
+    code = main(["train", *args, "train.epochs=3", f"run.dir={run}", "resume=auto", allow])
     epochs_done = state["trainer"]["epoch"]
     if epochs_done >= 3:
         assert code == 2  # nothing left to do: said so
@@ -98,6 +101,9 @@ def test_bad_checkpoints_are_clear_errors_and_overwrite_nothing(tiny_overrides, 
 
     other = [*tiny_overrides, "model.width=4", f"run.dir={run}", f"resume={checkpoints_in(run / 'checkpoints')[0]}"]
     assert main(["train", *other]) == 2
+    err = capsys.readouterr().err
+    assert "model.width: 8 -> 4" in err and "resume.allow_changes=[model.width]" in err
+    assert main(["train", *other, "resume.allow_changes=[model]"]) == 2  # allowed, but the weights do not fit
     err = capsys.readouterr().err
     assert "another model" in err and "shapes differ" in err and "stem.0.weight" in err
 

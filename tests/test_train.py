@@ -55,7 +55,8 @@ def test_sequential_recipe_from_layer_list(tiny_overrides, tmp_path):
 def test_same_seed_same_run_other_seed_other_run(tiny_overrides, tmp_path):
     def metrics(*extra: str) -> list[dict[str, str]]:
         folder = tmp_path / "-".join(extra)
-        hasten.train(None, [*tiny_overrides, "data.augment.flip=true", f"run.dir={folder}", *extra])
+        rerun = "run.overwrite=true"  # the same folder twice: the second run moves the first one's files aside
+        hasten.train(None, [*tiny_overrides, "data.augment.flip=true", f"run.dir={folder}", rerun, *extra])
         return [
             {k: v for k, v in row.items() if "second" not in k}
             for row in csv.DictReader((folder / "metrics.csv").open())

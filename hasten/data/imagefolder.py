@@ -227,6 +227,16 @@ class ImageFolderLoader(ShardedEpochs):
             yield self.normalise(images), labels.to(self.device, non_blocking=True)
 
 
+def _header(path: str) -> tuple[tuple[int, int], str]:
+    """An image file's size and mode from its header (Pillow reads no pixels); DataError naming a file that is
+    not an image."""
+    try:
+        with Image.open(path) as image:
+            return image.size, image.mode
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise DataError(f"{path}: cannot decode as an image ({type(exc).__name__}: {exc})") from None
+
+
 def open_image_folder(
     root: str | Path,
     *,
@@ -284,11 +294,9 @@ def open_image_folder(
         noisy, _ = flip_labels(train.labels, label_noise, len(classes), noise_generator(seed))
         train = FolderSplit(train.paths, noisy)
     first = train.paths[0]
-    try:
-        with Image.open(first) as image:
-            first_size, first_mode = image.size, image.mode
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise DataError(f"{first}: cannot decode as an image ({type(exc).__name__}: {exc})") from None
+    first_size, first_mode = _header(first)
+    for path in test.paths:  # read only at the end of the first epoch: a bad file is named now, not after it
+        _header(path)
     mode = ("L" if first_mode in GREY_MODES else "RGB") if rgb is None else ("RGB" if rgb else "L")
     return ImageFolder(root, classes, train, test, mode, (size, size) if size else first_size, size is not None)
 

@@ -255,7 +255,8 @@ def run_grid(
     thresholds = [f"{t:.2f}" for t in recipe.run.thresholds]
 
     def one_run(variant: Variant, run_dir: Path, epochs: int | None = None) -> dict[str, Any]:
-        changes = [f"run.dir={run_dir}"] + ([f"train.epochs={epochs}"] if epochs else [])
+        # the bench owns its run folders: a rerun moves the earlier runs aside (run.overwrite never deletes)
+        changes = [f"run.dir={run_dir}", "run.overwrite=true"] + ([f"train.epochs={epochs}"] if epochs else [])
         run_recipe = validate(apply_overrides(recipes[variant].model_dump(mode="json"), changes))
         naive_run_epochs = epochs or naive_epochs
         if isolate:

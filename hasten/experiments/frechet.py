@@ -163,7 +163,9 @@ def train_classifier(recipe: str, overrides: list[str], folder: Path) -> tuple[P
     from hasten.build import train  # here: the classifier's training stack is needed only now
 
     raw, origin = load_raw(recipe)
-    wanted = validate(apply_overrides(raw, [*overrides, f"run.dir={folder}", "run.save_weights=true"]), origin)
+    wanted = validate(
+        apply_overrides(raw, [*overrides, f"run.dir={folder}", "run.save_weights=true", "run.overwrite=true"]), origin
+    )
     weights, saved_recipe, summary = folder / "model.safetensors", folder / "recipe.yaml", folder / "summary.json"
     if weights.is_file() and saved_recipe.is_file() and summary.is_file():
         fresh = weights.stat().st_mtime >= saved_recipe.stat().st_mtime  # not left from an earlier recipe

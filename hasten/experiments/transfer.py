@@ -49,7 +49,7 @@ def _stderr(line: str) -> None:
 def pretrain_recipe(recipe: Recipe, out: Path) -> Recipe:
     """The pretraining run: the recipe with `PRETRAIN_BASE` and its `transfer.pretrain` overrides."""
     overrides = [*PRETRAIN_BASE, *recipe.transfer.pretrain, f"name={recipe.name}-pretrain"]
-    overrides += [f"run.dir={out / 'pretrain'}", "run.progress=false"]
+    overrides += [f"run.dir={out / 'pretrain'}", "run.overwrite=true", "run.progress=false"]  # its own folder
     return validate(apply_overrides(recipe.model_dump(mode="json"), overrides), "transfer.pretrain")
 
 

@@ -1,0 +1,531 @@
+"""The fault table (issue 17): each row is one hostile-user scenario, run through `hasten` in-process, with what
+must happen: exit 2 with a message naming the key or file and nothing written, or a run that keeps every file
+it had. Then a fuzz test of the checkpoint loader over a few hundred malformed files (fixed seed)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pathlib
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+import hasten.build
+import hasten.checkpoint
+from hasten.build import build, trainer_for
+from hasten.checkpoint import checkpoints_in, load_checkpoint, read_weights
+from hasten.cli import main
+from hasten.config import MAX_YAML_NODES, load_recipe
+from hasten.errors import CheckpointError
+from hasten.runfolder import LOCK_NAME
+from hasten.runlog import RunLog
+from hasten.trainer import Plan, Trainer
+
+TINY = [
+    "data.name=synthetic",
+    "data.synthetic_size=64",
+    "data.augment.flip=false",
+    "data.augment.translate=0",
+    "model.width=4",
+    "model.blocks=[1]",
+    "tricks.ema=0",
+    "train.batch_size=16",
+    "train.eval_batch_size=64",
+    "train.epochs=2",
+    "train.threads=1",
+    "run.progress=false",
+    "run.tensorboard=false",
+]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A finished 2-epoch run (4 steps an epoch), copied by the rows that need one."""
+    folder = tmp_path_factory.mktemp("finished") / "run"
+    assert main(["train", *TINY, f"run.dir={folder}"]) == 0
+    return folder
+
+
+@dataclass
+class Ctx:
+    tmp: Path
+    finished: Path
+    capsys: pytest.CaptureFixture
+    monkeypatch: pytest.MonkeyPatch
+
+    def hasten(self, *args: str) -> tuple[int, str]:
+        """Exit code and stderr of `hasten ARGS`, run in this process."""
+        self.capsys.readouterr()
+        code = main(list(args))
+        return code, self.capsys.readouterr().err
+
+    def train(self, run: Path, *args: str) -> tuple[int, str]:
+        return self.hasten("train", *TINY, f"run.dir={run}", *args)
+
+    def copy_of_finished(self) -> Path:
+        run = self.tmp / "copy"
+        shutil.copytree(self.finished, run)
+        return run
+
+    def file(self, name: str, data: bytes) -> Path:
+        path = self.tmp / name
+        path.write_bytes(data)
+        return path
+
+
+def snapshot(folder: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def expect_refusal(code: int, err: str, *needles: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+# ----- run folders: one owner -----
+
+
+def fresh_run_into_another_runs_folder(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    before = snapshot(run)
+    code, err = c.train(run, "seed=1")
+    expect_refusal(code, err, "another run's files", "resume=auto", "run.dir", "run.overwrite=true")
+    assert snapshot(run) == before
+
+
+def overwrite_moves_the_old_run_aside(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    before = snapshot(run)
+    code, err = c.train(run, "seed=1", "train.epochs=1", "run.overwrite=true")
+    assert code == 0, err
+    (aside,) = run.glob("replaced-*")
+    for path, data in before.items():  # every old file kept, byte for byte, under the dated folder
+        assert (aside / path.relative_to(run)).read_bytes() == data
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 1
+
+
+def two_runs_on_one_folder_at_once(c: Ctx) -> None:
+    run = c.tmp / "busy"
+    run.mkdir()
+    holder = {"pid": os.getppid(), "host": socket.gethostname(), "started": "then"}  # a live process
+    (run / LOCK_NAME).write_text(json.dumps(holder))
+    code, err = c.train(run)
+    expect_refusal(code, err, "in use by another run", f"pid {os.getppid()}")
+    assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME]
+
+
+def stale_lock_of_a_killed_run_is_taken_over(c: Ctx) -> None:
+    run = c.tmp / "stale"
+    run.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (run / LOCK_NAME).write_text(json.dumps({"pid": gone.pid, "host": socket.gethostname()}))
+    code, err = c.train(run, "train.epochs=1")
+    assert code == 0, err
+    assert "stale lock" in err and not (run / LOCK_NAME).exists()
+
+
+def default_run_dir_includes_other_data(c: Ctx) -> None:
+    assert hasten.build.run_dir(load_recipe("fashion-fast")) == Path("runs/fashion-fast")
+    assert hasten.build.run_dir(load_recipe("fashion-fast", ["data.name=digits"])) == Path("runs/fashion-fast-digits")
+    assert hasten.build.run_dir(load_recipe("fashion-fast", ["data.name=digits", "run.dir=x"])) == Path("x")
+
+
+def name_cannot_leave_runs(c: Ctx) -> None:
+    for name in ("../../x", "a/b", ".."):
+        code, err = c.hasten("train", *TINY, f"name={name}")
+        expect_refusal(code, err, "name:", "runs/<name>")
+
+
+# ----- resume continues the same run -----
+
+
+def resume_with_a_changed_recipe(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    before = snapshot(run)
+    code, err = c.train(run, "resume=auto", "optim.lr=0.5", "train.batch_size=8", "train.epochs=3")
+    expect_refusal(code, err, "optim.lr", "train.batch_size", "resume.allow_changes=[optim.lr,train.batch_size]")
+    assert "train.epochs" not in err  # extending the run is allowed
+    assert snapshot(run) == before
+
+
+def resume_with_allowed_changes(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    resumed = checkpoints_in(run / "checkpoints")[0]
+    code, err = c.train(run, "resume=auto", "optim.lr=0.5", "train.epochs=4", "resume.allow_changes=[optim.lr]")
+    assert code == 0, err
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 4
+    assert resumed.is_file(), "the checkpoint the changed run began from is kept, not pruned"
+
+
+def resume_auto_after_a_stop_past_the_last_checkpoint_writes_the_summary(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").unlink()  # killed after the last checkpoint, before the summary
+    code, err = c.train(run, "resume=auto")
+    assert code == 0, err
+    again = json.loads((run / "summary.json").read_text())
+    assert again["test_accuracy"] == summary["test_accuracy"] and again["epochs"] == 2
+
+
+def sigterm_during_the_final_evaluation_still_ends_with_a_summary(c: Ctx) -> None:
+    evaluate = Trainer.evaluate
+
+    def signalled(self: Trainer) -> tuple[float, float]:
+        if self.state.epoch == self.plan.epochs:  # the final evaluation
+            os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate(self)
+
+    c.monkeypatch.setattr(Trainer, "evaluate", signalled)
+    code, err = c.train(c.tmp / "run")
+    assert code == 0, err
+    assert json.loads((c.tmp / "run" / "summary.json").read_text())["epochs"] == 2
+
+
+def sigterm_after_the_summary_exits_0(c: Ctx) -> None:
+    def then_signal(model: torch.nn.Module, folder: Path) -> None:  # after fit() wrote summary.json
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    c.monkeypatch.setattr(hasten.build, "save_weights", then_signal)
+    code, err = c.train(c.tmp / "run", "run.save_weights=true")
+    assert code == 0, err
+    assert (c.tmp / "run" / "summary.json").is_file()
+
+
+def resume_with_another_precision(c: Ctx) -> None:
+    run = c.copy_of_finished()  # trained in bf16 (the default recipe's)
+    code, err = c.train(run, "resume=auto", "precision=fp16-master", "train.epochs=3")
+    expect_refusal(code, err, "precision: 'bf16' -> 'fp16-master'")
+    allowed = "resume.allow_changes=[precision]"
+    code, err = c.train(run, "resume=auto", "precision=fp16-master", "train.epochs=3", allowed)
+    expect_refusal(code, err, "trained with precision=bf16", "resume with precision=bf16")
+
+
+def failed_resume_writes_nothing(c: Ctx) -> None:
+    bad = c.file("bad.pt", b"not a checkpoint")
+    run = c.tmp / "new"
+    code, err = c.hasten("train", *TINY, "run.tensorboard=true", f"run.dir={run}", f"resume={bad}")
+    expect_refusal(code, err, "bad.pt")
+    assert not run.exists() or not any(run.iterdir())  # no TensorBoard events, no lock left
+
+
+def temporaries_of_a_killed_save_go_on_resume(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    tmp = run / "checkpoints" / ".step-9.pt.12345.tmp"
+    tmp.write_bytes(b"half a checkpoint")
+    code, err = c.train(run, "resume=auto", "train.epochs=3")
+    assert code == 0, err
+    assert not tmp.exists()
+
+
+def skipped_checkpoint_is_a_plain_note(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    newest = checkpoints_in(run / "checkpoints")[0]
+    newest.with_name(newest.name + ".sha256").unlink()
+    code, err = c.train(run, "resume=auto", "train.epochs=3")
+    assert code == 0, err
+    assert f"warning: skipping checkpoint {newest}" in err and "UserWarning" not in err
+
+
+def unreadable_metrics_csv_on_resume(c: Ctx) -> None:
+    for kind in ("latin-1", "folder"):
+        run = c.copy_of_finished()
+        metrics = run / "metrics.csv"
+        metrics.unlink()
+        if kind == "folder":
+            metrics.mkdir()
+        else:
+            metrics.write_bytes("epoch,step\n1,caf\xe9\n".encode("latin-1"))
+        before = snapshot(run)
+        code, err = c.train(run, "resume=auto", "train.epochs=3")
+        expect_refusal(code, err, "metrics.csv")
+        assert snapshot(run) == before
+        shutil.rmtree(run)
+
+
+# ----- input errors: exit 2 naming the key or file -----
+
+
+def binary_recipe_file(c: Ctx) -> None:
+    code, err = c.hasten("train", str(c.file("r.yaml", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")))
+    expect_refusal(code, err, "r.yaml", "binary")
+
+
+def non_utf8_recipe_file(c: Ctx) -> None:
+    code, err = c.hasten("train", str(c.file("r.yaml", "name: caf\xe9\n".encode("latin-1"))))
+    expect_refusal(code, err, "r.yaml", "UTF-8")
+
+
+def yaml_alias_bomb(c: Ctx) -> None:
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, 9):
+        prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
+        lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
+    lines.append("sweep:\n  vary: *i")
+    code, err = c.hasten("train", str(c.file("bomb.yaml", "\n".join(lines).encode())))
+    expect_refusal(code, err, "bomb.yaml", f"{MAX_YAML_NODES:,}")
+    assert len(err) < 2000
+
+
+def recursive_and_deep_yaml(c: Ctx) -> None:
+    code, err = c.hasten("train", str(c.file("loop.yaml", b"sweep: &s {vary: [*s]}\n")))
+    expect_refusal(code, err, "loop.yaml", "recursive")
+    code, err = c.hasten("train", str(c.file("deep.yaml", b"a: " + b"[" * 50_000 + b"]" * 50_000 + b"\n")))
+    expect_refusal(code, err, "deep.yaml")
+
+
+def out_of_range_seeds(c: Ctx) -> None:
+    for seed in ("99999999999999999999", "-1"):
+        code, err = c.hasten("train", *TINY, f"seed={seed}", f"run.dir={c.tmp / 'never'}")
+        expect_refusal(code, err, "seed")
+    assert not (c.tmp / "never").exists()
+
+
+def unusable_devices(c: Ctx) -> None:
+    code, err = c.hasten("train", *TINY, "device=cuda:abc")
+    expect_refusal(code, err, "device: 'cuda:abc'")
+    if not torch.cuda.is_available():
+        code, err = c.hasten("train", *TINY, "device=cuda", f"run.dir={c.tmp / 'never'}")
+        expect_refusal(code, err, "device: cuda", "no CUDA")
+
+
+def unreadable_data_folder(c: Ctx) -> None:
+    def denied(*args: object, **kwargs: object) -> None:  # tests run as root here: chmod 000 would not stop them
+        raise PermissionError(errno.EACCES, "Permission denied", "/data/fashion/train-images-idx3-ubyte.gz")
+
+    c.monkeypatch.setattr(hasten.build, "load_dataset", denied)
+    code, err = c.train(c.tmp / "never")
+    expect_refusal(code, err, "cannot read /data/fashion/train-images-idx3-ubyte.gz", "Permission denied")
+    assert not (c.tmp / "never").exists()
+
+
+def data_command_on_an_unreadable_folder(c: Ctx) -> None:
+    import hasten.data
+
+    def denied(*args: object, **kwargs: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", "/data/fashion")
+
+    c.monkeypatch.setattr(hasten.data, "info", denied)
+    code, err = c.hasten("data", "info", "fashion-mnist")
+    expect_refusal(code, err, "/data/fashion: Permission denied")
+
+
+def text_file_named_png_in_val(c: Ctx) -> None:
+    root = c.tmp / "folder"
+    for split, cls in (("train", "a"), ("train", "b"), ("val", "a"), ("val", "b")):
+        (root / split / cls).mkdir(parents=True)
+        Image.new("L", (8, 8), 128).save(root / split / cls / "0.png")
+    (root / "val" / "b" / "notes.png").write_text("not an image")
+    code, err = c.hasten(
+        "train", *TINY, "data.name=imagefolder", f"data.root={root}", "data.workers=0", f"run.dir={c.tmp / 'r'}"
+    )
+    expect_refusal(code, err, "notes.png", "cannot decode")
+    assert not (c.tmp / "r" / "metrics.csv").exists()
+
+
+def export_of_a_text_file(c: Ctx) -> None:
+    code, err = c.hasten("export", str(c.file("x.pt", b"hello\n")), str(c.tmp / "x.safetensors"))
+    expect_refusal(code, err, "x.pt", "not a PyTorch checkpoint")
+
+
+def resume_from_a_digest_sidecar(c: Ctx) -> None:
+    sidecar = next((c.finished / "checkpoints").glob("*.sha256"))
+    code, err = c.train(c.tmp / "r", f"resume={sidecar}")
+    expect_refusal(code, err, sidecar.name, "digest sidecar")
+
+
+def resume_from_files_that_are_not_checkpoints(c: Ctx) -> None:
+    import gzip
+
+    for name, data in (("r.yaml", b"a: 1\n"), ("p.png", b"\x89PNG\r\n\x1a\n"), ("d.gz", gzip.compress(b"x"))):
+        code, err = c.train(c.tmp / "r", f"resume={c.file(name, data)}")
+        expect_refusal(code, err, name, "not a PyTorch checkpoint")
+        assert "weights-only" not in err  # not described as if it were malicious
+
+
+def non_utf8_sidecar(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    newest = checkpoints_in(run / "checkpoints")[0]
+    newest.with_name(newest.name + ".sha256").write_bytes(b"\xff\xfe\x00garbage")
+    code, err = c.train(run, f"resume={newest}", "train.epochs=3")
+    expect_refusal(code, err, newest.name, "not text")
+
+
+def unreadable_checkpoint_with_a_sidecar(c: Ctx) -> None:
+    newest = checkpoints_in(c.finished / "checkpoints")[0]
+
+    def denied(path: Path) -> str:
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    c.monkeypatch.setattr(hasten.checkpoint, "_sha256", denied)
+    code, err = c.train(c.tmp / "r", f"resume={newest}", "train.epochs=3")
+    expect_refusal(code, err, newest.name, "Permission denied")
+
+
+def full_disk_while_checkpointing(c: Ctx) -> None:
+    save, calls = torch.save, []
+
+    def zip_writer_fails(obj: object, f: object) -> None:  # torch's zip writer raises RuntimeError, not OSError
+        calls.append(1)
+        if len(calls) > 2:
+            raise RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file")
+        save(obj, f)
+
+    c.monkeypatch.setattr(hasten.checkpoint.torch, "save", zip_writer_fails)
+    run = c.tmp / "run"
+    code, err = c.train(run, "run.save_every_steps=1")
+    expect_refusal(code, err, "cannot write checkpoint", "needs about", "MiB free in", "earlier checkpoints are kept")
+    kept = checkpoints_in(run / "checkpoints")
+    assert [p.name for p in kept] == ["step-2.pt", "step-1.pt"]
+    assert load_checkpoint(kept[0], require_digest=True)["trainer"]["step"] == 2
+    assert not list((run / "checkpoints").glob(".*.tmp"))
+
+
+def full_disk_while_logging(c: Ctx) -> None:
+    write_text = pathlib.Path.write_text
+
+    def no_space(self: Path, *args: object, **kwargs: object) -> int:
+        if self.name == ".summary.json.tmp":
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return write_text(self, *args, **kwargs)
+
+    c.monkeypatch.setattr(pathlib.Path, "write_text", no_space)
+    run = c.tmp / "run"
+    code, err = c.train(run)
+    expect_refusal(code, err, "summary.json", "No space left on device", "needs about")
+    assert load_checkpoint(checkpoints_in(run / "checkpoints")[0], require_digest=True)["trainer"]["epoch"] == 2
+
+
+def export_into_a_read_only_folder(c: Ctx) -> None:
+    from safetensors import SafetensorError
+
+    def read_only(*args: object, **kwargs: object) -> None:  # what safetensors raises there (root ignores chmod)
+        raise SafetensorError("Error while serializing: IoError(Os { code: 30, kind: ReadOnlyFilesystem })")
+
+    c.monkeypatch.setattr(hasten.checkpoint, "save_safetensors", read_only)
+    newest = checkpoints_in(c.finished / "checkpoints")[0]
+    code, err = c.hasten("export", str(newest), str(c.tmp / "ro" / "w.safetensors"))
+    expect_refusal(code, err, "cannot write", "w.safetensors", "ReadOnlyFilesystem")
+
+
+def bare_hasten(c: Ctx) -> None:
+    code, err = c.hasten()
+    expect_refusal(code, err, "give a COMMAND", "train")
+    assert "rest" not in err
+
+
+FAULTS: list[Callable[[Ctx], None]] = [
+    fresh_run_into_another_runs_folder,
+    overwrite_moves_the_old_run_aside,
+    two_runs_on_one_folder_at_once,
+    stale_lock_of_a_killed_run_is_taken_over,
+    default_run_dir_includes_other_data,
+    name_cannot_leave_runs,
+    resume_with_a_changed_recipe,
+    resume_with_allowed_changes,
+    resume_auto_after_a_stop_past_the_last_checkpoint_writes_the_summary,
+    sigterm_during_the_final_evaluation_still_ends_with_a_summary,
+    sigterm_after_the_summary_exits_0,
+    resume_with_another_precision,
+    failed_resume_writes_nothing,
+    temporaries_of_a_killed_save_go_on_resume,
+    skipped_checkpoint_is_a_plain_note,
+    unreadable_metrics_csv_on_resume,
+    binary_recipe_file,
+    non_utf8_recipe_file,
+    yaml_alias_bomb,
+    recursive_and_deep_yaml,
+    out_of_range_seeds,
+    unusable_devices,
+    unreadable_data_folder,
+    data_command_on_an_unreadable_folder,
+    text_file_named_png_in_val,
+    export_of_a_text_file,
+    resume_from_a_digest_sidecar,
+    resume_from_files_that_are_not_checkpoints,
+    non_utf8_sidecar,
+    unreadable_checkpoint_with_a_sidecar,
+    full_disk_while_checkpointing,
+    full_disk_while_logging,
+    export_into_a_read_only_folder,
+    bare_hasten,
+]
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[f.__name__ for f in FAULTS])
+def test_fault(fault, finished, tmp_path, capsys, monkeypatch):
+    fault(Ctx(tmp_path, finished, capsys, monkeypatch))
+
+
+# ----- the checkpoint loader fails closed -----
+
+
+def mutations(data: bytes, count: int, rng: random.Random) -> list[bytes]:
+    """`count` damaged copies of `data`: flipped bytes, truncation, inserted, overwritten or zeroed spans."""
+    out = []
+    for _ in range(count):
+        b = bytearray(data)
+        kind = rng.randrange(6)
+        at = rng.randrange(len(b))
+        if kind == 0:
+            for _ in range(rng.randint(1, 8)):
+                b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+        elif kind == 1:
+            del b[at:]
+        elif kind == 2:
+            b[at:at] = rng.randbytes(rng.randint(1, 64))
+        elif kind == 3:
+            span = rng.randint(1, 256)
+            b[at : at + span] = rng.randbytes(len(b[at : at + span]))
+        elif kind == 4:
+            span = rng.randint(1, 512)
+            b[at : at + span] = bytes(len(b[at : at + span]))
+        else:
+            b[at : at + rng.randint(1, 64)] = b""
+        out.append(bytes(b))
+    return out
+
+
+def test_checkpoint_loader_fails_closed_on_malformed_files(finished, tmp_path, capsys):
+    """300 damaged copies of a real checkpoint (no digest sidecar, so the parser itself meets the damage): each
+    one loads, or is a CheckpointError (exit 2) naming the file; nothing else is raised."""
+    original = checkpoints_in(finished / "checkpoints")[0]
+    recipe = load_recipe(None, [*TINY, f"run.dir={tmp_path / 'unused'}"])
+    parts = build(recipe)
+    parts.hooks.stateful.update(parts.trick_state)
+    trainer = trainer_for(parts, Plan(epochs=2, num_classes=len(parts.data.classes)), RunLog("", enabled=False))
+    outcomes = {"loaded": 0, "refused": 0}
+    for i, data in enumerate(mutations(original.read_bytes(), 300, random.Random(17))):
+        path = tmp_path / f"m{i}.pt"
+        path.write_bytes(data)
+        try:
+            state = load_checkpoint(path)
+            trainer.load_state_dict(state, str(path))
+        except CheckpointError as error:
+            assert path.name in str(error)
+            outcomes["refused"] += 1
+        else:
+            outcomes["loaded"] += 1
+        if i % 10 == 0:  # and through the CLI: exit 0 or 2, never a traceback
+            capsys.readouterr()
+            code = main(["export", str(path), str(tmp_path / "w.safetensors")])
+            err = capsys.readouterr().err
+            assert code in (0, 2) and "Traceback" not in err
+            if code == 0:
+                assert read_weights(tmp_path / "w.safetensors")
+        path.unlink()
+    assert outcomes["refused"] > 100, outcomes  # the damage was real: most copies are refused
