@@ -74,7 +74,7 @@ PLAIN = [
     "tricks.ema=0",
 ]
 # machine settings for every run of every variant: not what is measured
-QUIET = ["run.progress=false", "run.tensorboard=false"]
+QUIET = ["run.progress=false", "run.tensorboard=false", "run.overwrite=true"]  # a rerun replaces its own folder
 TOY = ("arrows", "colours", "shapes")
 BUDGETS = (1, 2, 5)  # epochs, plus the recipe's own
 INTERRUPTED = {130, 143, -2, -9, -15}  # exit codes of a run stopped by SIGINT, SIGKILL or SIGTERM

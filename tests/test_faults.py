@@ -339,7 +339,7 @@ def text_file_named_png_in_val(c: Ctx) -> None:
 
 def export_of_a_text_file(c: Ctx) -> None:
     code, err = c.hasten("export", str(c.file("x.pt", b"hello\n")), str(c.tmp / "x.safetensors"))
-    expect_refusal(code, err, "x.pt", "not a PyTorch checkpoint")
+    expect_refusal(code, err, "x.pt", "not a PyTorch zip file")  # hasten export reads sources through inference.py
 
 
 def resume_from_a_digest_sidecar(c: Ctx) -> None:
@@ -411,15 +411,18 @@ def full_disk_while_logging(c: Ctx) -> None:
 
 
 def export_into_a_read_only_folder(c: Ctx) -> None:
-    from safetensors import SafetensorError
+    import errno
 
-    def read_only(*args: object, **kwargs: object) -> None:  # what safetensors raises there (root ignores chmod)
-        raise SafetensorError("Error while serializing: IoError(Os { code: 30, kind: ReadOnlyFilesystem })")
+    import hasten.exporting
 
-    c.monkeypatch.setattr(hasten.checkpoint, "save_safetensors", read_only)
+    def read_only(*args: object, **kwargs: object) -> None:  # what the write meets there (root ignores chmod)
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    c.monkeypatch.setattr(hasten.exporting, "write_atomic_bytes", read_only)
     newest = checkpoints_in(c.finished / "checkpoints")[0]
-    code, err = c.hasten("export", str(newest), str(c.tmp / "ro" / "w.safetensors"))
-    expect_refusal(code, err, "cannot write", "w.safetensors", "ReadOnlyFilesystem")
+    for out in ("w.safetensors", "w.onnx"):
+        code, err = c.hasten("export", str(newest), str(c.tmp / "ro" / out))
+        expect_refusal(code, err, "cannot write", out, "Read-only file system")
 
 
 def bare_hasten(c: Ctx) -> None:
