@@ -51,28 +51,11 @@ from hasten.config import load_recipe
 from hasten.data.imagefolder import ImageFolder
 from hasten.data.toy import make_toy
 from hasten.errors import HastenError
+from hasten.experiments.naive import PLAIN_TRAINING
 from hasten.runlog import environment, write_atomic
 
 VARIANTS = ("default", "plain", "naive")
-PLAIN = [
-    "optim.name=adam",
-    "optim.lr=1e-3",
-    "optim.base_batch=null",
-    "optim.weight_decay=0",
-    "optim.no_bias_decay=false",
-    "schedule.name=constant",
-    "schedule.warmup=0",
-    "schedule.min_warmup_steps=0",  # constant LR from the first step
-    "train.batch_size=64",
-    "train.min_steps_per_epoch=0",  # batch 64 whatever the data
-    "train.tta_flip=false",
-    "data.augment.flip=false",
-    "data.augment.translate=0",
-    "tricks.label_smoothing=0",
-    "tricks.mixup=0",
-    "tricks.cutmix=0",
-    "tricks.ema=0",
-]
+PLAIN = [*PLAIN_TRAINING, "train.batch_size=64", "train.min_steps_per_epoch=0"]  # batch 64 whatever the data
 # machine settings for every run of every variant: not what is measured
 QUIET = ["run.progress=false", "run.tensorboard=false", "run.overwrite=true"]  # a rerun replaces its own folder
 TOY = ("arrows", "colours", "shapes")

@@ -31,12 +31,9 @@ from hasten.models import build_model
 from hasten.runlog import RunLog
 from hasten.trainer import METRICS
 
-# what the naive loop does, written as recipe overrides so its saved recipe.yaml says so
-NAIVE_OVERRIDES = [
-    "precision=fp32",
-    "train.batch_size=32",
-    "train.eval_batch_size=1000",
-    "train.channels_last=false",
+# textbook training as recipe overrides: Adam at 1e-3, a constant LR, no augmentation, no tricks. The naive loop
+# trains this way, and benchmarks/generalization.py's plain baseline too (with hasten's loop and batch 64)
+PLAIN_TRAINING = [
     "train.tta_flip=false",
     "optim.name=adam",
     "optim.lr=0.001",
@@ -45,12 +42,22 @@ NAIVE_OVERRIDES = [
     "optim.no_bias_decay=false",
     "schedule.name=constant",
     "schedule.warmup=0",
+    "schedule.min_warmup_steps=0",
     "data.augment.flip=false",
     "data.augment.translate=0",
     "tricks.label_smoothing=0",
     "tricks.mixup=0",
     "tricks.cutmix=0",
     "tricks.ema=0",
+]
+
+# what the naive loop does, written as recipe overrides so its saved recipe.yaml says so
+NAIVE_OVERRIDES = [
+    "precision=fp32",
+    "train.batch_size=32",
+    "train.eval_batch_size=1000",
+    "train.channels_last=false",
+    *PLAIN_TRAINING,
     "train.accumulate=1",
     "train.compile=false",
     "train.checkpoint_activations=false",
