@@ -25,7 +25,7 @@ data: $(STAMP)
 	  $(BIN)/hasten data fetch fashion-mnist; }
 
 demo: data
-	$(BIN)/hasten train fashion-fast
+	$(BIN)/hasten train fashion-fast run.overwrite=true  # a second demo moves the first one aside (runs/fashion-fast/replaced-*)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
