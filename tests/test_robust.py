@@ -152,3 +152,13 @@ def test_optim_lr_auto_picks_a_peak_and_the_run_records_it(tmp_path, capsys):
     assert 0.01 < per_base < 3  # the measured plateau on digits is 0.1-0.4 per 256 (docs/lr-auto.md)
     assert summary["lr"] == pytest.approx(per_base * 16 / 256)  # the batch rule applied to what was picked
     assert summary["test_accuracy"] >= 0.85
+
+
+def test_the_batch_size_finder_keeps_enough_steps_an_epoch(tmp_path):
+    from hasten.experiments.batch_size import find_batch_size
+
+    # memory would allow far more than 22 images of 8x8; the step rule caps the search so an epoch keeps 64 steps
+    advice = find_batch_size(_default(tmp_path, "data.name=digits"), budget=2**30)
+    assert advice.step_cap == 1437 // 64 and advice.largest <= advice.step_cap
+    assert advice.steps_per_epoch >= 64
+    assert advice.lr_after == pytest.approx(0.2 * advice.largest / 256)  # the linear rule follows

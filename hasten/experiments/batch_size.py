@@ -176,7 +176,9 @@ def find_batch_size(
     log = RunLog("", enabled=False)
     trainer = Trainer(parts.model, parts.optimizer, parts.scheduler, parts.precision, loaders, plan, log, parts.hooks)
     fits = StepMemory(trainer, parts.data.image_shape, plan.num_classes, recipe.train.channels_last, budget)
-    fits.step(1)  # allocates the optimizer state, so every measurement holds it
+    # allocates the optimizer state, so every measurement holds it; 2 images, as batch norm cannot train on one
+    # where the last feature map is 1x1 (8x8 digits)
+    fits.step(2)
     # a batch so large that an epoch has a handful of steps trains worse whatever memory allows: the search stops
     # at the largest batch that keeps train.min_steps_per_epoch steps (each rank's share of the images)
     images, world = train_size(parts.data), parts.train_loader.world_size
@@ -184,7 +186,7 @@ def find_batch_size(
     step_cap = max(1, images // (min_steps * world)) if min_steps else None
     limit = min(parts.train_loader.shard_size, step_cap or parts.train_loader.shard_size)
     try:
-        search = search_batch_size(fits, limit=limit, tolerance=TOLERANCE)
+        search = search_batch_size(fits, start=2, limit=limit, tolerance=TOLERANCE)
     except NothingFits:
         used = fits.measured.get(1)
         where = f"the budget of {format_bytes(budget)}" if budget is not None else f"the memory of {parts.device}"
