@@ -504,7 +504,7 @@ def _train_locked(
     for text in risky_settings(recipe, parts):
         trainer.warn(text)
     asked = round(recipe.schedule.min_warmup_steps * max(1.0, lr_scale(recipe)))
-    if plan.rise_steps < asked and checkpoint is None:
+    if 2 * plan.rise_steps < asked and checkpoint is None:  # under half the warm-up asked for
         trainer.warn(
             f"the run has only {optimizer_steps(recipe, parts.train_loader)} optimizer steps: its LR rises over "
             f"{plan.rise_steps} of them where schedule.min_warmup_steps asks for {asked}; more epochs or a smaller "

@@ -30,9 +30,11 @@ import dataclasses
 import math
 import os
 import signal
+import statistics
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +59,8 @@ from hasten.tricks import Technique, soft_cross_entropy
 BatchHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 StepHook = Callable[[nn.Module], None]
 GRAD_NORM_EVERY = 10  # optimizer steps between TensorBoard's grad_norm_per_step points (reading it syncs)
+
+RECENT_STEPS = 20  # the training loss judged against ln(C) is the mean of this many last steps after the warm-up
 
 METRICS = [
     "epoch",
@@ -217,6 +221,7 @@ class Trainer:
         self.stop_signal: int | None = None  # set by SIGINT/SIGTERM; acted on at the next step boundary
         self.resumed = False
         self.bar: EpochProgress | None = None
+        self.recent_losses: deque[float] = deque(maxlen=RECENT_STEPS)  # training losses of the last steps
 
     # ----- checkpoints -----
 
@@ -391,6 +396,8 @@ class Trainer:
         else:
             self.optimizer_step()
         self.log.scalar("train_loss_per_step", result.loss, self.state.step)  # no sync: the step read it
+        if not result.nonfinite and self.state.step > self.plan.rise_steps:
+            self.recent_losses.append(result.loss)  # judged against ln(C) at the epoch's end
         norm = self.precision.grad_norm
         if norm is not None and (self.state.step - 1) % GRAD_NORM_EVERY == 0:  # steps 1, 11, 21, ...
             self.log.scalar("grad_norm_per_step", norm.item(), self.state.step)  # a sync, so not every step
@@ -462,7 +469,7 @@ class Trainer:
             raise NonFiniteLoss(f"{text}{kept}; lower optim.lr, or set train.on_nan=skip to go on regardless")
         self.warn(text)
 
-    def check_health(self, row: dict[str, float], epoch_start_step: int) -> None:
+    def check_health(self, row: dict[str, float]) -> None:
         """After an epoch's evaluation: non-finite batch-norm statistics or test loss are a divergence; a training
         loss above ln(C), the loss of a uniform guess whatever the (smoothed, mixed) targets, after the warm-up
         means the run is not learning (Goyal et al.'s large-batch failure looks like this)."""
@@ -473,10 +480,12 @@ class Trainer:
             self._diverged(f"epoch {epoch}: batch-norm statistics became non-finite ({', '.join(bad[:3])})")
         if not math.isfinite(row["test_loss"]):
             self._diverged(f"epoch {epoch}: the test loss is {row['test_loss']}")
-        settled = epoch_start_step >= self.plan.rise_steps or epoch == self.plan.epochs
-        if settled and not row["train_loss"] <= uniform:
+        # the loss of the last steps after the warm-up: an epoch's mean also holds its first, untrained steps
+        late = statistics.fmean(self.recent_losses) if self.recent_losses else None
+        if not math.isfinite(row["train_loss"]) or (late is not None and late > uniform):
+            shown = row["train_loss"] if late is None or not math.isfinite(row["train_loss"]) else late
             self.warn(
-                f"epoch {epoch}: training loss {row['train_loss']:.3f} is above ln({self.plan.num_classes}) = "
+                f"epoch {epoch}: training loss {shown:.3f} (its last steps) is above ln({self.plan.num_classes}) = "
                 f"{uniform:.3f}, a uniform guess: the run diverged or is not learning; lower optim.lr (or try "
                 "optim.lr=auto), lengthen schedule.min_warmup_steps, or use a smaller batch"
             )
@@ -577,10 +586,9 @@ class Trainer:
         with self.stop_on_signals(), bar:
             while self.state.epoch < self.plan.epochs:
                 bar.start_epoch(self.state.epoch + 1, self.plan.epochs)
-                epoch_start_step = self.state.step - (self.state.batch // self.plan.accumulate)
                 row = self.train_epoch(bar)
                 test_loss, test_accuracy = self.evaluate()
-                self.check_health(row | {"test_loss": test_loss}, epoch_start_step)
+                self.check_health(row | {"test_loss": test_loss})
                 for key in self.state.time_to_accuracy:
                     if self.state.time_to_accuracy[key] is None and test_accuracy >= float(key):
                         self.state.time_to_accuracy[key] = round(self.state.train_seconds, 3)
