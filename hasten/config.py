@@ -188,7 +188,7 @@ class TrainConfig(Section):
     tta_flip: bool | Literal["auto"] = "auto"
     # on small datasets the batch is halved (down to 16) until an epoch has at least this many optimizer steps,
     # the LR following by optim.scaling; 0: batch_size as given (benchmarks/generalization.py measures why)
-    min_steps_per_epoch: Annotated[int, Field(ge=0)] = 64
+    min_steps_per_epoch: Annotated[int, Field(ge=0)] = 128
     threads: Annotated[int, Field(ge=1)] | None = None  # torch intra-op threads; None: torch's default
     freeze_epochs: Annotated[int, Field(ge=0)] = 0  # train only the classifier head for N epochs, then all
     on_nan: Literal["raise", "skip"] = "raise"  # a non-finite loss: stop naming the step, or skip that update

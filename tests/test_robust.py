@@ -158,7 +158,7 @@ def test_the_batch_size_finder_keeps_enough_steps_an_epoch(tmp_path):
     from hasten.experiments.batch_size import find_batch_size
 
     # memory would allow far more than 22 images of 8x8; the step rule caps the search so an epoch keeps 64 steps
-    advice = find_batch_size(_default(tmp_path, "data.name=digits"), budget=2**30)
+    advice = find_batch_size(_default(tmp_path, "data.name=digits", "train.min_steps_per_epoch=64"), budget=2**30)
     assert advice.step_cap == 1437 // 64 and advice.largest <= advice.step_cap
     assert advice.steps_per_epoch >= 64
     assert advice.lr_after == pytest.approx(0.2 * advice.largest / 256)  # the linear rule follows

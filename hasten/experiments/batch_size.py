@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from hasten.build import Parts, build, global_batch, scaled_lr, train_size
+from hasten.build import MIN_AUTO_BATCH, Parts, build, global_batch, scaled_lr, train_size
 from hasten.config import Recipe, apply_overrides, validate
 from hasten.memory import (
     NothingFits,
@@ -183,7 +183,7 @@ def find_batch_size(
     # at the largest batch that keeps train.min_steps_per_epoch steps (each rank's share of the images)
     images, world = train_size(parts.data), parts.train_loader.world_size
     min_steps = recipe.train.min_steps_per_epoch
-    step_cap = max(1, images // (min_steps * world)) if min_steps else None
+    step_cap = max(MIN_AUTO_BATCH, images // (min_steps * world)) if min_steps else None  # as training does
     limit = min(parts.train_loader.shard_size, step_cap or parts.train_loader.shard_size)
     try:
         search = search_batch_size(fits, start=2, limit=limit, tolerance=TOLERANCE)
