@@ -19,6 +19,7 @@ import json
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -66,27 +67,23 @@ def main(argv: list[str] | None = None) -> int:
     names = ns.only.split(",") if ns.only else list(DATASETS)
     for name in names:
         overrides = DATASETS[name]
-        entry = cache.setdefault(name, {"range": {}, "grid": {}, "auto": {}})
-        entry.setdefault("auto", {})
+
+        def measure(part: str, key: str, compute: Callable[[], object], name: str = name) -> None:
+            """cache[name][part][key] = compute(), unless an earlier run measured it (the cache resumes)."""
+            done = cache.setdefault(name, {}).setdefault(part, {})
+            if key not in done:
+                done[key] = compute()
+                cache_path.write_text(json.dumps(cache, indent=1))
+                print(name, part, key, done[key], file=sys.stderr, flush=True)
+
         for seed in seeds:
             for steps in (100, 200):
-                key = f"{seed}-{steps}"
-                if key not in entry["range"]:
-                    entry["range"][key] = range_stats(overrides, seed, steps)
-                    cache_path.write_text(json.dumps(cache, indent=1))
-                    print(name, "range", key, entry["range"][key], file=sys.stderr, flush=True)
+                measure("range", f"{seed}-{steps}", lambda: range_stats(overrides, seed, steps))  # noqa: B023
         for lr in GRID:
             for seed in seeds:
-                key = f"{lr}-{seed}"
-                if key not in entry["grid"]:
-                    entry["grid"][key] = accuracy_at(overrides, lr, seed)
-                    cache_path.write_text(json.dumps(cache, indent=1))
-                    print(name, "lr", key, entry["grid"][key], file=sys.stderr, flush=True)
+                measure("grid", f"{lr}-{seed}", lambda: accuracy_at(overrides, lr, seed))  # noqa: B023
         for seed in seeds:
-            if str(seed) not in entry["auto"]:
-                entry["auto"][str(seed)] = accuracy_at(overrides, "auto", seed)
-                cache_path.write_text(json.dumps(cache, indent=1))
-                print(name, "auto", seed, entry["auto"][str(seed)], file=sys.stderr, flush=True)
+            measure("auto", str(seed), lambda: accuracy_at(overrides, "auto", seed))  # noqa: B023
     (out / "report.md").write_text(report(cache, names, seeds))
     print((out / "report.md").read_text())
     return 0
