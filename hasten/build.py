@@ -49,7 +49,7 @@ from hasten.own import (
 from hasten.precision import Precision, make_precision
 from hasten.runfolder import RunLock, check_resume_recipe, claim_fresh, recipe_changes
 from hasten.runlog import RunLog
-from hasten.schedules import Scheduler, rise_steps, scale_lr, scheduler
+from hasten.schedules import Scheduler, asked_rise_steps, rise_steps, scale_lr, scheduler
 from hasten.trainer import Hooks, Plan, Saving, Trainer
 from hasten.tricks import Context, Technique, techniques
 
@@ -503,7 +503,7 @@ def _train_locked(
     trainer = trainer_for(parts, plan, log, saving)
     for text in risky_settings(recipe, parts):
         trainer.warn(text)
-    asked = round(recipe.schedule.min_warmup_steps * max(1.0, lr_scale(recipe)))
+    asked = asked_rise_steps(recipe.schedule, lr_scale(recipe))
     if 2 * plan.rise_steps < asked and checkpoint is None:  # under half the warm-up asked for
         trainer.warn(
             f"the run has only {optimizer_steps(recipe, parts.train_loader)} optimizer steps: its LR rises over "

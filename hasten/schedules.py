@@ -157,11 +157,16 @@ def warmup_steps(config: ScheduleConfig, total_steps: int) -> int:
     return steps
 
 
+def asked_rise_steps(config: ScheduleConfig, lr_scale: float = 1.0) -> int:
+    """The optimizer steps the LR should take to rise to its peak: `schedule.min_warmup_steps`, times the factor
+    the scaling rule multiplied the LR by when that is above 1 (Goyal et al., 2017 pair the linear rule with a
+    gradual warmup; a larger global batch means a larger peak to approach)."""
+    return round(config.min_warmup_steps * max(1.0, lr_scale))
+
+
 def rise_steps(config: ScheduleConfig, total_steps: int, lr_scale: float = 1.0) -> int:
-    """The fewest optimizer steps the LR may take to rise to its peak: `schedule.min_warmup_steps`, times the
-    factor the scaling rule multiplied the LR by when that is above 1 (Goyal et al., 2017 pair the linear rule with
-    a gradual warmup; a larger global batch means a larger peak to approach), at most half the run."""
-    return min(total_steps // 2, round(config.min_warmup_steps * max(1.0, lr_scale)))
+    """The fewest optimizer steps the LR may take to rise to its peak: `asked_rise_steps`, at most half the run."""
+    return min(total_steps // 2, asked_rise_steps(config, lr_scale))
 
 
 def lr_and_momentum(config: ScheduleConfig, total_steps: int, lr_scale: float = 1.0) -> tuple[Shape, Shape | None]:

@@ -90,19 +90,6 @@ def steepest(lrs: Sequence[float], smoothed: Sequence[float], skip: float = 0.1)
     return float(lrs[first + int(np.argmin(slopes[first:lowest]))])
 
 
-def edge_lr(result: LRFindResult, rise: float = 1.3) -> float:
-    """The LR where the smoothed loss, past its minimum, first climbs above `rise` times that minimum: the edge of
-    stability, which moves less with the sweep's length than the minimum does. The last LR tried when it never
-    climbed that far."""
-    finite = [(lr, s) for lr, s in zip(result.lrs, result.smoothed, strict=False) if math.isfinite(s)]
-    lowest = min(range(len(finite)), key=lambda i: finite[i][1])
-    best = finite[lowest][1]
-    for lr, value in finite[lowest:]:
-        if value > rise * best:
-            return lr
-    return result.lrs[-1]
-
-
 def auto_statistic(result: LRFindResult) -> float:
     """The LR at the minimum of the sweep's losses smoothed with AUTO_BETA (non-finite losses count as huge)."""
     losses = [loss if math.isfinite(loss) else 1e30 for loss in result.losses]
