@@ -495,6 +495,7 @@ def _train_locked(
         on_nan=recipe.train.on_nan,
         rise_steps=rise_steps(recipe.schedule, optimizer_steps(recipe, parts.train_loader), lr_scale(recipe)),
         clip_grad_norm=recipe.train.clip_grad_norm,
+        eval_every_steps=recipe.train.eval_every_steps,
     )
     if loss is not None:
         plan.loss = loss

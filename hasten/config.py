@@ -177,6 +177,9 @@ class TrainConfig(Section):
     epochs: Annotated[int, Field(ge=1)] = 5
     batch_size: Annotated[int, Field(ge=1)] = 256
     eval_batch_size: Annotated[int, Field(ge=1)] = 1024
+    # also evaluate every N optimizer steps (0: only at epoch ends), so time to accuracy resolves to seconds; the
+    # evaluations are excluded from training time, as the epoch-end ones are, and listed in summary.json
+    eval_every_steps: Annotated[int, Field(ge=0)] = 0
     channels_last: bool = False  # NHWC memory format for the model and the batches (conv nets)
     accumulate: Annotated[int, Field(ge=1)] = 1  # micro-batches of batch_size summed into one optimizer step
     compile: bool = False  # torch.compile the model; falls back to eager, with a message, where it cannot

@@ -91,6 +91,7 @@ class Plan:
     rise_steps: int = 0  # optimizer steps of LR warm-up: the training loss is judged against ln(C) after them
     loss: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy  # (logits, soft targets) -> mean loss
     clip_grad_norm: float | None = None  # clip the global gradient norm to this before each update; None/0: off
+    eval_every_steps: int = 0  # also evaluate every N optimizer steps (0: only at epoch ends)
 
 
 @dataclass
@@ -172,6 +173,8 @@ class State:
     best_checkpoint: str | None = None  # file name of the checkpoint with the best test accuracy
     warnings: list[str] = field(default_factory=list)  # what looked wrong (divergence, chance accuracy), in order
     last_row: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics: a finished run's summary
+    # every evaluation, mid-epoch ones (Plan.eval_every_steps) too: [train_seconds, step, test_accuracy]
+    accuracy_curve: list[list[float]] = field(default_factory=list)
 
 
 def _abort_on_second_sigint(read_end: int, stderr_fd: int) -> None:
@@ -450,6 +453,30 @@ class Trainer:
         loss_total, correct_total, count_total = all_reduce_sum([loss_sum.item(), correct.item(), count], self.device)
         return loss_total / max(count_total, 1), correct_total / max(count_total, 1)
 
+    def record_accuracy(self, test_accuracy: float) -> None:
+        """An evaluation at the current training time: thresholds first reached, the best so far, the curve."""
+        seconds = round(self.state.train_seconds, 3)
+        for key in self.state.time_to_accuracy:
+            if self.state.time_to_accuracy[key] is None and test_accuracy >= float(key):
+                self.state.time_to_accuracy[key] = seconds
+        self.state.best_accuracy = max(self.state.best_accuracy, test_accuracy)
+        self.state.accuracy_curve.append([seconds, self.state.step, round(test_accuracy, 6)])
+
+    def _evaluate_mid_epoch(self, seconds_in_epoch: float) -> float:
+        """`Plan.eval_every_steps`: an evaluation between two steps of an epoch, timed at the training seconds so
+        far; returns the seconds it took, which the epoch's clock leaves out."""
+        _sync(self.device)
+        paused = time.perf_counter()
+        saved = self.state.train_seconds
+        self.state.train_seconds += seconds_in_epoch  # the training time at this step, for the record
+        test_loss, test_accuracy = self.evaluate()
+        self.record_accuracy(test_accuracy)
+        self.state.train_seconds = saved  # the epoch adds its own seconds at its end
+        self.log.scalar("test_accuracy_per_step", test_accuracy, self.state.step)
+        self.log.scalar("test_loss_per_step", test_loss, self.state.step)
+        _sync(self.device)
+        return time.perf_counter() - paused
+
     # ----- what must not pass silently -----
 
     def warn(self, text: str) -> None:
@@ -526,6 +553,9 @@ class Trainer:
                 elapsed = time.perf_counter() - started
                 bar.update(self.state.batch, loss=loss_sum.item() / seen, accuracy=correct.item() / seen,
                            images_per_second=seen / max(elapsed, 1e-9))  # fmt: skip
+            every = self.plan.eval_every_steps
+            if every and self.state.step % every == 0 and self.state.batch < count and not result.nonfinite:
+                started += self._evaluate_mid_epoch(time.perf_counter() - started)  # (the epoch's end evaluates)
             self._at_step_boundary(result, (loss_sum, correct, seen, time.perf_counter() - started))
         _sync(self.device)
         seconds = time.perf_counter() - started
@@ -589,10 +619,7 @@ class Trainer:
                 row = self.train_epoch(bar)
                 test_loss, test_accuracy = self.evaluate()
                 self.check_health(row | {"test_loss": test_loss})
-                for key in self.state.time_to_accuracy:
-                    if self.state.time_to_accuracy[key] is None and test_accuracy >= float(key):
-                        self.state.time_to_accuracy[key] = round(self.state.train_seconds, 3)
-                self.state.best_accuracy = max(self.state.best_accuracy, test_accuracy)
+                self.record_accuracy(test_accuracy)
                 row.update(
                     epoch=self.state.epoch,
                     step=self.state.step,
@@ -651,6 +678,7 @@ class Trainer:
             "peak_memory_bytes": peak_memory_bytes(self.device),  # whole run; CPU: process RSS high-water mark
             "peak_step_memory_bytes": self.peak_step_memory_bytes,  # one step's tensors (hasten.memory)
             "time_to_accuracy": dict(self.state.time_to_accuracy),
+            "accuracy_curve": [list(point) for point in self.state.accuracy_curve],  # [train_seconds, step, accuracy]
             "warnings": list(self.state.warnings),
         }
         self.log.summary(summary)
