@@ -10,7 +10,7 @@ import itertools
 import os
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.swa_utils import update_bn
 
-from hasten import distributed, step
+from hasten import autotune, distributed, step
 from hasten.checkpoint import checkpoints_in, latest_usable, load_checkpoint, remove_stale_temporaries
 from hasten.compiling import compile_model
 from hasten.config import OptimConfig, Recipe, to_yaml
@@ -217,14 +217,16 @@ def optimizer_steps(recipe: Recipe, train_loader: InMemoryLoader) -> int:
     return recipe.train.epochs * steps_per_epoch(recipe, train_loader)
 
 
-def bn_calibration(loader: InMemoryLoader, precision: Precision, images: int) -> Callable[[nn.Module], None]:
+def bn_calibration(
+    loader: InMemoryLoader, autocast: Callable[[], contextlib.AbstractContextManager], images: int
+) -> Callable[[nn.Module], None]:
     """A function that recomputes a model's batch-norm statistics over the first `images` training images of the
     current epoch (as augmented for training, never mixed), under the run's autocast; with several processes
     the statistics are then averaged over the ranks, so every rank evaluates the same model."""
 
     def calibrate(module: nn.Module) -> None:
         count = max(1, -(-images // loader.batch_size))
-        with precision.autocast():
+        with autocast():
             update_bn(itertools.islice(loader.batches(0), count), module)
         if world_size() > 1:
             distributed.average_batch_norm_statistics(module)
@@ -273,6 +275,7 @@ class Parts:
     hooks: Hooks  # from the recipe's technique objects: their loop hooks and, in `hooks.stateful`, their state
     trick_state: dict[str, Any]  # the same dict as `hooks.stateful` (stateful techniques by name), kept for callers
     compiled: bool = False  # train.compile asked for it and torch.compile worked
+    machine_keys: tuple[str, ...] = ()  # keys set to auto that the start-up probe decided (hasten/autotune.py)
 
 
 def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
@@ -290,7 +293,8 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
     scale = recipe.loss_scale
-    precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)  # before data is read
+    if recipe.precision != "auto":
+        make_precision(recipe.precision, device, scale.init, scale.growth_interval)  # fails before data is read
     seed_everything(recipe.seed)
     given_model, given_data = model, data
     data = dataset(recipe) if data is None else load_data(recipe, data)
@@ -299,7 +303,8 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
         for note in notes:
             print(note, file=sys.stderr)
     train_loader, test_loader = loaders(recipe, data, device, rank, world)
-    calibrate = bn_calibration(train_loader, precision, recipe.tricks.ema_bn_images)  # the EMA's BN statistics
+    # the EMA's BN statistics, under the run's autocast (`precision` is decided below, after the probe)
+    calibrate = bn_calibration(train_loader, lambda: precision.autocast(), recipe.tricks.ema_bn_images)
     context = Context(rank=rank, world_size=world, steps_per_epoch=steps_per_epoch(recipe, train_loader),
                       calibrate=calibrate)  # fmt: skip
     made = techniques(recipe, context)  # every technique the recipe turns on; each declares its hook points
@@ -312,13 +317,15 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     if recipe.model.pretrained:
         print(pretrained_from_config(model, recipe.model).describe(), file=sys.stderr)
     model = model.to(device)
-    if recipe.train.channels_last:
-        model = model.to(memory_format=torch.channels_last)
     if user_objects(recipe, given_model, given_data):  # before anything wraps it: fail before training starts
         check_model(model, data.image_shape, len(data.classes), device)
         recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)
     if recipe.train.checkpoint_activations or recipe.train.checkpoint_modules:
         model = checkpoint_activations(model, recipe.train.checkpoint_modules)
+    recipe, machine_keys = choose_on_machine(recipe, model, (train_loader, test_loader), len(data.classes))
+    precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)
+    if recipe.train.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     if recipe.train.sync_batchnorm and world > 1:  # before the optimizer and EMA see the modules; keeps the params
         if device.type == "cpu":
             raise RecipeError(
@@ -358,8 +365,35 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     parts = Parts(
         recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks, hooks.stateful
     )
-    parts.compiled = compiled
+    parts.compiled, parts.machine_keys = compiled, machine_keys
     return parts
+
+
+def choose_on_machine(
+    recipe: Recipe, model: nn.Module, loaders: tuple[Any, Any], num_classes: int
+) -> tuple[Recipe, tuple[str, ...]]:
+    """`precision: auto` and `train.channels_last: auto` decided by timing the training step on this machine
+    (hasten/autotune.py); the recipe returned holds the values chosen (recipe.yaml records them), the loaders
+    produce batches in the chosen memory format. The probe leaves the model and the random streams as they were."""
+    settings = {"precision": recipe.precision, "train.channels_last": recipe.train.channels_last}
+    asked = [key for key, value in settings.items() if value == "auto"]
+    if not asked:
+        return recipe, ()
+    options = autotune.candidates(recipe.precision, recipe.train.channels_last, next(model.parameters()).device)
+    choice = options[0]
+    if len(options) > 1:
+        device = next(model.parameters()).device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout, DataLoader seeds
+            images, labels = next(iter(loaders[0]))
+            result = autotune.probe(model, (images.contiguous(), labels), num_classes, options)
+        choice = result.choice
+        if distributed.is_main():
+            autotune.announce(result, len(labels), asked)
+    recipe = recipe.model_copy(deep=True)
+    recipe.precision, recipe.train.channels_last = choice.precision, choice.channels_last
+    for loader in loaders:
+        loader.channels_last = choice.channels_last
+    return recipe, tuple(asked)
 
 
 def pick_lr(parts: Parts) -> None:
@@ -445,7 +479,9 @@ def evaluated_on(recipe: Recipe) -> str:
     return f"val: {fraction:g} of the training data held out (seed {recipe.seed})" if fraction else "test"
 
 
-def claim_run_folder(recipe: Recipe, folder: Path, checkpoint: tuple[Path, dict[str, Any]] | None) -> None:
+def claim_run_folder(
+    recipe: Recipe, folder: Path, checkpoint: tuple[Path, dict[str, Any]] | None, machine_keys: Sequence[str] = ()
+) -> None:
     """Before anything is written: a resume must continue the same run (the checkpoint's recipe), a fresh run
     must not mix with another run's files (hasten/runfolder.py). Rank 0 checks; every rank gets its verdict."""
     error = None
@@ -453,9 +489,8 @@ def claim_run_folder(recipe: Recipe, folder: Path, checkpoint: tuple[Path, dict[
         try:
             if checkpoint is not None:
                 saved = checkpoint[1].get("recipe")
-                check_resume_recipe(
-                    saved, recipe.model_dump(mode="json"), recipe.resume_allow_changes, str(checkpoint[0])
-                )
+                allowed = [*recipe.resume_allow_changes, *machine_keys]  # the probe may choose otherwise now
+                check_resume_recipe(saved, recipe.model_dump(mode="json"), allowed, str(checkpoint[0]))
             elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:  # a restart continues its own files
                 claim_fresh(folder, recipe.run.overwrite, resuming=recipe.resume == "auto")
         except HastenError as failure:
@@ -483,7 +518,7 @@ def _train_locked(
     recipe: Recipe, parts: Parts, folder: Path, loss: Callable[[Tensor, Tensor], Tensor] | None
 ) -> dict[str, Any]:
     checkpoint = resume_from(recipe, folder / "checkpoints")  # before anything in the run folder is written
-    claim_run_folder(recipe, folder, checkpoint)
+    claim_run_folder(recipe, folder, checkpoint, parts.machine_keys)
     log = RunLog(folder, enabled=distributed.is_main(), tensorboard=recipe.run.tensorboard)
     plan = Plan(
         epochs=recipe.train.epochs,
@@ -543,6 +578,7 @@ def _train_locked(
             if recipe.run.save_weights and log.enabled:  # the weights evaluated: the EMA copy when there is one
                 save_weights(parts.hooks.eval_model(model) if parts.hooks.eval_model else model, log.dir)
             summary |= {"run_dir": str(log.dir), "lr": parts.lr, "global_batch": batch, "world_size": world_size()}
+            summary |= {"precision": recipe.precision, "channels_last": recipe.train.channels_last}  # auto: chosen
             summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader)  # for evaluate/predict
             summary["evaluated_on"] = evaluated_on(recipe)
             log.summary(summary)

@@ -180,7 +180,8 @@ class TrainConfig(Section):
     # also evaluate every N optimizer steps (0: only at epoch ends), so time to accuracy resolves to seconds; the
     # evaluations are excluded from training time, as the epoch-end ones are, and listed in summary.json
     eval_every_steps: Annotated[int, Field(ge=0)] = 0
-    channels_last: bool = False  # NHWC memory format for the model and the batches (conv nets)
+    # NHWC memory format for the model and the batches (conv nets); auto: timed at start-up (hasten/autotune.py)
+    channels_last: bool | Literal["auto"] = False
     accumulate: Annotated[int, Field(ge=1)] = 1  # micro-batches of batch_size summed into one optimizer step
     compile: bool = False  # torch.compile the model; falls back to eager, with a message, where it cannot
     checkpoint_activations: bool = False  # recompute ResNet blocks' activations in backward (torch.utils.checkpoint)
@@ -262,7 +263,8 @@ class TransferConfig(Section):
 class Recipe(Section):
     name: str = "run"
     seed: Annotated[int, Field(ge=0, lt=2**63)] = 0  # torch and numpy seeds are unsigned 64-bit
-    precision: Literal["fp32", "bf16", "fp16", "fp16-master"] = "fp32"
+    # auto: the fastest numerically safe mode on this machine, timed at start-up (hasten/autotune.py)
+    precision: Literal["fp32", "bf16", "fp16", "fp16-master", "auto"] = "fp32"
     loss_scale: LossScaleConfig = LossScaleConfig()  # fp16 and fp16-master only
     device: str = "auto"  # auto: cuda when available, else cpu
     data: DataConfig = DataConfig()

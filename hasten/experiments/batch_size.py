@@ -175,7 +175,7 @@ def find_batch_size(
     loaders = (parts.train_loader, parts.test_loader)
     log = RunLog("", enabled=False)
     trainer = Trainer(parts.model, parts.optimizer, parts.scheduler, parts.precision, loaders, plan, log, parts.hooks)
-    fits = StepMemory(trainer, parts.data.image_shape, plan.num_classes, recipe.train.channels_last, budget)
+    fits = StepMemory(trainer, parts.data.image_shape, plan.num_classes, parts.recipe.train.channels_last, budget)
     # allocates the optimizer state, so every measurement holds it; 2 images, as batch norm cannot train on one
     # where the last feature map is 1x1 (8x8 digits)
     fits.step(2)

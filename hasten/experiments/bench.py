@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 import hasten
+from hasten import autotune
 from hasten.build import dataset
 from hasten.config import Recipe, apply_overrides, validate
 from hasten.distributed import resolve_device
@@ -123,7 +124,9 @@ def run_in_process(recipe: Recipe, kind: str, naive_epochs: int | None = None) -
     from hasten.build import train
 
     summary = train(recipe)
-    bare = bare_step_images_per_second(recipe)
+    # the bare step as the run took it: what precision/channels_last=auto chose, not a second probe's choice
+    chosen = [f"precision={summary['precision']}", f"train.channels_last={str(summary['channels_last']).lower()}"]
+    bare = bare_step_images_per_second(validate(apply_overrides(recipe.model_dump(mode="json"), chosen)))
     return summary | {"flops_per_image": flops_per_image(recipe), "bare_step_images_per_second": bare}
 
 
@@ -251,7 +254,7 @@ def run_grid(
     out = Path(out or Path("bench") / recipe.name)
     folders = {v: out / "runs" / f"{i:02d}-{slug(v.name)}" for i, v in enumerate(variants, 1)}
     recipes = {v: variant_recipe(recipe, v) for v in variants}  # all validated before anything runs
-    precisions = {v: "fp32" if v.kind == "naive" else recipes[v].precision for v in variants}
+    precisions = {v: "fp32" if v.kind == "naive" else recipes[v].precision for v in variants}  # may be "auto"
     thresholds = [f"{t:.2f}" for t in recipe.run.thresholds]
 
     def one_run(variant: Variant, run_dir: Path, epochs: int | None = None) -> dict[str, Any]:
@@ -277,7 +280,10 @@ def run_grid(
         if recipe.train.threads:
             torch.set_num_threads(recipe.train.threads)
         device = resolve_device(recipe.device)
-        for precision in sorted(set(precisions.values())):
+        asked = set(precisions.values())
+        if "auto" in asked:  # the probe's candidates: the runs say which one they took
+            asked = (asked - {"auto"}) | set(autotune.precision_candidates(device))
+        for precision in sorted(asked):
             flops, size = matmul_peak(compute_dtype(precision), device, min_seconds=peak_seconds)
             tf32 = device.type == "cuda" and precision == "fp32" and torch.backends.cudnn.allow_tf32
             peaks[precision] = {"flops_per_second": flops, "size": size, "tf32": tf32}
@@ -297,10 +303,10 @@ def run_grid(
                 record["error"] = str(error)
                 log(f"[{count}/{total}] {variant.name} r{repeat + 1}: FAILED: {error}")
             else:
-                record |= _efficiency(result, peaks.get(precisions[variant]))
+                record |= _efficiency(result, peaks.get(result.get("precision", precisions[variant])))
                 dropped = ("flops_per_image", "run_dir", "bare_step_images_per_second")
                 record["summary"] = {k: v for k, v in result.items() if k not in dropped}
-                record["curve"] = _curve(run_dir)
+                record["curve"] = _curve(run_dir, result)
                 log(f"[{count}/{total}] {variant.name} r{repeat + 1}: {_one_line(result, thresholds)}")
             runs[variant].append(record)
 
@@ -349,10 +355,13 @@ def _efficiency(result: dict[str, Any], peak: dict[str, Any] | None) -> dict[str
     }
 
 
-def _curve(run_dir: Path) -> list[list[float]]:
-    """[[training seconds, test accuracy]] at the end of each epoch, from the run's metrics.csv."""
+def _curve(run_dir: Path, summary: dict[str, Any]) -> list[list[float]]:
+    """[[training seconds, test accuracy]] at every evaluation (train.eval_every_steps too) from the summary, or at
+    the end of each epoch from the run's metrics.csv (the naive loop's)."""
     from hasten.report import read_metrics
 
+    if summary.get("accuracy_curve"):
+        return [[seconds, accuracy] for seconds, _, accuracy in summary["accuracy_curve"]]
     return [[row["train_seconds"], row["test_accuracy"]] for row in read_metrics(run_dir)]
 
 

@@ -1,0 +1,115 @@
+"""`precision: auto` and `train.channels_last: auto`: the start-up probe's candidates, its choice, what it leaves
+untouched, and a resume whose probe chooses otherwise."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+import hasten
+from hasten import autotune
+from hasten.autotune import Candidate
+from hasten.checkpoint import checkpoints_in
+from hasten.errors import RecipeError
+
+
+def test_candidates_are_the_auto_keys_combinations():
+    cpu = torch.device("cpu")
+    assert autotune.candidates("auto", "auto", cpu) == [
+        Candidate("fp32", False), Candidate("fp32", True), Candidate("bf16", False), Candidate("bf16", True)
+    ]  # fmt: skip
+    assert autotune.candidates("fp32", "auto", cpu) == [Candidate("fp32", False), Candidate("fp32", True)]
+    assert autotune.candidates("auto", False, cpu) == [Candidate("fp32", False), Candidate("bf16", False)]
+    assert "fp16" not in autotune.precision_candidates(cpu)  # no fast fp16 kernels on a CPU
+
+
+def _fake_timings(monkeypatch, seconds: dict[Candidate, float], losses: dict[str, float] | None = None):
+    """The probe's step timer replaced: each candidate's step takes `seconds`, its loss `losses[precision]`."""
+    current: list[Candidate] = []
+    real_step = autotune.TrainStep
+
+    class Step(real_step):
+        def __init__(self, model, optimizer, precision, *args, **kwargs):
+            super().__init__(model, optimizer, precision, *args, **kwargs)
+            layout = not next(
+                p for p in model.parameters() if p.dim() == 4
+            ).is_contiguous()  # (4, 2, 3, 3): unambiguous
+            self.candidate = Candidate(precision.name, layout)
+
+    def timed(step, batch, device):
+        current.append(step.candidate)
+        loss = (losses or {}).get(step.candidate.precision, 1.0)
+        return seconds[step.candidate], loss
+
+    monkeypatch.setattr(autotune, "TrainStep", Step)
+    monkeypatch.setattr(autotune, "_timed_step", timed)
+    return current
+
+
+def _net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+
+
+def test_probe_takes_the_fastest_and_drops_a_16_bit_mode_whose_loss_strays(monkeypatch):
+    options = autotune.candidates("auto", "auto", torch.device("cpu"))
+    seconds = {options[0]: 4.0, options[1]: 3.0, options[2]: 2.0, options[3]: 1.0}
+    batch = (torch.randn(8, 2, 8, 8), torch.randint(0, 3, (8,)))
+    calls = _fake_timings(monkeypatch, seconds)
+    result = autotune.probe(_net(), batch, 3, options)
+    assert result.choice == Candidate("bf16", True) and result.seconds == seconds
+    assert len(calls) == len(options) * (autotune.ROUNDS + 1)  # a warm-up round, then the timed ones, interleaved
+    assert calls[: len(options)] == options
+    _fake_timings(monkeypatch, seconds, losses={"fp32": 2.3, "bf16": 2.9})  # bf16 far from fp32: not safe here
+    result = autotune.probe(_net(), batch, 3, options)
+    assert result.choice == Candidate("fp32", True)
+    assert set(result.dropped) == {options[2], options[3]} and all(math.isinf(result.seconds[o]) for o in options[2:])
+    _fake_timings(monkeypatch, seconds, losses={"fp32": 2.3, "bf16": float("nan")})
+    assert autotune.probe(_net(), batch, 3, options).choice == Candidate("fp32", True)
+
+
+def test_probe_leaves_the_model_as_it_was():
+    model = _net()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = (torch.randn(8, 2, 8, 8), torch.randint(0, 3, (8,)))
+    result = autotune.probe(model, batch, 3, autotune.candidates("auto", "auto", torch.device("cpu")))
+    assert result.choice in result.seconds and all(s > 0 for s in result.seconds.values())
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # BN statistics too
+    assert model[0].weight.is_contiguous()  # memory format unchanged
+
+
+def test_auto_run_records_the_choice_and_trains_as_that_fixed_choice_would(tiny_overrides, tmp_path):
+    auto = hasten.train(None, [*tiny_overrides, "precision=auto", "train.channels_last=auto", "model.width=4",
+                               f"run.dir={tmp_path / 'auto'}"])  # fmt: skip
+    saved = yaml.safe_load((tmp_path / "auto" / "recipe.yaml").read_text())
+    chosen = (saved["precision"], saved["train"]["channels_last"])
+    assert chosen in {("fp32", False), ("fp32", True), ("bf16", False), ("bf16", True)}
+    fixed = hasten.train(None, [*tiny_overrides, f"precision={chosen[0]}", f"train.channels_last={chosen[1]}",
+                                "model.width=4", f"run.dir={tmp_path / 'fixed'}"])  # fmt: skip
+    # the probe trained copies, under a forked random stream: the run itself is the fixed choice's, bit for bit
+    assert auto["train_loss"] == fixed["train_loss"] and auto["test_accuracy"] == fixed["test_accuracy"]
+
+
+def test_resume_where_the_probe_now_chooses_otherwise(tiny_overrides, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    hasten.train(None, [*tiny_overrides, "precision=bf16", "train.epochs=1", f"run.dir={run}"])
+    first = checkpoints_in(run / "checkpoints")[0]
+
+    def slow_bf16(model, batch, num_classes, options, loss_fn=None):
+        seconds = {o: (2.0 if o.precision == "bf16" else 1.0) for o in options}
+        return autotune.Probe(seconds, min(options, key=seconds.get), {})
+
+    monkeypatch.setattr(autotune, "probe", slow_bf16)
+    summary = hasten.train(None, [*tiny_overrides, "precision=auto", "train.epochs=2", f"run.dir={run}",
+                                  f"resume={first}", "resume.allow_changes=[train.epochs]"])  # fmt: skip
+    assert summary["epochs"] == 2
+    assert yaml.safe_load((run / "recipe.yaml").read_text())["precision"] == "fp32"
+
+
+def test_auto_is_validated_like_the_fixed_values(tiny_overrides):
+    with pytest.raises(RecipeError, match="train.channels_last"):
+        hasten.train(None, [*tiny_overrides, "train.channels_last=sometimes"])
