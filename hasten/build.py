@@ -234,6 +234,21 @@ def bn_calibration(
     return calibrate
 
 
+def first_train_images(loader: InMemoryLoader | ImageFolderLoader, count: int) -> Tensor:
+    """The first `count` training images in stored order (all of them when fewer), normalised as the loader
+    normalises its batches and not augmented: what whitening computes its filters from. The same on every rank:
+    the in-memory images are sliced, a folder's or a user's Dataset's are decoded a batch at a time."""
+    if isinstance(loader, InMemoryLoader):
+        return loader.normalise(loader.images[:count])
+    chunks, total = [], min(count, loader.num_samples)
+    for start in range(0, total, loader.batch_size):
+        item = loader.decoder[list(range(start, min(start + loader.batch_size, total)))]
+        if isinstance(item, str):  # a decoding failure, reported by the decoder as text
+            raise DataError(item)
+        chunks.append(loader.normalise(item[0].to(loader.device)))
+    return torch.cat(chunks)
+
+
 def tricks(recipe: Recipe, model: nn.Module, rank: int = 0) -> tuple[Hooks, dict[str, Any]]:
     """The loop's hooks for the recipe's techniques, bound to the built `model`, and the stateful ones by name;
     for code that builds its own model (benchmarks). Random draws are seeded by (seed, rank)."""
@@ -306,7 +321,8 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     # the EMA's BN statistics, under the run's autocast (`precision` is decided below, after the probe)
     calibrate = bn_calibration(train_loader, lambda: precision.autocast(), recipe.tricks.ema_bn_images)
     context = Context(rank=rank, world_size=world, steps_per_epoch=steps_per_epoch(recipe, train_loader),
-                      calibrate=calibrate)  # fmt: skip
+                      calibrate=calibrate,
+                      train_images=lambda count: first_train_images(train_loader, count))  # fmt: skip
     made = techniques(recipe, context)  # every technique the recipe turns on; each declares its hook points
     if given_model is not None:
         model = own_model(recipe.model, given_model, data.image_shape, len(data.classes))

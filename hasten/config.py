@@ -81,6 +81,17 @@ class ModelConfig(Section):
     blocks: list[Annotated[int, Field(ge=0)]] = [1, 1, 1]  # residual blocks per ResNet stage
     layers: list[str | dict[str, Any]] | None = None  # the layer list of a sequential model
     zero_init_residual: bool = False  # start each residual branch's last BN gamma at 0 (Goyal et al.)
+    # ResNet: channels of each stage (one per model.blocks entry) in place of width * 2**stage; null: from width
+    widths: list[Annotated[int, Field(ge=1)]] | None = None
+    # patch-whitening init of the first Conv2d, frozen when every filter is set (hasten/tricks/whitening.py)
+    whiten: bool = False
+    whiten_eps: Annotated[float, Field(gt=0)] = 5e-4  # added to each eigenvalue before 1/sqrt: caps the gain
+    whiten_images: Annotated[int, Field(ge=1)] = 5000  # training images the whitening patches come from
+    init: Literal["default", "dirac"] = "default"  # dirac: 3x3 convs start as the identity on their inputs
+    # every BatchNorm layer: running-statistics momentum (torch's convention), epsilon; null keeps the model's
+    bn_momentum: Annotated[float, Field(gt=0, le=1)] | None = None
+    bn_eps: Annotated[float, Field(gt=0)] | None = None
+    bn_weight: Literal["learn", "frozen"] = "learn"  # frozen: BN scales fixed at 1, only the shifts train
     # weights to start from: a safetensors file, a hasten checkpoint, a state dict, or an http(s) URL
     pretrained: str | None = None
     pretrained_sha256: str | None = None  # pinned SHA-256 of the file at a pretrained URL (required for URLs)
@@ -98,6 +109,18 @@ class ModelConfig(Section):
             raise ValueError("model.layers: a sequential model needs a non-empty layer list")
         if self.name == "resnet" and not self.blocks:
             raise ValueError("model.blocks: a resnet needs at least one stage")
+        if self.widths is not None and self.name != "resnet":
+            raise ValueError("model.widths: only hasten's ResNet (model.name=resnet) has stages to set the widths of")
+        if self.widths is not None and len(self.widths) != len(self.blocks):
+            raise ValueError(
+                f"model.widths: one width per stage: {len(self.widths)} given for the {len(self.blocks)} stages of "
+                f"model.blocks={self.blocks}"
+            )
+        if self.zero_init_residual and self.bn_weight == "frozen":
+            raise ValueError(
+                "model.bn_weight: frozen BN scales with model.zero_init_residual=true would keep the zeroed scales at "
+                "0 for ever and switch those residual branches off; set one of the two"
+            )
         url = self.pretrained is not None and self.pretrained.startswith(("http://", "https://"))
         if url and not self.pretrained_sha256:
             raise ValueError(

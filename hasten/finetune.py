@@ -81,6 +81,7 @@ def discriminative_groups(
     layers = layer_groups(model)
     groups = []
     for params, scale in zip(layers, layer_lr_scales(len(layers), decay), strict=True):
+        params = [p for p in params if p.requires_grad]  # frozen by a technique (whitening, frozen BN scales)
         decayed = [p for p in params if p.ndim > 1 or not no_bias_decay]
         undecayed = [p for p in params if p.ndim <= 1 and no_bias_decay]
         for members, wd in ((decayed, weight_decay), (undecayed, 0.0)):

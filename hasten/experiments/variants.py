@@ -30,6 +30,9 @@ ABLATIONS = [
     ("schedule.name", "constant"),
     ("train.tta_flip", "false"),
     ("model.zero_init_residual", "false"),
+    ("model.whiten", "false"),
+    ("model.init", "default"),
+    ("model.bn_weight", "learn"),
     ("optim.no_bias_decay", "false"),
     ("train.compile", "false"),
 ]

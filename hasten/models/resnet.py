@@ -1,7 +1,9 @@
 """A small ResNet family (He et al., 2016) for 28x28 and 32x32 images, with a width knob.
 
 Channels are `width`, 2*`width`, 4*`width`, ... per stage, so `width` scales the model the way Nakkiran
-et al. (Deep Double Descent, 2019) scale ResNet18; `blocks` sets the residual blocks per stage. The stem
+et al. (Deep Double Descent, 2019) scale ResNet18; `blocks` sets the residual blocks per stage. `widths` gives
+each stage's channels outright instead (the stem gets the first stage's), for layouts that suit the hardware's
+kernels, e.g. multiples of 16, 32 or 64 for oneDNN's bf16 convolutions. The stem
 and each stage's downsampling follow Page's ResNet-9 (conv-BN-ReLU then max-pool), which is cheap on CPU.
 
 With `checkpoint_activations` (Chen et al., 2016; `train.checkpoint_activations`), the forward pass runs as
@@ -51,15 +53,18 @@ class ResNet(nn.Module):
         width: int = 32,
         blocks: list[int] | None = None,
         checkpoint_activations: bool = False,
+        widths: list[int] | None = None,
     ):
         super().__init__()
         blocks = blocks or [1, 1, 1]
+        widths = widths or [width * 2**i for i in range(len(blocks))]
+        if len(widths) != len(blocks):
+            raise ValueError(f"widths: one per stage, got {len(widths)} for {len(blocks)} stages")
         self.checkpoint_activations = checkpoint_activations
-        self.stem = conv_bn(in_channels, width)
+        self.stem = conv_bn(in_channels, widths[0])
         stages = []
-        c_in = width
-        for i, count in enumerate(blocks):
-            c_out = width * 2**i
+        c_in = widths[0]
+        for count, c_out in zip(blocks, widths, strict=True):
             stages.append(
                 nn.Sequential(conv_bn(c_in, c_out), nn.MaxPool2d(2), *(Residual(c_out) for _ in range(count)))
             )

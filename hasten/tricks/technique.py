@@ -3,7 +3,8 @@ and when the recipe turns it on (Composer's algorithm objects, kept plain).
 
 Hook points, in the order a run meets them:
 
-- `on_model(model)`: once the model is built, before pretrained weights are loaded (zero-init).
+- `on_model(model)`: once the model is built, before it moves to its device and precision and before pretrained
+  weights are loaded (zero-init, Dirac init, batch-norm settings, whitening).
 - `param_groups(groups) -> groups`: the optimizer's parameter groups, before the optimizer is made
   (no-bias-decay).
 - `on_optimizer(model)`: once the optimizer holds the parameters, with the model as it will be trained (on its
@@ -43,6 +44,8 @@ class Context:
     steps_per_epoch: int = 1  # optimizer steps per epoch (Freeze counts epochs in steps)
     # recomputes a model's batch-norm statistics on training batches (the EMA's average before evaluation)
     calibrate: Callable[[nn.Module], None] | None = None
+    # the first N training images, normalised as the loader does, not augmented: float (N, C, H, W) (whitening)
+    train_images: Callable[[int], Tensor] | None = None
 
 
 class Technique:
