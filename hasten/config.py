@@ -131,15 +131,19 @@ class OptimConfig(Section):
 
 
 class ScheduleConfig(Section):
-    """LR schedule over the run, stepped every optimizer step; see hasten/schedules.py for the papers."""
+    """LR schedule over the run, stepped every optimizer step; see hasten/schedules.py for the papers.
 
-    name: Literal["constant", "step", "cosine", "cyclic", "one-cycle"] = "constant"
+    `linear`: after the warm-up the LR falls in a straight line to `floor` x the peak at the end (linear-to-zero).
+    airbench's triangular schedule is `one-cycle` with `anneal: linear`: `start` x peak rising to the peak at
+    `peak` of the run, then falling to `end` x peak (with `momentum: null` for its fixed momentum)."""
+
+    name: Literal["constant", "step", "cosine", "linear", "cyclic", "one-cycle"] = "constant"
     # linear warmup before any schedule: a fraction of the run (< 1) or a count of optimizer steps (>= 1)
     warmup: Annotated[float, Field(ge=0)] = 0.0
     # the LR rises to its peak over at least this many optimizer steps (times the batch rule's LR factor when
     # above 1; at most half the run): one-cycle's rise is lengthened, other schedules get a warmup. 0: off
     min_warmup_steps: Annotated[int, Field(ge=0)] = 50
-    floor: Annotated[float, Field(ge=0, le=1)] = 0.0  # cosine: final LR as a fraction of the peak
+    floor: Annotated[float, Field(ge=0, le=1)] = 0.0  # cosine, linear: final LR as a fraction of the peak
     milestones: list[Annotated[float, Field(gt=0, lt=1)]] = [0.5, 0.75]  # step: fractions of the run
     gamma: Annotated[float, Field(gt=0, le=1)] = 0.1  # step: LR factor per milestone; exp_range: per cycle
     cycles: Annotated[int, Field(ge=1)] = 4  # cyclic: full triangles over the run (after warmup)
