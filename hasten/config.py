@@ -217,6 +217,10 @@ class TricksConfig(Section):
     # 0: keep the averaged running statistics
     ema_bn_images: Annotated[int, Field(ge=0)] = 4096
     cutout: Annotated[int, Field(ge=0)] = 0  # side in pixels of the square zeroed in each image (DeVries, 2017); 0: off
+    # Lookahead (Zhang et al., 2019): every k optimizer steps the slow weights move lookahead_alpha of the way to
+    # the live ones, which are reset to them; k=0: off
+    lookahead_steps: Annotated[int, Field(ge=0)] = 0
+    lookahead_alpha: Annotated[float, Field(gt=0, le=1)] = 0.5
 
     @model_validator(mode="after")
     def _ema_decay(self) -> TricksConfig:
@@ -279,6 +283,15 @@ class Recipe(Section):
     # resume.allow_changes=[...] or `resume: {from: auto, allow_changes: [...]}`
     resume_allow_changes: list[str] = []
     transfer: TransferConfig = TransferConfig()
+
+    @model_validator(mode="after")
+    def _compatible(self) -> Recipe:
+        if self.tricks.lookahead_steps and self.precision == "fp16-master":
+            raise ValueError(
+                "tricks.lookahead_steps: the lookahead resets the model's weights, but under precision=fp16-master "
+                "the optimizer steps fp32 master copies and writes them back over the weights; use bf16 or fp16"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod
