@@ -107,7 +107,8 @@ class ModelConfig(Section):
 
 
 class OptimConfig(Section):
-    name: Literal["sgd", "adamw", "adam"] = "sgd"
+    # muon: conv filters orthogonalised by Muon (hasten/optimizers.py), every other parameter Nesterov SGD at `lr`
+    name: Literal["sgd", "adamw", "adam", "muon"] = "sgd"
     # peak learning rate, per `base_batch` examples when that is set; auto: picked by a short LR range test before
     # training (hasten/experiments/lr_find.py, AUTO_RULE; calibrated in benchmarks/lr_auto.py)
     lr: float | Literal["auto"] = 0.1  # (checked positive below: one error, not one per member of the union)
@@ -121,6 +122,20 @@ class OptimConfig(Section):
     # discriminative fine-tuning (Howard & Ruder, 2018): each layer below the head gets this times the LR of
     # the layer above it; 1: one LR for all
     layer_lr_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
+    # muon: peak LR of the conv filters, per step whatever the batch (no scaling rule: the orthogonalised update
+    # has the same size at any batch); the LR schedule drives it too
+    muon_lr: PositiveFloat = 0.02
+    # muon: the filters' momentum (torch.optim.Muon's lerp form), kept fixed by one-cycle's momentum cycling
+    muon_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.95
+
+    @model_validator(mode="after")
+    def _muon_lr_is_given(self) -> OptimConfig:
+        if self.name == "muon" and self.lr == "auto":
+            raise ValueError(
+                "optim.lr: auto is not available with optim.name=muon: the range test would sweep the filters' "
+                "optim.muon_lr with the other parameters' LR; give optim.lr"
+            )
+        return self
 
     @field_validator("lr")
     @classmethod

@@ -203,7 +203,10 @@ def lr_and_momentum(config: ScheduleConfig, total_steps: int, lr_scale: float = 
 
 
 def set_momentum(group: dict[str, Any], value: float) -> None:
-    """Momentum for SGD-style groups, beta1 for Adam-style ones."""
+    """Momentum for SGD-style groups, beta1 for Adam-style ones; none for a group that keeps its own
+    (`fixed_momentum`: Muon's filters, hasten/optimizers.py)."""
+    if group.get("fixed_momentum"):
+        return
     if "betas" in group:
         group["betas"] = (value, group["betas"][1])
     elif "momentum" in group:
