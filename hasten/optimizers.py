@@ -7,16 +7,18 @@ Newton-Schulz iterations: every direction of the update moves by about the same 
 every other parameter (biases, batch-norm scales and shifts, the linear classifier head) takes a plain SGD step
 (momentum, Nesterov, L2 weight decay: torch.optim.SGD's functional form) in the same `step()`, one optimizer.
 
-The Muon step per filter bank is torch.optim.Muon's (torch >= 2.9, which takes 2-D parameters only) applied to the
+The Muon step per filter bank is torch.optim.Muon's (in recent torch; 2-D parameters only) applied to the
 reshaped matrix: momentum `buf <- lerp(buf, grad, 1 - momentum)`, Nesterov `grad.lerp(buf, momentum)`, Newton-Schulz
 (torch's own function when this torch has it, else the same iteration below), decoupled weight decay
 `p <- p (1 - lr wd)`, then `p <- p - lr sqrt(max(1, rows / cols)) O`. airbench's sum-form momentum differs from
-the lerp form only by a factor (1 - momentum), which the orthogonalisation removes.
+the lerp form only by a factor (1 - momentum), which the orthogonalisation removes. airbench also rescales each
+filter bank to a fixed norm after every step; that is not done here (batch norm after a conv makes its scale moot
+for the function, not for the effective LR, so `optim.muon_lr` is tuned without it).
 
 The filter groups' LR is `optim.muon_lr`, not scaled by the batch rule: the orthogonalised update has the same
 size whatever the batch (the linear rule is about averaging gradient noise in an SGD step). The schedule drives it
-as it drives the other groups. Their momentum stays `optim.muon_momentum`: a one-cycle momentum schedule cycles only
-the SGD groups (`fixed_momentum`), since Muon's momentum sets only how far back its average looks, not its step.
+as it drives the other groups. Their momentum stays `optim.muon_momentum`: a momentum schedule (one-cycle, cyclic)
+cycles only the SGD groups (`fixed_momentum`): Muon's momentum sets how far back its average looks, not its step.
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ import torch
 from torch import Tensor
 from torch.optim.sgd import sgd as sgd_step
 
-try:  # torch >= 2.9 ships Muon and its Newton-Schulz iteration
+try:  # torch versions that ship torch.optim.Muon have its Newton-Schulz iteration
     from torch.optim._muon import _zeropower_via_newtonschulz as torch_newton_schulz
 except ImportError:  # pragma: no cover - older torch: the same iteration, below
     torch_newton_schulz = None
 
-NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan's quintic: steepest slope at 0 that still converges
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan's quintic: steep at 0; singular values land in ~(0.5, 1.5)
 NS_STEPS = 5
 NS_EPS = 1e-7
 
