@@ -36,6 +36,7 @@ from hasten.errors import CheckpointError, DataError, HastenError, RecipeError
 from hasten.finetune import discriminative_groups, pretrained_from_config, save_weights  # Freeze registers here
 from hasten.memory import checkpoint_activations
 from hasten.models import build_model
+from hasten.optimizers import Muon, muon_groups
 from hasten.own import (
     USER_SOURCES,
     builtin_holdout,
@@ -265,6 +266,11 @@ def _at(made: list[Technique], point: str) -> list[Technique]:
 
 
 def optimizer(config: OptimConfig, groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
+    if config.name == "muon":  # the filters orthogonalised at optim.muon_lr, the rest Nesterov SGD at `lr`
+        split = muon_groups(groups, lr, config.muon_lr, config.muon_momentum)
+        if not any(group.get("orthogonalize") for group in split):
+            raise RecipeError("optim.name: muon orthogonalises convolution filters, and this model has none; use sgd")
+        return Muon(split, lr=lr, momentum=config.momentum, nesterov=config.nesterov and config.momentum > 0)
     if config.name == "sgd":
         return torch.optim.SGD(
             groups, lr=lr, momentum=config.momentum, nesterov=config.nesterov and config.momentum > 0
@@ -471,7 +477,8 @@ def resume_from(recipe: Recipe, folder: Path) -> tuple[Path, dict[str, Any]] | N
     return found if found is not None else (chosen, load_checkpoint(chosen, require_digest=True))
 
 
-SAFE_PEAK_LR = {"sgd": 5.0, "adam": 0.05, "adamw": 0.05}  # above these a peak LR is almost surely a mistake
+# above these a peak LR is almost surely a mistake (muon: the SGD part's optim.lr)
+SAFE_PEAK_LR = {"sgd": 5.0, "adam": 0.05, "adamw": 0.05, "muon": 5.0}
 
 
 def risky_settings(recipe: Recipe, parts: Parts) -> list[str]:

@@ -130,7 +130,8 @@ class ModelConfig(Section):
 
 
 class OptimConfig(Section):
-    name: Literal["sgd", "adamw", "adam"] = "sgd"
+    # muon: conv filters orthogonalised by Muon (hasten/optimizers.py), every other parameter Nesterov SGD at `lr`
+    name: Literal["sgd", "adamw", "adam", "muon"] = "sgd"
     # peak learning rate, per `base_batch` examples when that is set; auto: picked by a short LR range test before
     # training (hasten/experiments/lr_find.py, AUTO_RULE; calibrated in benchmarks/lr_auto.py)
     lr: float | Literal["auto"] = 0.1  # (checked positive below: one error, not one per member of the union)
@@ -144,6 +145,20 @@ class OptimConfig(Section):
     # discriminative fine-tuning (Howard & Ruder, 2018): each layer below the head gets this times the LR of
     # the layer above it; 1: one LR for all
     layer_lr_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
+    # muon: peak LR of the conv filters, per step whatever the batch (no scaling rule: the orthogonalised update
+    # has the same size at any batch); the LR schedule drives it too
+    muon_lr: PositiveFloat = 0.02
+    # muon: the filters' momentum (torch.optim.Muon's lerp form), kept fixed by one-cycle's momentum cycling
+    muon_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.95
+
+    @model_validator(mode="after")
+    def _muon_lr_is_given(self) -> OptimConfig:
+        if self.name == "muon" and self.lr == "auto":
+            raise ValueError(
+                "optim.lr: auto is not available with optim.name=muon: the range test would sweep the filters' "
+                "optim.muon_lr with the other parameters' LR; give optim.lr"
+            )
+        return self
 
     @field_validator("lr")
     @classmethod
@@ -154,15 +169,19 @@ class OptimConfig(Section):
 
 
 class ScheduleConfig(Section):
-    """LR schedule over the run, stepped every optimizer step; see hasten/schedules.py for the papers."""
+    """LR schedule over the run, stepped every optimizer step; see hasten/schedules.py for the papers.
 
-    name: Literal["constant", "step", "cosine", "cyclic", "one-cycle"] = "constant"
+    `linear`: after the warm-up the LR falls in a straight line to `floor` x the peak at the end (linear-to-zero).
+    airbench's triangular schedule is `one-cycle` with `anneal: linear`: `start` x peak rising to the peak at
+    `peak` of the run, then falling to `end` x peak (with `momentum: null` for its fixed momentum)."""
+
+    name: Literal["constant", "step", "cosine", "linear", "cyclic", "one-cycle"] = "constant"
     # linear warmup before any schedule: a fraction of the run (< 1) or a count of optimizer steps (>= 1)
     warmup: Annotated[float, Field(ge=0)] = 0.0
     # the LR rises to its peak over at least this many optimizer steps (times the batch rule's LR factor when
     # above 1; at most half the run): one-cycle's rise is lengthened, other schedules get a warmup. 0: off
     min_warmup_steps: Annotated[int, Field(ge=0)] = 50
-    floor: Annotated[float, Field(ge=0, le=1)] = 0.0  # cosine: final LR as a fraction of the peak
+    floor: Annotated[float, Field(ge=0, le=1)] = 0.0  # cosine, linear: final LR as a fraction of the peak
     milestones: list[Annotated[float, Field(gt=0, lt=1)]] = [0.5, 0.75]  # step: fractions of the run
     gamma: Annotated[float, Field(gt=0, le=1)] = 0.1  # step: LR factor per milestone; exp_range: per cycle
     cycles: Annotated[int, Field(ge=1)] = 4  # cyclic: full triangles over the run (after warmup)
@@ -240,6 +259,10 @@ class TricksConfig(Section):
     # 0: keep the averaged running statistics
     ema_bn_images: Annotated[int, Field(ge=0)] = 4096
     cutout: Annotated[int, Field(ge=0)] = 0  # side in pixels of the square zeroed in each image (DeVries, 2017); 0: off
+    # Lookahead (Zhang et al., 2019): every k optimizer steps the slow weights move lookahead_alpha of the way to
+    # the live ones, which are reset to them; k=0: off
+    lookahead_steps: Annotated[int, Field(ge=0)] = 0
+    lookahead_alpha: Annotated[float, Field(gt=0, le=1)] = 0.5
 
     @model_validator(mode="after")
     def _ema_decay(self) -> TricksConfig:
@@ -303,6 +326,15 @@ class Recipe(Section):
     # resume.allow_changes=[...] or `resume: {from: auto, allow_changes: [...]}`
     resume_allow_changes: list[str] = []
     transfer: TransferConfig = TransferConfig()
+
+    @model_validator(mode="after")
+    def _compatible(self) -> Recipe:
+        if self.tricks.lookahead_steps and self.precision == "fp16-master":
+            raise ValueError(
+                "tricks.lookahead_steps: the lookahead resets the model's weights, but under precision=fp16-master "
+                "the optimizer steps fp32 master copies and writes them back over the weights; use bf16 or fp16"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -6,10 +6,15 @@ small pieces: a linear warmup placed before any of them, then
 - constant;
 - step decay: the LR multiplied by `gamma` at each milestone (He et al., 2016; Goyal et al., 2017);
 - cosine annealing down to a floor (Loshchilov & Hutter, "SGDR", 2017);
+- linear decay from the peak down to a floor, 0 by default ("linear-to-zero"; Defazio et al., "When, Why and
+  How Much? Adaptive Learning Rate Scheduling by Refinement", 2023, find it matches or beats cosine);
 - cyclic LR between a lower bound and the peak, modes triangular, triangular2, exp_range (Smith, "Cyclical
   Learning Rates for Training Neural Networks", 2017);
 - one-cycle: up from `start` to the peak, then down to `end`, linear or cosine in each phase, with momentum
   (Adam-style optimizers: beta1) cycled the opposite way (Smith & Topin, "Super-Convergence", 2018).
+  With `anneal: linear` this is the triangular schedule of the CIFAR-10 speed records (Page's ResNet-9,
+  airbench: the LR rises linearly from `start` x peak to the peak at `peak` of the run, then falls linearly to
+  `end` x peak), so it has no name of its own; set `schedule.momentum: null` for their fixed momentum.
 
 `Scheduler` turns them into a per-optimizer-step object: the trainer calls `.step()` once per optimizer step
 actually taken, it sets each param group's LR (and momentum), and its checkpoint state is only the step.
@@ -55,6 +60,11 @@ def step_decay(progress: float, milestones: Sequence[float] = (0.5, 0.75), gamma
 def cosine(progress: float, floor: float = 0.0) -> float:
     """Cosine annealing (Loshchilov & Hutter, 2017) from 1 down to `floor`."""
     return cosine_between(progress, 1.0, floor)
+
+
+def linear_decay(progress: float, floor: float = 0.0) -> float:
+    """From 1 down to `floor` in a straight line ("linear-to-zero" with the default floor)."""
+    return linear(progress, 1.0, floor)
 
 
 def cyclic(progress: float, cycles: int = 4, low: float = 0.1, mode: str = "triangular", gamma: float = 1.0) -> float:
@@ -124,6 +134,8 @@ def shape(config: ScheduleConfig) -> Shape:
         return lambda p: step_decay(p, c.milestones, c.gamma)
     if c.name == "cosine":
         return lambda p: cosine(p, c.floor)
+    if c.name == "linear":
+        return lambda p: linear_decay(p, c.floor)
     if c.name == "cyclic":
         return lambda p: cyclic(p, c.cycles, c.low, c.mode, c.gamma)
     if c.name == "one-cycle":
@@ -191,7 +203,10 @@ def lr_and_momentum(config: ScheduleConfig, total_steps: int, lr_scale: float = 
 
 
 def set_momentum(group: dict[str, Any], value: float) -> None:
-    """Momentum for SGD-style groups, beta1 for Adam-style ones."""
+    """Momentum for SGD-style groups, beta1 for Adam-style ones; none for a group that keeps its own
+    (`fixed_momentum`: Muon's filters, hasten/optimizers.py)."""
+    if group.get("fixed_momentum"):
+        return
     if "betas" in group:
         group["betas"] = (value, group["betas"][1])
     elif "momentum" in group:

@@ -10,6 +10,7 @@ import torch
 
 import hasten
 from hasten.build import build, global_batch
+from hasten.checkpoint import checkpoints_in, load_checkpoint
 from hasten.cli import main
 from hasten.config import ScheduleConfig, load_recipe
 from hasten.errors import RecipeError
@@ -20,6 +21,7 @@ from hasten.schedules import (
     cosine,
     cyclic,
     inverse_momentum,
+    linear_decay,
     lr_and_momentum,
     one_cycle,
     one_cycle_momentum,
@@ -53,6 +55,30 @@ def test_cosine_start_middle_end():
     assert cosine(0.5, 0.1) == pytest.approx(0.55, abs=1e-15)
     assert cosine(1.0, 0.1) == 0.1
     assert cosine(1.0) == 0.0
+
+
+def test_linear_decay_falls_in_a_straight_line_to_its_floor():
+    assert linear_decay(0.0) == 1.0
+    assert linear_decay(0.25) == 0.75
+    assert linear_decay(1.0) == 0.0  # linear-to-zero by default
+    assert linear_decay(0.5, 0.2) == 0.6
+    assert linear_decay(1.0, 0.2) == 0.2
+
+
+def test_linear_schedule_after_its_warmup_reaches_the_floor_at_the_end():
+    config = ScheduleConfig(name="linear", floor=0.2, warmup=0.25, min_warmup_steps=0)
+    lrs, momenta = trace(config, total_steps=8)
+    # 2 warm-up steps up to the peak, then 6 steps down to 0.2 x the peak
+    assert lrs == pytest.approx([0.0, 0.5, 1.0, 1 - 0.8 / 6, 1 - 1.6 / 6, 0.6, 1 - 3.2 / 6, 1 - 4 / 6, 0.2], abs=1e-15)
+    assert momenta is None  # like cosine, it leaves the optimizer's momentum fixed
+
+
+def test_linear_schedule_in_a_two_step_run(tiny_overrides, tmp_path):
+    two_steps = ["data.synthetic_size=32", "train.epochs=1", "schedule.min_warmup_steps=0", f"run.dir={tmp_path / 'r'}"]
+    summary = hasten.train(None, [*tiny_overrides, *two_steps, "schedule.name=linear", "schedule.floor=0.5"])
+    state = load_checkpoint(checkpoints_in(tmp_path / "r" / "checkpoints")[0])
+    assert state["scheduler"] == {"step": 2}
+    assert state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(summary["lr"] * 0.5)  # the floor, at the end
 
 
 def test_warmup_rises_linearly_to_where_the_schedule_starts():
@@ -202,7 +228,7 @@ def test_global_batch_and_scaled_lr_in_build(tiny_overrides):
         ("schedule.milestones=[0.8, 0.5]", "schedule.milestones"),
         ("optim.lr=0", "optim.lr"),
         ("optim.lr=-0.1", "optim.lr"),
-        ("schedule.name=linear", "schedule.name"),
+        ("schedule.name=triangle", "schedule.name"),
     ],
 )
 def test_bad_schedules_are_recipe_errors_naming_the_field(override, field):

@@ -40,7 +40,7 @@ def schedule_trace(recipe: Recipe) -> ScheduleTrace:
     total = optimizer_steps(recipe, train_loader)
     peak = scaled_lr(recipe.optim, global_batch(recipe))
     multipliers, momenta = trace(recipe.schedule, total, lr_scale(recipe))
-    fixed = recipe.optim.momentum if recipe.optim.name == "sgd" else recipe.optim.betas[0]
+    fixed = recipe.optim.momentum if recipe.optim.name in ("sgd", "muon") else recipe.optim.betas[0]
     return ScheduleTrace(
         lrs=[peak * m for m in multipliers],
         momenta=momenta if momenta is not None else [fixed] * len(multipliers),

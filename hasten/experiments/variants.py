@@ -27,6 +27,7 @@ ABLATIONS = [
     ("tricks.mixup", "0"),
     ("tricks.cutmix", "0"),
     ("tricks.ema", "0"),
+    ("tricks.lookahead_steps", "0"),
     ("schedule.name", "constant"),
     ("train.tta_flip", "false"),
     ("model.zero_init_residual", "false"),

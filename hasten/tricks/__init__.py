@@ -5,6 +5,7 @@ import importlib
 import pkgutil
 
 from hasten.tricks.ema import EMA, ema_update, warmup_decay
+from hasten.tricks.lookahead import Lookahead, lookahead_update
 from hasten.tricks.mixing import BatchMixing, cutmix, cutmix_box, mixup
 from hasten.tricks.no_bias_decay import NoBiasDecay, param_groups
 from hasten.tricks.soft_targets import LabelSmoothing, one_hot, smooth, soft_cross_entropy
@@ -21,12 +22,14 @@ __all__ = [
     "BatchMixing",
     "Context",
     "LabelSmoothing",
+    "Lookahead",
     "NoBiasDecay",
     "Technique",
     "ZeroInitResidual",
     "cutmix",
     "cutmix_box",
     "ema_update",
+    "lookahead_update",
     "mixup",
     "one_hot",
     "param_groups",

@@ -1,0 +1,166 @@
+"""Muon for convolution filters (Jordan et al., 2024, "Muon: An optimizer for hidden layers in neural networks";
+the CIFAR-10 speed record airbench94_muon.py trains its conv filters with it), beside Nesterov SGD for the rest.
+
+Muon replaces a weight matrix's momentum update by its nearest semi-orthogonal matrix, found by a few quintic
+Newton-Schulz iterations: every direction of the update moves by about the same amount. A conv filter bank
+(out, in, kh, kw) is treated as the matrix (out, in*kh*kw), as airbench does. Only the filters are orthogonalised;
+every other parameter (biases, batch-norm scales and shifts, the linear classifier head) takes a plain SGD step
+(momentum, Nesterov, L2 weight decay: torch.optim.SGD's functional form) in the same `step()`, one optimizer.
+
+The Muon step per filter bank is torch.optim.Muon's (in recent torch; 2-D parameters only) applied to the
+reshaped matrix: momentum `buf <- lerp(buf, grad, 1 - momentum)`, Nesterov `grad.lerp(buf, momentum)`, Newton-Schulz
+(torch's own function when this torch has it, else the same iteration below), decoupled weight decay
+`p <- p (1 - lr wd)`, then `p <- p - lr sqrt(max(1, rows / cols)) O`. airbench's sum-form momentum differs from
+the lerp form only by a factor (1 - momentum), which the orthogonalisation removes. airbench also rescales each
+filter bank to a fixed norm after every step; that is not done here (batch norm after a conv makes its scale moot
+for the function, not for the effective LR, so `optim.muon_lr` is tuned without it).
+
+The filter groups' LR is `optim.muon_lr`, not scaled by the batch rule: the orthogonalised update has the same
+size whatever the batch (the linear rule is about averaging gradient noise in an SGD step). The schedule drives it
+as it drives the other groups. Their momentum stays `optim.muon_momentum`: a momentum schedule (one-cycle, cyclic)
+cycles only the SGD groups (`fixed_momentum`): Muon's momentum sets how far back its average looks, not its step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim.sgd import sgd as sgd_step
+
+try:  # torch versions that ship torch.optim.Muon have its Newton-Schulz iteration
+    from torch.optim._muon import _zeropower_via_newtonschulz as torch_newton_schulz
+except ImportError:  # pragma: no cover - older torch: the same iteration, below
+    torch_newton_schulz = None
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan's quintic: steep at 0; singular values land in ~(0.5, 1.5)
+NS_STEPS = 5
+NS_EPS = 1e-7
+
+
+def newton_schulz(
+    matrix: Tensor,
+    steps: int = NS_STEPS,
+    coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
+    eps: float = NS_EPS,
+) -> Tensor:
+    """An approximately semi-orthogonal matrix (singular values near 1) with `matrix`'s singular vectors: `steps`
+    quintic Newton-Schulz iterations in bfloat16, as torch.optim.Muon does, on the wide orientation of `matrix`."""
+    a, b, c = coefficients
+    tall = matrix.size(0) > matrix.size(1)
+    x = matrix.bfloat16().T if tall else matrix.bfloat16()
+    x = x / x.norm().clamp(min=eps)  # spectral norm at most 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+def orthogonalize(matrix: Tensor) -> Tensor:
+    """Newton-Schulz orthogonalisation of a 2-D update: torch's function where this torch has it."""
+    if torch_newton_schulz is not None:
+        # it divides its bfloat16 copy in place, and .bfloat16() of a bfloat16 tensor is no copy
+        own = matrix.clone() if matrix.dtype == torch.bfloat16 else matrix
+        return torch_newton_schulz(own, NS_COEFFICIENTS, NS_STEPS, NS_EPS)
+    return newton_schulz(matrix)
+
+
+def muon_update(
+    param: Tensor, grad: Tensor, buffer: Tensor, lr: float, momentum: float, nesterov: bool, weight_decay: float
+) -> None:
+    """One Muon step of a 2-D `param` (in place, as are `buffer`'s momentum): torch.optim.Muon's single-tensor
+    update with its default ("original") LR adjustment."""
+    buffer.lerp_(grad, 1 - momentum)
+    update = orthogonalize(grad.lerp(buffer, momentum) if nesterov else buffer)
+    rows, cols = param.shape
+    param.mul_(1 - lr * weight_decay)
+    param.add_(update, alpha=-lr * math.sqrt(max(1, rows / cols)))
+
+
+class Muon(torch.optim.Optimizer):
+    """Groups with `orthogonalize=True` take Muon steps on their parameters seen as (out, rest) matrices; the others
+    SGD steps. `fixed_momentum=True` tells the LR schedule to leave a group's momentum alone."""
+
+    def __init__(
+        self, params: Iterable[Any], lr: float, momentum: float = 0.9, nesterov: bool = True, weight_decay: float = 0.0
+    ):
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            orthogonalize=False,
+            fixed_momentum=False,
+        )
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if group["orthogonalize"]:
+                for p in params:
+                    self._muon(p, group)
+                continue
+            buffers = [self.state[p].get("momentum_buffer") for p in params]
+            sgd_step(
+                params,
+                [p.grad for p in params],
+                buffers,
+                weight_decay=group["weight_decay"],
+                momentum=group["momentum"],
+                lr=group["lr"],
+                dampening=0.0,
+                nesterov=group["nesterov"],
+                maximize=False,
+            )
+            if group["momentum"] != 0:
+                for p, buffer in zip(params, buffers, strict=True):
+                    self.state[p]["momentum_buffer"] = buffer
+        return loss
+
+    def _muon(self, p: Tensor, group: dict[str, Any]) -> None:
+        grad = p.grad.reshape(len(p), -1)
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(grad, memory_format=torch.contiguous_format)
+        # a view where the layout allows one; channels_last filters are stepped as a copy and written back
+        matrix = p.view(len(p), -1) if p.is_contiguous() else p.reshape(len(p), -1)
+        muon_update(
+            matrix,
+            grad,
+            state["momentum_buffer"],
+            group["lr"],
+            group["momentum"],
+            group["nesterov"],
+            group["weight_decay"],
+        )
+        if matrix.data_ptr() != p.data_ptr():
+            p.copy_(matrix.view(p.shape))
+
+
+def is_filter(param: Tensor) -> bool:
+    """A convolution filter bank (out, in, kh, kw): what Muon orthogonalises."""
+    return param.ndim == 4
+
+
+def muon_groups(groups: list[dict[str, Any]], lr: float, muon_lr: float, muon_momentum: float) -> list[dict[str, Any]]:
+    """`groups` (each with its weight decay, maybe its own LR) split in two: the rest as given, first (so the
+    first group's LR, which the logs report, is still `optim.lr`'s), then the filters at `muon_lr` (times the
+    group's LR relative to `lr`) and `muon_momentum`, orthogonalised. Empty groups are dropped."""
+    rest, filters = [], []
+    for group in groups:
+        if kept := [p for p in group["params"] if not is_filter(p)]:
+            rest.append({**group, "params": kept})
+        if banks := [p for p in group["params"] if is_filter(p)]:
+            ratio = group.get("lr", lr) / lr
+            filters.append({**group, "params": banks, "lr": muon_lr * ratio, "momentum": muon_momentum,
+                            "orthogonalize": True, "fixed_momentum": True})  # fmt: skip
+    return rest + filters
