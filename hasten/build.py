@@ -309,6 +309,7 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     train_loader, test_loader = loaders(recipe, data, device, rank, world)
     calibrate = bn_calibration(train_loader, precision, recipe.tricks.ema_bn_images)  # the EMA's BN statistics
     context = Context(rank=rank, world_size=world, steps_per_epoch=steps_per_epoch(recipe, train_loader),
+                      total_steps=optimizer_steps(recipe, train_loader), image_shape=tuple(data.image_shape),
                       calibrate=calibrate)  # fmt: skip
     made = techniques(recipe, context)  # every technique the recipe turns on; each declares its hook points
     if given_model is not None:

@@ -41,6 +41,8 @@ class Context:
     rank: int = 0  # this process's rank: random streams differ per rank
     world_size: int = 1
     steps_per_epoch: int = 1  # optimizer steps per epoch (Freeze counts epochs in steps)
+    total_steps: int = 1  # optimizer steps in the whole run (progressive resizing's progress)
+    image_shape: tuple[int, int, int] | None = None  # (C, H, W) of the training images; None: not known
     # recomputes a model's batch-norm statistics on training batches (the EMA's average before evaluation)
     calibrate: Callable[[nn.Module], None] | None = None
 
