@@ -29,6 +29,8 @@ ABLATIONS = [
     ("tricks.ema", "0"),
     ("schedule.name", "constant"),
     ("train.tta_flip", "false"),
+    ("train.tta_translate", "0"),
+    ("train.progressive_resize", "0"),
     ("model.zero_init_residual", "false"),
     ("optim.no_bias_decay", "false"),
     ("train.compile", "false"),
