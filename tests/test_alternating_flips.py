@@ -112,6 +112,12 @@ def test_the_streamed_loader_gives_the_in_memory_batches():
             assert torch.equal(a, b) and torch.equal(ya, yb)
 
 
+class FakeMirrorInvariant:
+    """What resolve_for_data reads of a dataset, for one where mirrors keep the class."""
+
+    name, image_shape, train_labels = "fashion-mnist", (1, 28, 28), torch.zeros(64)
+
+
 def test_the_recipe_key_is_validated_and_warned_about_where_mirrors_change_the_class():
     with pytest.raises(RecipeError, match="data.augment.flip"):
         load_recipe(None, ["data.augment.flip=sometimes"])
@@ -120,10 +126,6 @@ def test_the_recipe_key_is_validated_and_warned_about_where_mirrors_change_the_c
     assert resolved.data.augment.flip == "alternate"  # asked for by name: honoured
     assert any(n.startswith("warning: alternating flips on") for n in notes)
     assert not any("alternating" in n for n in resolve_for_data(recipe, FakeMirrorInvariant())[1])
-
-
-class FakeMirrorInvariant:
-    name, image_shape, train_labels = "fashion-mnist", (1, 28, 28), torch.zeros(64)
 
 
 def test_two_step_run_uses_alternating_flips_and_records_them(tiny_overrides, tmp_path):

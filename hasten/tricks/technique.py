@@ -3,13 +3,14 @@ and when the recipe turns it on (Composer's algorithm objects, kept plain).
 
 Hook points, in the order a run meets them:
 
-- `on_model(model)`: once the model is built, before pretrained weights are loaded (zero-init).
+- `on_model(model)`: once the model is built, before pretrained weights are loaded (zero-init; progressive
+  resizing tries the model on its smallest images).
 - `param_groups(groups) -> groups`: the optimizer's parameter groups, before the optimizer is made
   (no-bias-decay).
 - `on_optimizer(model)`: once the optimizer holds the parameters, with the model as it will be trained (on its
   device, in its precision): the EMA takes its copy, Freeze freezes.
 - `on_batch(images, y_soft) -> (images, y_soft)`: before each training forward pass (label smoothing, mixup,
-  cutmix).
+  cutmix, progressive resizing).
 - `after_step(model)`: after each optimizer step that was taken (EMA, Freeze).
 - `eval_model(model) -> model`: the model evaluation sees (the EMA's average).
 
