@@ -152,8 +152,9 @@ def steps_batch(images: int, batch: int, accumulate: int, world: int, min_steps:
 
 def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: int = 1) -> tuple[Recipe, list[str]]:
     """The recipe with its data-dependent settings decided for `data`, and one note per decision for the opening
-    lines: flips and flip TTA where the dataset allows them (`auto`), and a batch small enough to leave
-    `train.min_steps_per_epoch` optimizer steps an epoch. The returned recipe is what recipe.yaml records."""
+    lines: flips and flip TTA where the dataset allows them (`auto`; alternating flips where it does not get a
+    warning), and a batch small enough to leave `train.min_steps_per_epoch` optimizer steps an epoch. A TTA shift
+    of half the image side or more is a RecipeError. The returned recipe is what recipe.yaml records."""
     resolved, notes = recipe.model_copy(deep=True), []
     allowed = mirror_invariant(data.name)
     why = f"{data.name} is mirror-invariant" if allowed else f"a mirror may change the class of {data.name} images"
@@ -161,7 +162,14 @@ def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: in
     if aug.flip == "auto":
         aug.flip = allowed
         notes.append(f"flips {'on' if allowed else 'off'} ({why}; data.augment.flip=auto)")
+    elif aug.flip == "alternate" and not allowed:  # asked for by name: honoured, but not silently
+        notes.append(f"warning: alternating flips on as asked, though {why} (data.augment.flip=alternate)")
     side = min(data.image_shape[1:])
+    if 2 * train_cfg.tta_translate >= side:
+        raise RecipeError(
+            f"train.tta_translate: {train_cfg.tta_translate} pixels is not below half the {side}-pixel side of the "
+            f"{data.name} images; use at most {(side - 1) // 2}, e.g. 2, or 0 for off"
+        )
     most = int(side * aug.translate_max_fraction)
     if aug.translate > most:
         notes.append(
@@ -327,6 +335,7 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     # the EMA's BN statistics, under the run's autocast (`precision` is decided below, after the probe)
     calibrate = bn_calibration(train_loader, lambda: precision.autocast(), recipe.tricks.ema_bn_images)
     context = Context(rank=rank, world_size=world, steps_per_epoch=steps_per_epoch(recipe, train_loader),
+                      total_steps=optimizer_steps(recipe, train_loader), image_shape=tuple(data.image_shape),
                       calibrate=calibrate,
                       train_images=lambda count: first_train_images(train_loader, count))  # fmt: skip
     made = techniques(recipe, context)  # every technique the recipe turns on; each declares its hook points
@@ -547,6 +556,7 @@ def _train_locked(
         epochs=recipe.train.epochs,
         num_classes=len(parts.data.classes),
         tta_flip=recipe.train.tta_flip,
+        tta_translate=recipe.train.tta_translate,
         thresholds=recipe.run.thresholds,
         progress=recipe.run.progress,
         accumulate=recipe.train.accumulate,

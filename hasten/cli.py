@@ -284,7 +284,7 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
     table = Table(title=f"{result['source']} on {result['data']} {result['split']} ({result['images']} images)")
     table.add_column("class")
     for name in result["results"]:
-        table.add_column(f"{name}{' (as the run)' if (name == 'flip_tta') == result['run_tta_flip'] else ''}")
+        table.add_column(f"{name}{' (as the run)' if name == result['run_setting'] else ''}")
     first = next(iter(result["results"].values()))
     rows = [key for key in first if key.endswith("accuracy") and key != "per_class_accuracy"]
     for key in rows:

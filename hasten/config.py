@@ -31,8 +31,10 @@ class Section(BaseModel):
 
 class AugmentConfig(Section):
     # random horizontal flip, per sample, on the whole batch; auto: on where the dataset is mirror-invariant
-    # (Fashion-MNIST, CIFAR), off where a mirror changes the class (digits, letters) and for unknown data
-    flip: bool | Literal["auto"] = "auto"
+    # (Fashion-MNIST, CIFAR), off where a mirror changes the class (digits, letters) and for unknown data;
+    # alternate: derandomised (airbench): random per image in epoch 1, then each epoch the opposite of the one
+    # before (honoured on any dataset, with a warning note where a mirror may change the class)
+    flip: bool | Literal["auto", "alternate"] = "auto"
     translate: Annotated[int, Field(ge=0)] = 0  # random shift of up to this many pixels (zero padding)
     # ... but never more than this fraction of the image's shorter side: 2 pixels suit 28x28 images, while an 8x8
     # digit moved 2 pixels loses a quarter of itself (digits at 2 epochs: 87.5% with it, 98.9% without)
@@ -232,6 +234,13 @@ class TrainConfig(Section):
     checkpoint_modules: list[str] | None = None
     # evaluate on the image and its mirror, averaging the logits; auto: where flips are allowed (as data.augment.flip)
     tta_flip: bool | Literal["auto"] = "auto"
+    # evaluate on the image and copies shifted diagonally by (+t, +t) and (-t, -t) pixels too (airbench's TTA: weights
+    # 1/2, 1/4, 1/4; edges filled as training's translate fills them); below half the image side. 0: off
+    tta_translate: Annotated[int, Field(ge=0)] = 0
+    # progressive resizing (Howard, fast.ai DAWNBench): training images start at this fraction of their side and
+    # grow linearly to full size by train.progressive_until of the optimizer steps; evaluation at full size. 0: off
+    progressive_resize: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    progressive_until: Annotated[float, Field(gt=0, le=1)] = 0.5  # fraction of the run's optimizer steps
     # on small datasets the batch is halved (down to 16) until an epoch has at least this many optimizer steps,
     # the LR following by optim.scaling; 0: batch_size as given (benchmarks/generalization.py measures why)
     min_steps_per_epoch: Annotated[int, Field(ge=0)] = 128

@@ -3,7 +3,8 @@
 On the run's own data it repeats the run's evaluation exactly (the same test loader, normalisation, weights
 from `evaluated_state_dict`, precision autocast and memory format), so its accuracy with the run's TTA setting
 equals summary.json's `test_accuracy`. It reports accuracy, top-k accuracy and per-class accuracy with and
-without flip test-time augmentation, and writes the confusion matrix (CSV and PNG) and evaluation.json, as
+without flip test-time augmentation (and with the run's translate TTA, `train.tta_translate`, when it used one;
+hasten/tta.py), and writes the confusion matrix (CSV and PNG) and evaluation.json, as
 timm's validate.py does for ImageNet models.
 
 Other data: `data.*` overrides (e.g. `data.name=imagefolder data.root=DIR`); its images are brought to the
@@ -26,10 +27,22 @@ from hasten.config import apply_overrides, validate
 from hasten.errors import DataError, RecipeError
 from hasten.inference import RunFacts, checkpoint_of, evaluated_state_dict, facts_from_checkpoint, network
 from hasten.runlog import write_atomic
+from hasten.tta import black_fill, tta_logits
 
 # what evaluate may change: the data, and how it runs; the model and its training are the checkpoint's
 ALLOWED_OVERRIDES = ("data.", "train.eval_batch_size=", "train.threads=", "device=")
-SETTINGS = {"plain": False, "flip_tta": True}  # result name -> flip TTA on
+SETTINGS = {"plain": (False, 0), "flip_tta": (True, 0)}  # result name -> (flip TTA, translate TTA pixels)
+
+
+def settings(tta_flip: bool, tta_translate: int) -> tuple[dict[str, tuple[bool, int]], str]:
+    """The TTA settings evaluate measures, by result name, and the name of the run's own: plain and flip always,
+    and the run's translate TTA (with its flip setting) when it had one."""
+    measured = dict(SETTINGS)
+    if tta_translate:
+        name = "flip_translate_tta" if tta_flip else "translate_tta"
+        measured[name] = (tta_flip, tta_translate)
+        return measured, name
+    return measured, "flip_tta" if tta_flip else "plain"
 
 
 def _test_loader(recipe: Any, data: Any, facts: RunFacts, device: torch.device) -> Any:
@@ -137,18 +150,19 @@ def evaluate(
     model = network(facts, evaluated_state_dict(state), str(path), prepare=precision.prepare).to(device)
     if recipe.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    logits: dict[str, list[Tensor]] = {name: [] for name in SETTINGS}
+    measured, headline = settings(facts.tta_flip, facts.tta_translate)
+    logits: dict[str, list[Tensor]] = {name: [] for name in measured}
     labels: list[Tensor] = []
+    loader = _test_loader(recipe, data, facts, device)
+    fill = black_fill(loader.mean, loader.std)  # the edge of a shifted image, as the trainer fills it
     with torch.no_grad():  # not around make_precision: its probe runs a backward pass
-        for images, batch_labels in _test_loader(recipe, data, facts, device):
+        for images, batch_labels in loader:
             with precision.autocast():  # the trainer's evaluation, op for op
-                plain = model(images).float()
-                logits["plain"].append(plain.cpu())
-                logits["flip_tta"].append(((plain + model(images.flip(3)).float()) / 2).cpu())
+                for name, (flip, translate) in measured.items():
+                    logits[name].append(tta_logits(model, images, flip, translate, fill).cpu())
             labels.append(batch_labels.cpu())
     targets = torch.cat(labels)
     results = {name: _measure(torch.cat(parts), targets, len(facts.classes), top_k) for name, parts in logits.items()}
-    headline = "flip_tta" if facts.tta_flip else "plain"
     for result in results.values():
         confusion = result["confusion"]
         per_class = confusion.diag() / confusion.sum(1).clamp_min(1)
@@ -165,6 +179,8 @@ def evaluate(
         "split": test_split,
         "images": len(targets),
         "run_tta_flip": facts.tta_flip,
+        "run_tta_translate": facts.tta_translate,
+        "run_setting": headline,  # the result computed as the run evaluated
         "accuracy": results[headline]["accuracy"],  # the run's setting: summary.json's test_accuracy on its data
         "recorded_test_accuracy": facts.test_accuracy if own_data else None,
         "classes": facts.classes,

@@ -2,14 +2,15 @@
 
 - **safetensors**: the weights `evaluated_state_dict` picks (EMA where the run evaluated it), plus metadata in
   the file's header (string keys `hasten_*`, JSON values): class names, preprocessing (Pillow mode, input size
-  and channels, resize, mean/std, and the steps in words), input shape, whether the run evaluated with flip
-  TTA, the recipe (so `hasten.load` rebuilds the model), its name, the hasten version and the test accuracy
-  the run measured with these weights. The normalisation is not in the weights: the metadata says what to do.
+  and channels, resize, mean/std, and the steps in words), input shape, the run's test-time augmentation
+  (`tta_flip`, `tta_translate`), the recipe (so `hasten.load` rebuilds the model), its name, the hasten version
+  and the test accuracy the run measured with these weights. The normalisation is not in the weights: the
+  metadata says what to do.
 - **ONNX** (`torch.onnx.export`, the torch.export-based exporter, falling back to the TorchScript one for
   models it cannot trace): a graph that takes uint8 pixels (N, C, H, W) with a dynamic batch axis, and does
-  the /255 scaling, the normalisation and (where the run used it) the flip TTA inside, so onnxruntime needs
-  only the image conversion the metadata describes (Pillow mode and resize). After writing, the file is run by
-  onnxruntime on a seeded probe batch and must match PyTorch within `ONNX_TOLERANCE`.
+  the /255 scaling, the normalisation and (where the run used them) the flip and translate TTA inside, so
+  onnxruntime needs only the image conversion the metadata describes (Pillow mode and resize). After writing,
+  the file is run by onnxruntime on a seeded probe batch and must match PyTorch within `ONNX_TOLERANCE`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from hasten.inference import (
     network,
     safetensors_facts,
 )
+from hasten.tta import black_fill, tta_logits
 
 # max |onnxruntime logits - PyTorch logits| allowed, relative to max(1, the largest |logit|): fp32 kernels
 # order their sums differently, which costs ~1e-6; 1e-4 leaves room for deeper models
@@ -64,6 +66,7 @@ def metadata(facts: RunFacts, source: Path) -> dict[str, Any]:
         "mean": list(facts.mean),
         "std": list(facts.std),
         "tta_flip": facts.tta_flip,
+        "tta_translate": facts.tta_translate,
         "recipe_name": facts.recipe.name,
         "recipe": facts.recipe.model_dump(mode="json"),
         "hasten_version": hasten.__version__,
@@ -103,21 +106,19 @@ def export_safetensors(source: str | Path, out: str | Path) -> Path:
 
 
 class PixelsToLogits(nn.Module):
-    """uint8 pixels (N, C, H, W) -> logits: the run's /255 and normalisation, the network, and the flip TTA
-    where the run evaluated with it. What the ONNX graph holds."""
+    """uint8 pixels (N, C, H, W) -> logits: the run's /255 and normalisation, the network, and the TTA the
+    run evaluated with (hasten/tta.py). What the ONNX graph holds."""
 
     def __init__(self, model: nn.Module, facts: RunFacts):
         super().__init__()
-        self.model, self.tta_flip = model, facts.tta_flip
+        self.model, self.tta_flip, self.tta_translate = model, facts.tta_flip, facts.tta_translate
         self.register_buffer("mean", torch.tensor(facts.mean).view(1, -1, 1, 1))
         self.register_buffer("std", torch.tensor(facts.std).view(1, -1, 1, 1))
+        self.register_buffer("fill", black_fill(self.mean, self.std))
 
     def forward(self, pixels: Tensor) -> Tensor:
         x = (pixels.float() / 255 - self.mean) / self.std
-        logits = self.model(x)
-        if self.tta_flip:
-            logits = (logits + self.model(x.flip(3))) / 2
-        return logits
+        return tta_logits(self.model, x, self.tta_flip, self.tta_translate, self.fill)
 
 
 def _onnx_proto(graph: nn.Module, example: Tensor) -> Any:

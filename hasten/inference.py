@@ -3,7 +3,7 @@
 What is loaded is always the model the run evaluated: with `tricks.ema` on, the EMA copy (with its own
 batch-norm statistics), read through one function, `evaluated_state_dict`. It comes with what training did to
 images (`hasten.data.preprocessing.Preprocessing`: Pillow mode, size, resize, mean/std), the class names and
-whether the run evaluated with flip test-time augmentation, so `predict` on any image file gives what the run
+the run's test-time augmentation (flip, translate), so `predict` on any image file gives what the run
 measured. As timm's `inference.py` and fastai's `load_learner`/`predict` do; evaluation is in
 `hasten.evaluation`, exports (safetensors with metadata, ONNX) in `hasten.exporting`.
 
@@ -29,6 +29,7 @@ from hasten.config import Recipe, validate
 from hasten.data.imagefolder import IMAGE_SUFFIXES
 from hasten.data.preprocessing import Preprocessing, preprocessing_for
 from hasten.errors import CheckpointError, DataError, HastenError
+from hasten.tta import black_fill, tta_logits
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # AveragedModel / DDP and torch.compile prefix every key
 PREDICT_BATCH = 256  # images per forward pass in predict
@@ -74,6 +75,10 @@ class RunFacts:
     @property
     def tta_flip(self) -> bool:
         return self.recipe.train.tta_flip
+
+    @property
+    def tta_translate(self) -> int:
+        return self.recipe.train.tta_translate
 
 
 def checkpoint_of(source: str | Path) -> tuple[Path, dict[str, Any]]:
@@ -219,23 +224,23 @@ class Predicts:
 
 class Predictor(nn.Module, Predicts):
     """A trained network with what it needs to be used: `forward` takes normalised images (B, C, H, W) and
-    returns logits, averaged with the mirrored images' when the run evaluated with flip TTA; `predict` takes
+    returns logits, averaged over the run's TTA (mirror, shifted copies: hasten/tta.py); `predict` takes
     image files or uint8 pixels and does the preprocessing. `model` is the bare network, for your own code."""
 
     def __init__(self, model: nn.Module, facts: RunFacts):
         super().__init__()
         self.model, self.facts = model.eval(), facts
-        self.classes, self.tta_flip = facts.classes, facts.tta_flip
+        self.classes, self.tta_flip, self.tta_translate = facts.classes, facts.tta_flip, facts.tta_translate
+        self.register_buffer("fill", black_fill(torch.tensor(facts.mean), torch.tensor(facts.std)), persistent=False)
         if facts.preprocessing is None:
             raise DataError(f"images of {facts.image_shape[0]} channels: predict reads only grey or RGB images")
         self.preprocessing = facts.preprocessing
         self.eval()
 
-    def forward(self, images: Tensor, tta_flip: bool | None = None) -> Tensor:
-        logits = self.model(images).float()
-        if self.tta_flip if tta_flip is None else tta_flip:
-            logits = (logits + self.model(images.flip(3)).float()) / 2
-        return logits
+    def forward(self, images: Tensor, tta_flip: bool | None = None, tta_translate: int | None = None) -> Tensor:
+        flip = self.tta_flip if tta_flip is None else tta_flip
+        translate = self.tta_translate if tta_translate is None else tta_translate
+        return tta_logits(self.model, images, flip, translate, self.fill)
 
     @torch.no_grad()
     def logits_of(self, pixels: Tensor) -> Tensor:

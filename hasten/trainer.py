@@ -55,6 +55,7 @@ from hasten.runlog import RunLog
 from hasten.schedules import Scheduler
 from hasten.step import StepResult, TrainStep, steps_per_epoch
 from hasten.tricks import Technique, soft_cross_entropy
+from hasten.tta import black_fill, tta_logits
 
 BatchHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 StepHook = Callable[[nn.Module], None]
@@ -83,6 +84,7 @@ class Plan:
     epochs: int
     num_classes: int
     tta_flip: bool = False
+    tta_translate: int = 0  # pixels: evaluation also averages diagonally shifted copies (hasten/tta.py)
     thresholds: Sequence[float] = (0.90, 0.91, 0.92, 0.93, 0.94)
     progress: bool = True
     accumulate: int = 1  # micro-batches per optimizer step (gradient accumulation)
@@ -441,11 +443,11 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), device=self.device, dtype=torch.long)
         count = 0
-        for images, labels in self.test_loader:
+        plan, loader = self.plan, self.test_loader
+        fill = black_fill(loader.mean, loader.std) if plan.tta_translate else 0.0  # what training's translate pads
+        for images, labels in loader:
             with self.precision.autocast():
-                logits = model(images).float()
-                if self.plan.tta_flip:
-                    logits = (logits + model(images.flip(3)).float()) / 2
+                logits = tta_logits(model, images, plan.tta_flip, plan.tta_translate, fill)
             loss_sum += torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
             correct += (logits.argmax(1) == labels).sum()
             count += len(labels)

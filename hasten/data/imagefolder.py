@@ -215,15 +215,15 @@ class ImageFolderLoader(ShardedEpochs):
 
     def batches(self, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
         """The batches of the current epoch from batch index `start` on (a resumed run starts mid-epoch)."""
-        order = self.indices(self.epoch).tolist()
-        self._plan.batches = [order[b * self.batch_size : (b + 1) * self.batch_size] for b in range(start, len(self))]
+        order = self.indices(self.epoch)
+        batch = self.batch_size
+        self._plan.batches = [order[b * batch : (b + 1) * batch].tolist() for b in range(start, len(self))]
         for b, item in enumerate(self._dataloader(), start):
             if isinstance(item, str):
                 raise DataError(item)
             images, labels = item
-            images = images.to(self.device, non_blocking=True)
-            if self.augment is not None:
-                images = self.augment(images, self._generator(self.epoch, b))
+            idx = order[b * batch : (b + 1) * batch]
+            images = self.augmented(images.to(self.device, non_blocking=True), idx, b)
             yield self.normalise(images), labels.to(self.device, non_blocking=True)
 
 

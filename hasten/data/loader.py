@@ -7,6 +7,12 @@ every rank; each rank takes its strided share, so every sample is seen once per 
 Augmentation draws from a generator seeded by (seed, epoch, rank, batch), so any batch can be recomputed
 exactly, which is what exact resume and rank-distinct streams need.
 
+Alternating flips (`Augment(flip="alternate")`, airbench, Keller Jordan 2024): in epoch 0 each image is mirrored
+with probability 1/2, a per-image mask drawn once from the seed alone (the same on every rank, whatever the
+batch or shard an image lands in); in epoch e it is mirrored exactly when the mask XOR (e odd) says so, so every
+two consecutive epochs show each image both ways. The mask is a function of (seed, image index, epoch): a resumed
+run and every rank recompute it exactly.
+
 What happens to the samples left over when the set does not divide by the ranks (`remainder`): "pad" repeats
 the first ones so every rank gets the same count (DistributedSampler's default), "drop" leaves them out of the
 epoch (DistributedSampler's drop_last), "split" gives each sample to exactly one rank, so shards differ by one
@@ -38,16 +44,32 @@ def translate(images: Tensor, shifts: Tensor, pad: int) -> Tensor:
     return padded.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
 
 
+def first_epoch_flips(n: int, seed: int) -> Tensor:
+    """Which of `n` images alternating flips mirror in epoch 0: each with probability 1/2, from `seed` alone."""
+    return torch.rand(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + 0xF11B)) < 0.5
+
+
+def alternating_flips(first: Tensor, epoch: int) -> Tensor:
+    """The flip mask of `epoch` given each image's epoch-0 mask `first`: the same in even epochs, inverted in odd
+    ones, so every two consecutive epochs show each image once mirrored and once not."""
+    return first ^ bool(epoch % 2)
+
+
 @dataclass(frozen=True)
 class Augment:
-    """Batched augmentation: random horizontal flip and random translation by up to `translate` pixels."""
+    """Batched augmentation: horizontal flip (True: random per image and batch; "alternate": the mask `flips`
+    the loader passes, from `alternating_flips`) and random translation by up to `translate` pixels."""
 
-    flip: bool = False
+    flip: bool | str = False
     translate: int = 0
 
-    def __call__(self, images: Tensor, generator: torch.Generator) -> Tensor:
+    def __call__(self, images: Tensor, generator: torch.Generator, flips: Tensor | None = None) -> Tensor:
         n = images.shape[0]
-        if self.flip:
+        if self.flip == "alternate":
+            if flips is None:
+                raise ValueError("alternating flips need the batch's flip mask (the loader computes it)")
+            images = flip(images, flips.to(images.device))
+        elif self.flip:
             images = flip(images, torch.rand(n, generator=generator, device=generator.device) < 0.5)
         if self.translate:
             shifts = torch.randint(
@@ -130,6 +152,7 @@ class ShardedEpochs:
         self.mean = mean.to(self.device).view(1, -1, 1, 1)
         self.std = std.to(self.device).view(1, -1, 1, 1)
         self.epoch = 0
+        self._first_flips: Tensor | None = None  # alternating flips: each image's epoch-0 mask, made when needed
 
     def batches(self, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
         raise NotImplementedError
@@ -138,6 +161,18 @@ class ShardedEpochs:
         """The augmentation stream of one batch: from (seed, epoch, rank, batch), so any batch can be redone."""
         seed = hash((self.seed, epoch, self.rank, batch)) & 0x7FFF_FFFF_FFFF_FFFF
         return torch.Generator(device=self.device).manual_seed(seed)
+
+    def augmented(self, images: Tensor, indices: Tensor, batch: int) -> Tensor:
+        """uint8 `images`, the samples `indices` of batch `batch` of the current epoch, augmented (as they are
+        when there is no augmentation)."""
+        if self.augment is None:
+            return images
+        flips = None
+        if self.augment.flip == "alternate":
+            if self._first_flips is None:
+                self._first_flips = first_epoch_flips(self.num_samples, self.seed).to(self.device)
+            flips = alternating_flips(self._first_flips[indices.to(self.device)], self.epoch)
+        return self.augment(images, self._generator(self.epoch, batch), flips)
 
     def normalise(self, images: Tensor) -> Tensor:
         x = images.float().div_(255).sub_(self.mean).div_(self.std)
@@ -210,7 +245,4 @@ class InMemoryLoader(ShardedEpochs):
         order = self.indices(self.epoch).to(self.device)
         for b in range(start, len(self)):
             idx = order[b * self.batch_size : (b + 1) * self.batch_size]
-            images = self.images[idx]
-            if self.augment is not None:
-                images = self.augment(images, self._generator(self.epoch, b))
-            yield self.normalise(images), self.labels[idx]
+            yield self.normalise(self.augmented(self.images[idx], idx, b)), self.labels[idx]

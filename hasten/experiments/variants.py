@@ -30,6 +30,8 @@ ABLATIONS = [
     ("tricks.lookahead_steps", "0"),
     ("schedule.name", "constant"),
     ("train.tta_flip", "false"),
+    ("train.tta_translate", "0"),
+    ("train.progressive_resize", "0"),
     ("model.zero_init_residual", "false"),
     ("model.whiten", "false"),
     ("model.init", "default"),

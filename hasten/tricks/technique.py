@@ -4,13 +4,14 @@ and when the recipe turns it on (Composer's algorithm objects, kept plain).
 Hook points, in the order a run meets them:
 
 - `on_model(model)`: once the model is built, before it moves to its device and precision and before pretrained
-  weights are loaded (zero-init, Dirac init, batch-norm settings, whitening).
+  weights are loaded (zero-init, Dirac init, batch-norm settings, whitening; progressive resizing tries the model
+  on its smallest images).
 - `param_groups(groups) -> groups`: the optimizer's parameter groups, before the optimizer is made
   (no-bias-decay).
 - `on_optimizer(model)`: once the optimizer holds the parameters, with the model as it will be trained (on its
   device, in its precision): the EMA takes its copy, Freeze freezes.
 - `on_batch(images, y_soft) -> (images, y_soft)`: before each training forward pass (label smoothing, mixup,
-  cutmix).
+  cutmix, progressive resizing).
 - `after_step(model)`: after each optimizer step that was taken (EMA, Freeze).
 - `eval_model(model) -> model`: the model evaluation sees (the EMA's average).
 
@@ -42,6 +43,8 @@ class Context:
     rank: int = 0  # this process's rank: random streams differ per rank
     world_size: int = 1
     steps_per_epoch: int = 1  # optimizer steps per epoch (Freeze counts epochs in steps)
+    total_steps: int = 1  # optimizer steps in the whole run (progressive resizing's progress)
+    image_shape: tuple[int, int, int] | None = None  # (C, H, W) of the training images; None: not known
     # recomputes a model's batch-norm statistics on training batches (the EMA's average before evaluation)
     calibrate: Callable[[nn.Module], None] | None = None
     # the first N training images, normalised as the loader does, not augmented: float (N, C, H, W) (whitening)
