@@ -211,7 +211,16 @@ def _describe(variant: Mapping[str, Any], results: Mapping[str, Any]) -> str:
             f"no augmentation, same model and data, {variant['epochs']} epochs"
         )
     changes = " ".join(f"`{o}`" for o in variant["overrides"]) or f"the recipe `{results['name']}` as is"
-    return f"{changes} ({variant['precision']}, {variant['epochs']} epochs)"
+    precision = variant["precision"]
+    if precision == "auto" or any(run.get("summary", {}).get("channels_last") is not None for run in variant["runs"]):
+        # what precision/channels_last=auto chose in each run (the probe decides per run, on the machine)
+        taken = sorted({_layout(run["summary"]) for run in variant["runs"] if "summary" in run})
+        precision = "; ".join(taken) or precision
+    return f"{changes} ({precision}, {variant['epochs']} epochs)"
+
+
+def _layout(summary: Mapping[str, Any]) -> str:
+    return f"{summary.get('precision')}{', channels_last' if summary.get('channels_last') else ''}"
 
 
 def bench_markdown(results: Mapping[str, Any]) -> str:
@@ -241,8 +250,9 @@ def bench_markdown(results: Mapping[str, Any]) -> str:
         "",
         bench_table(results),
         "",
-        "Times are training seconds (evaluation excluded) until the test accuracy, checked after every epoch, "
-        "first reached the threshold: the median over repeats, where a run that never reached it counts as "
+        "Times are training seconds (evaluation excluded) until the test accuracy, checked after every epoch "
+        "(and every train.eval_every_steps optimizer steps where a recipe sets it), first reached the threshold: "
+        "the median over repeats, where a run that never reached it counts as "
         f"slowest; {DASH}: not reached by most runs. (Nx): speed-up over the naive loop. images/s: training "
         "images per training second. Peak memory: CUDA allocator peak on a GPU, the process's resident "
         "high-water mark on a CPU (data, model and interpreter included); step memory: the tensors of one "
@@ -280,7 +290,7 @@ def write_bench_report(results: Mapping[str, Any], out: str | Path) -> list[Path
             out / PLOTS["accuracy"],
             xlabel="training time (s; evaluation excluded)",
             ylabel="test accuracy",
-            title=f"{results['name']}: test accuracy after each epoch (dotted: thresholds)",
+            title=f"{results['name']}: test accuracy at each evaluation (dotted: thresholds)",
             hlines=thresholds,
         ),
         plot_bars(
