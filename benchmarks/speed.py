@@ -1,0 +1,183 @@
+"""Issue 18's measurements: time to 91/93/94%, every speed technique's ablation, `auto` against the fixed choices,
+the default net's arithmetic efficiency by width, and the headline accuracies over seeds; then
+docs/results/speed.md from whatever stages have results.
+
+Each stage is one `hasten bench` run (variants interleaved, order rotated per repeat, a warm-up first, each run
+in its own process), so every ratio it reports is measured side by side in one sitting:
+
+    .venv/bin/python benchmarks/speed.py headline   # today's recipes beside the ones they replace (3 repeats)
+    .venv/bin/python benchmarks/speed.py ablations  # each technique on and off over the default recipe
+    .venv/bin/python benchmarks/speed.py auto       # precision/channels_last: auto beside every fixed choice
+    .venv/bin/python benchmarks/speed.py widths     # the default net's share of the bf16 matmul peak by width
+    .venv/bin/python benchmarks/speed.py seeds      # headline accuracies over 5 seeds
+    .venv/bin/python benchmarks/speed.py report     # docs/results/speed.md from the stages' results
+
+Results go to bench/speed/<stage>/ (report.md, results.json, plots); `--repeats N` and `--seeds N` shorten a
+stage, `--quick` makes every stage a seconds-long smoke run (tiny subset, 1 repeat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from hasten.config import load_recipe
+from hasten.experiments.bench import Variant, bench, plan_variants
+from hasten.experiments.variants import recipe_variant
+from hasten.report import bench_table
+
+OUT = Path("bench/speed")
+DOC = Path("docs/results/speed.md")
+BASELINES = Path("benchmarks/baselines")
+HEADLINE = {  # new recipe -> the recipe it replaces (flattened copies of the shipped ones before issue 18)
+    "fashion-fast": BASELINES / "fashion-fast-before.yaml",
+    "fashion-sprint": BASELINES / "fashion-sprint-before.yaml",
+    "fashion-94": BASELINES / "fashion-94-before.yaml",
+}
+TARGETS = {"fashion-fast": ("0.93", 0.5), "fashion-94": ("0.94", 0.5), "fashion-sprint": ("0.91", 0.6)}
+# each technique of issue 18 switched against the default recipe (one change at a time); "on" where the default
+# leaves it off, "off" where the default has it
+ABLATIONS = [
+    "model.whiten=true,false",
+    "model.init=dirac",
+    "model.bn_weight=frozen,learn",
+    "model.bn_momentum=0.4",
+    "tricks.lookahead_steps=5,0",
+    "data.augment.flip=alternate,true",
+    "train.tta_translate=1,0",
+    "tricks.label_smoothing=0.0,0.1,0.2",
+    "train.progressive_resize=0.5,0",
+    "schedule.name=linear,one-cycle",
+    "optim.name=muon",
+    "model.width=32",
+    "train.batch_size=512",
+    "tricks.ema=0,0.99",
+]
+QUICK = ["data.subset=512", "data.test_subset=256", "train.epochs=1", "train.threads=1"]
+
+
+def stage_headline(repeats: int, quick: bool) -> None:
+    short = QUICK if quick else []
+    base = load_recipe(str(HEADLINE["fashion-fast"]), short)
+    also = [str(HEADLINE["fashion-sprint"]), "fashion-fast", "fashion-sprint"]
+    also += [] if quick else [str(HEADLINE["fashion-94"]), "fashion-94"]
+    variants = [Variant(base.name)] + [recipe_variant(base, load_recipe(source, short)) for source in also]
+    bench(base, variants, repeats, OUT / "headline", command=" ".join(sys.argv))
+
+
+def stage_ablations(repeats: int, quick: bool) -> None:
+    base = load_recipe("fashion-fast", QUICK if quick else [])
+    variants = plan_variants(base, vary=ABLATIONS, ablate=True, naive=False)
+    bench(base, variants, repeats, OUT / "ablations", command=" ".join(sys.argv))
+
+
+def stage_auto(repeats: int, quick: bool) -> None:
+    short = QUICK if quick else ["data.subset=20000", "train.epochs=1", "train.min_steps_per_epoch=0"]
+    base = load_recipe("fashion-fast", short)
+    vary = ["precision=fp32,bf16,auto", "train.channels_last=false,true,auto"]
+    variants = [v for v in plan_variants(base, vary=vary, naive=False)
+                if ("precision=auto" in v.overrides) == ("train.channels_last=auto" in v.overrides)]  # fmt: skip
+    bench(base, variants, repeats, OUT / "auto", command=" ".join(sys.argv))
+
+
+def stage_widths(repeats: int, quick: bool) -> None:
+    short = QUICK if quick else ["data.subset=20000", "train.epochs=1", "train.min_steps_per_epoch=0"]
+    base = load_recipe("fashion-fast", [*short, "precision=bf16", "tricks.ema=0"])
+    variants = plan_variants(base, vary=["model.width=16,32,64,128"], naive=False)
+    bench(base, variants, repeats, OUT / "widths", command=" ".join(sys.argv))
+
+
+def stage_seeds(seeds: int, quick: bool) -> None:
+    for name in ("fashion-sprint", "fashion-fast") if quick else ("fashion-sprint", "fashion-fast", "fashion-94"):
+        base = load_recipe(name, QUICK if quick else [])
+        variants = plan_variants(base, vary=[f"seed={','.join(map(str, range(seeds)))}"], naive=False)
+        bench(base, variants, 1, OUT / "seeds" / name, command=" ".join(sys.argv), warmup=False)
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def seed_line(results: dict[str, Any]) -> str:
+    accuracies = [run["summary"]["test_accuracy"] for v in results["variants"] for run in v["runs"] if "summary" in run]
+    times = {t: [run["summary"]["time_to_accuracy"].get(t) for v in results["variants"] for run in v["runs"]
+                 if "summary" in run] for t in results["thresholds"]}  # fmt: skip
+    mean, spread = statistics.fmean(accuracies), statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
+    reached = [f"{float(t):.0%}: {sum(s is not None for s in ss)}/{len(ss)}" for t, ss in times.items() if any(ss)]
+    return (f"| {results['name']} | {len(accuracies)} | {mean:.2%} ± {spread:.2%} | {min(accuracies):.2%}–"
+            f"{max(accuracies):.2%} | {', '.join(reached)} |")  # fmt: skip
+
+
+def targets_table(results: dict[str, Any]) -> list[str]:
+    """Time to each recipe's target accuracy, new against the recipe it replaces, as a ratio of medians."""
+    by_name = {v["name"]: v for v in results["variants"]}
+    lines = ["| recipe | target | before (median s) | now (median s) | ratio | asked | met |", "|" + " --- |" * 7]
+    for new, (threshold, asked) in TARGETS.items():
+        old = by_name.get(f"{new}-before")
+        if new not in by_name or old is None:
+            continue
+        before, now = (v["stats"]["time_to_accuracy"].get(threshold) for v in (old, by_name[new]))
+        b, n = (s["median"] if s else None for s in (before, now))
+        ratio = n / b if b and n else None
+        shown = [f"{b:.1f}" if b else "not reached", f"{n:.1f}" if n else "not reached"]
+        met = "yes" if ratio and ratio <= asked else "no"
+        shown.append(f"{ratio:.2f}x" if ratio else "—")
+        lines.append(f"| {new} | {float(threshold):.0%} | {' | '.join(shown)} | ≤ {asked}x | {met} |")
+    return lines
+
+
+def stage_report() -> None:
+    sections = [
+        "# Speed: issue 18's targets, measured",
+        "",
+        "Generated by `benchmarks/speed.py report` from the stages' results in bench/speed/ (each stage one "
+        "`hasten bench` run: variants interleaved, order rotated per repeat, after a warm-up).",
+        "",
+    ]
+    headline = _load(OUT / "headline" / "results.json")
+    if headline:
+        sections += ["## Time to accuracy against the recipes before", "", f"`{headline['command']}`", ""]
+        sections += targets_table(headline) + ["", bench_table(headline), ""]
+    for stage, title in (("ablations", "Each technique on and off (one change at a time over fashion-fast)"),
+                         ("auto", "precision/channels_last: auto beside the fixed choices"),
+                         ("widths", "The default net's arithmetic efficiency by width (bf16)")):  # fmt: skip
+        results = _load(OUT / stage / "results.json")
+        if results:
+            sections += [f"## {title}", "", f"`{results['command']}`", "", bench_table(results), ""]
+    seeds = [r for name in HEADLINE if (r := _load(OUT / "seeds" / name / "results.json"))]
+    if seeds:
+        sections += [
+            "## Headline accuracies over seeds",
+            "",
+            "| recipe | seeds | test accuracy, mean ± std | min–max | runs reaching |",
+            "|" + " --- |" * 5,
+        ]
+        sections += [seed_line(r) for r in seeds] + [""]
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    DOC.write_text("\n".join(sections))
+    print(f"written: {DOC}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=["headline", "ablations", "auto", "widths", "seeds", "report"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: tiny subset, 1 epoch, 1 repeat")
+    args = parser.parse_args(argv)
+    repeats = 1 if args.quick else args.repeats
+    if args.stage == "report":
+        stage_report()
+    elif args.stage == "seeds":
+        stage_seeds(2 if args.quick else args.seeds, args.quick)
+    else:
+        globals()[f"stage_{args.stage}"](repeats, args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
