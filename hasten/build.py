@@ -153,8 +153,9 @@ def steps_batch(images: int, batch: int, accumulate: int, world: int, min_steps:
 def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: int = 1) -> tuple[Recipe, list[str]]:
     """The recipe with its data-dependent settings decided for `data`, and one note per decision for the opening
     lines: flips and flip TTA where the dataset allows them (`auto`; alternating flips where it does not get a
-    warning), and a batch small enough to leave `train.min_steps_per_epoch` optimizer steps an epoch. A TTA shift
-    of half the image side or more is a RecipeError. The returned recipe is what recipe.yaml records."""
+    warning), training and TTA shifts of at most `data.augment.translate_max_fraction` of the image side, and a batch
+    small enough to leave `train.min_steps_per_epoch` optimizer steps an epoch. A TTA shift of half the image side
+    or more is a RecipeError. The returned recipe is what recipe.yaml records."""
     resolved, notes = recipe.model_copy(deep=True), []
     allowed = mirror_invariant(data.name)
     why = f"{data.name} is mirror-invariant" if allowed else f"a mirror may change the class of {data.name} images"
@@ -177,6 +178,12 @@ def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: in
             "images (data.augment.translate_max_fraction)"
         )
         aug.translate = most
+    if train_cfg.tta_translate > most:  # shifts the size of those the training never showed (8x8 digits: none)
+        notes.append(
+            f"TTA shift {train_cfg.tta_translate} -> {most} pixels: at most {aug.translate_max_fraction:g} of the "
+            f"{side}-pixel images, as the training shifts (data.augment.translate_max_fraction)"
+        )
+        train_cfg.tta_translate = most
     if train_cfg.tta_flip == "auto":
         train_cfg.tta_flip = allowed
         if allowed:

@@ -62,11 +62,13 @@ def test_an_explicit_flip_setting_is_kept():
 
 @pytest.mark.parametrize("side, kept", [(28, 2), (32, 2), (16, 1), (8, 0)])
 def test_translation_is_at_most_a_tenth_of_the_image(side, kept):
-    recipe = load_recipe(None, ["data.augment.translate=2"])
+    recipe = load_recipe(None, ["data.augment.translate=2", "train.tta_translate=2"])
     data = type("Data", (), {"name": "x", "train_labels": torch.zeros(60000), "image_shape": (1, side, side)})()
     resolved, notes = resolve_for_data(recipe, data)
     assert resolved.data.augment.translate == kept
     assert any("translate 2 ->" in note for note in notes) == (kept < 2)
+    assert resolved.train.tta_translate == kept  # TTA shifts no larger than the training ones (8x8 digits: none)
+    assert any("TTA shift 2 ->" in note for note in notes) == (kept < 2)
 
 
 def test_the_batch_shrinks_until_an_epoch_has_enough_steps():
