@@ -141,6 +141,16 @@ def run_one(recipe_name: str, variant: str, overrides: list[str], epochs: int, r
     return result | {key: summary.get(key) for key in keep} | {"warnings": summary.get("warnings", [])}
 
 
+def naive_view(resolved: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What of a resolved recipe the naive loop uses (its data, model, seed, budget): a naive cell runs again only
+    when that changes, not when the recipe's own training settings do (hasten/experiments/naive.py)."""
+    if not resolved:
+        return None
+    model = {k: resolved["model"].get(k) for k in ("name", "width", "blocks", "layers", "widths", "target", "args")}
+    train = {k: resolved["train"].get(k) for k in ("epochs", "eval_batch_size", "threads")}
+    return {"data": resolved["data"], "model": model, "train": train, "seed": resolved["seed"]}
+
+
 def run_cells(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     """Every (dataset, budget, variant, seed) run, from the cache where its overrides match."""
     recipe_epochs = load_recipe(args.recipe, args.overrides).train.epochs
@@ -161,7 +171,9 @@ def run_cells(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                     resolved = load_recipe(args.recipe, overrides).model_dump(mode="json")
                     if cache.is_file() and not args.fresh:
                         cached = json.loads(cache.read_text())
-                        if cached.get("resolved") == resolved or args.report_only:
+                        same = (naive_view(cached.get("resolved")) == naive_view(resolved) if variant == "naive"
+                                else cached.get("resolved") == resolved)  # fmt: skip
+                        if same or args.report_only:
                             runs.append(cached)
                             continue
                     if args.report_only:

@@ -49,6 +49,13 @@ PLAIN_TRAINING = [
     "tricks.mixup=0",
     "tricks.cutmix=0",
     "tricks.ema=0",
+    # issue 18's techniques, off: a plain baseline has none of them whatever the recipe turns on
+    "model.whiten=false",
+    "model.init=default",
+    "model.bn_weight=learn",
+    "tricks.lookahead_steps=0",
+    "train.tta_translate=0",
+    "train.progressive_resize=0",
 ]
 
 # what the naive loop does, written as recipe overrides so its saved recipe.yaml says so
