@@ -6,7 +6,10 @@ with AMX the same net is ~1.4x faster in bf16 than in fp32 and channels_last is 
 channels_last both win for convolutions. So before training, a probe times the run's own training step
 (hasten.step.TrainStep: the user's model, a real batch, the run's loss) on a copy of the model, for each candidate
 setting, interleaved over a few rounds so drift of a shared machine hits every candidate alike, and keeps the
-fastest per-step time (the minimum over rounds: noise only ever adds time).
+fastest per-step time (the minimum over rounds: noise only ever adds time). Candidates within TIE (5%) of the
+fastest count as tied and the first in a fixed order wins (fp32 before bf16, contiguous before channels_last), so
+two runs on one machine choose alike unless a candidate really is faster: what is not worth 5% is not worth the
+16-bit rounding or a second layout.
 
 Numerically safe: fp16 (no fast CPU kernels, and it needs loss scaling) is a candidate only on a GPU without
 bf16; a 16-bit candidate whose loss on the probe batch is not finite, or differs from fp32's by more than
@@ -31,6 +34,7 @@ from hasten.step import TrainStep
 
 ROUNDS = 4  # timed steps per candidate, interleaved: the minimum over them is kept
 MAX_PROBE_SECONDS = 8.0  # after two rounds, stop early once the probe has taken this long
+TIE = 0.05  # candidates within this fraction of the fastest count as tied: the first of them in `candidates` order wins
 LOSS_TOLERANCE = 0.05  # largest |16-bit loss - fp32 loss| on the probe batch, relative to the fp32 loss (and 0.05)
 
 
@@ -95,7 +99,8 @@ def probe(
             copy_ = copy_.to(memory_format=torch.channels_last)
         precision = make_precision(option.precision, device)
         copy_ = precision.prepare(copy_).train()
-        optimizer = torch.optim.SGD([p for p in copy_.parameters() if p.requires_grad], lr=0.0, momentum=0.9)
+        trainable = [{"params": [p for p in copy_.parameters() if p.requires_grad]}]
+        optimizer = torch.optim.SGD(precision.optimizer_groups(trainable), lr=0.0, momentum=0.9)  # fp16-master: masters
         kwargs = {"loss": loss_fn} if loss_fn is not None else {}
         steps[option] = TrainStep(copy_, optimizer, precision, num_classes, **kwargs)
     layout = {False: images.contiguous(), True: images.contiguous(memory_format=torch.channels_last)}
@@ -116,7 +121,8 @@ def probe(
             dropped = _unsafe(losses)
     totals = all_reduce_sum([best[o] if o not in dropped else 0.0 for o in options], device)
     seconds = {o: (t if o not in dropped else math.inf) for o, t in zip(options, totals, strict=True)}
-    choice = min(options, key=lambda o: seconds[o])
+    fastest = min(seconds.values())
+    choice = next(o for o in options if seconds[o] <= fastest * (1 + TIE))  # near-ties: the same choice every run
     return Probe(seconds, choice, dropped)
 
 

@@ -283,8 +283,10 @@ def _at(made: list[Technique], point: str) -> list[Technique]:
 def optimizer(config: OptimConfig, groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
     if config.name == "muon":  # the filters orthogonalised at optim.muon_lr, the rest Nesterov SGD at `lr`
         split = muon_groups(groups, lr, config.muon_lr, config.muon_momentum)
-        if not any(group.get("orthogonalize") for group in split):
-            raise RecipeError("optim.name: muon orthogonalises convolution filters, and this model has none; use sgd")
+        if not any(group.get("orthogonalize") for group in split) and distributed.is_main():
+            # a user's MLP, or every filter frozen (model.whiten): all of it is the Nesterov SGD part, said so
+            print("optim.name=muon: the model has no trainable convolution filters; every parameter takes "
+                  "Nesterov SGD at optim.lr", file=sys.stderr)  # fmt: skip
         return Muon(split, lr=lr, momentum=config.momentum, nesterov=config.nesterov and config.momentum > 0)
     if config.name == "sgd":
         return torch.optim.SGD(
@@ -360,7 +362,8 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
         recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)
     if recipe.train.checkpoint_activations or recipe.train.checkpoint_modules:
         model = checkpoint_activations(model, recipe.train.checkpoint_modules)
-    recipe, machine_keys = choose_on_machine(recipe, model, (train_loader, test_loader), len(data.classes))
+    resumed = resumed_choices(recipe)  # a resume continues with what its run chose: exact, as resumes are
+    recipe, machine_keys = choose_on_machine(recipe, model, (train_loader, test_loader), len(data.classes), resumed)
     precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)
     if recipe.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -407,17 +410,39 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     return parts
 
 
+def resumed_choices(recipe: Recipe) -> dict[str, Any]:
+    """What the run being resumed (resume=PATH or auto, an elastic restart) chose for the keys this recipe leaves to
+    the machine, from its checkpoint's recipe; {} when nothing is resumed or nothing is `auto`."""
+    if "auto" not in (recipe.precision, recipe.train.channels_last):
+        return {}
+    found = resume_from(recipe, run_dir(recipe) / "checkpoints", announce=False)
+    saved = found[1].get("recipe") if found else None
+    if not isinstance(saved, dict):
+        return {}
+    layout = saved.get("train", {}).get("channels_last") if isinstance(saved.get("train"), dict) else None
+    chosen = {"precision": saved.get("precision"), "train.channels_last": layout}
+    valid = {"precision": {"fp32", "bf16", "fp16", "fp16-master"}, "train.channels_last": {True, False}}
+    return {key: value for key, value in chosen.items() if value in valid[key]}
+
+
 def choose_on_machine(
-    recipe: Recipe, model: nn.Module, loaders: tuple[Any, Any], num_classes: int
+    recipe: Recipe, model: nn.Module, loaders: tuple[Any, Any], num_classes: int, resumed: dict[str, Any] | None = None
 ) -> tuple[Recipe, tuple[str, ...]]:
     """`precision: auto` and `train.channels_last: auto` decided by timing the training step on this machine
-    (hasten/autotune.py); the recipe returned holds the values chosen (recipe.yaml records them), the loaders
-    produce batches in the chosen memory format. The probe leaves the model and the random streams as they were."""
+    (hasten/autotune.py), or as the run being resumed decided them (`resumed`); the recipe returned holds the values
+    chosen (recipe.yaml records them), the loaders produce batches in the chosen memory format. The probe leaves the
+    model and the random streams as they were."""
     settings = {"precision": recipe.precision, "train.channels_last": recipe.train.channels_last}
     asked = [key for key, value in settings.items() if value == "auto"]
     if not asked:
         return recipe, ()
-    options = autotune.candidates(recipe.precision, recipe.train.channels_last, next(model.parameters()).device)
+    kept = {key: (resumed or {})[key] for key in asked if key in (resumed or {})}
+    if kept and distributed.is_main():
+        print(f"{', '.join(f'{k}=auto -> {v}' for k, v in kept.items())}, as the run being resumed chose",
+              file=sys.stderr)  # fmt: skip
+    precision = kept.get("precision", recipe.precision)
+    layout = kept.get("train.channels_last", recipe.train.channels_last)
+    options = autotune.candidates(precision, layout, next(model.parameters()).device)
     choice = options[0]
     if len(options) > 1:
         device = next(model.parameters()).device
@@ -426,7 +451,7 @@ def choose_on_machine(
             result = autotune.probe(model, (images.contiguous(), labels), num_classes, options)
         choice = result.choice
         if distributed.is_main():
-            autotune.announce(result, len(labels), asked)
+            autotune.announce(result, len(labels), [key for key in asked if key not in kept])
     recipe = recipe.model_copy(deep=True)
     recipe.precision, recipe.train.channels_last = choice.precision, choice.channels_last
     for loader in loaders:
@@ -464,7 +489,7 @@ def trainer_for(parts: Parts, plan: Plan, log: RunLog, saving: Saving | None = N
     )
 
 
-def resume_from(recipe: Recipe, folder: Path) -> tuple[Path, dict[str, Any]] | None:
+def resume_from(recipe: Recipe, folder: Path, announce: bool = True) -> tuple[Path, dict[str, Any]] | None:
     """The checkpoint to continue from: `resume=PATH`, or with `resume=auto` (and after an elastic restart by
     torchrun) the newest complete one in the run's checkpoints folder; None to start afresh. With several
     processes rank 0 chooses and the others load the file it chose."""
@@ -487,7 +512,7 @@ def resume_from(recipe: Recipe, folder: Path) -> tuple[Path, dict[str, Any]] | N
     if error:
         raise CheckpointError(error)
     if chosen is None:
-        if distributed.is_main():
+        if distributed.is_main() and announce:
             print(f"resume=auto: no checkpoint in {folder} yet; starting afresh", file=sys.stderr)
         return None
     return found if found is not None else (chosen, load_checkpoint(chosen, require_digest=True))

@@ -69,6 +69,9 @@ def test_probe_takes_the_fastest_and_drops_a_16_bit_mode_whose_loss_strays(monke
     assert set(result.dropped) == {options[2], options[3]} and all(math.isinf(result.seconds[o]) for o in options[2:])
     _fake_timings(monkeypatch, seconds, losses={"fp32": 2.3, "bf16": float("nan")})
     assert autotune.probe(_net(), batch, 3, options).choice == Candidate("fp32", True)
+    near_tie = {options[0]: 1.04, options[1]: 1.0, options[2]: 1.2, options[3]: 1.3}  # within 5%: the first wins
+    _fake_timings(monkeypatch, near_tie)
+    assert autotune.probe(_net(), batch, 3, options).choice == Candidate("fp32", False)
 
 
 def test_probe_leaves_the_model_as_it_was():
@@ -94,20 +97,26 @@ def test_auto_run_records_the_choice_and_trains_as_that_fixed_choice_would(tiny_
     assert auto["train_loss"] == fixed["train_loss"] and auto["test_accuracy"] == fixed["test_accuracy"]
 
 
-def test_resume_where_the_probe_now_chooses_otherwise(tiny_overrides, tmp_path, monkeypatch):
+def test_a_resume_keeps_what_the_resumed_run_chose(tiny_overrides, tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     hasten.train(None, [*tiny_overrides, "precision=bf16", "train.epochs=1", f"run.dir={run}"])
     first = checkpoints_in(run / "checkpoints")[0]
+    probed = []
 
-    def slow_bf16(model, batch, num_classes, options, loss_fn=None):
+    def slow_bf16(model, batch, num_classes, options, loss_fn=None):  # a probe that would now choose fp32
+        probed.append(options)
         seconds = {o: (2.0 if o.precision == "bf16" else 1.0) for o in options}
         return autotune.Probe(seconds, min(options, key=seconds.get), {})
 
     monkeypatch.setattr(autotune, "probe", slow_bf16)
     summary = hasten.train(None, [*tiny_overrides, "precision=auto", "train.epochs=2", f"run.dir={run}",
                                   f"resume={first}", "resume.allow_changes=[train.epochs]"])  # fmt: skip
-    assert summary["epochs"] == 2
-    assert yaml.safe_load((run / "recipe.yaml").read_text())["precision"] == "fp32"
+    assert summary["epochs"] == 2 and summary["precision"] == "bf16"  # the checkpoint's choice: an exact resume
+    assert "precision=auto -> bf16, as the run being resumed chose" in capsys.readouterr().err
+    assert all(len({o.precision for o in options}) == 1 for options in probed)  # precision was not probed again
+    assert yaml.safe_load((run / "recipe.yaml").read_text())["precision"] == "bf16"
+    fresh = hasten.train(None, [*tiny_overrides, "precision=auto", f"run.dir={tmp_path / 'fresh'}"])
+    assert fresh["precision"] == "fp32"  # no resume: the probe decides
 
 
 def test_auto_is_validated_like_the_fixed_values(tiny_overrides):

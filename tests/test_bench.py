@@ -111,7 +111,7 @@ def test_cli_bench_exits_2_when_a_run_failed(tmp_path, capsys):
 
 
 def test_plan_variants_grid_ablation_and_naive():
-    recipe = load_recipe("fashion-fast")
+    recipe = load_recipe("fashion-fast", ["precision=bf16", "train.channels_last=true"])  # fixed, not auto
     grid = plan_variants(recipe, ["precision=fp32,bf16", "train.channels_last=false,true"], naive=False)
     assert [v.overrides for v in grid] == [
         ("precision=fp32", "train.channels_last=false"),

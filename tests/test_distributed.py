@@ -33,6 +33,7 @@ TIMEOUT = 180  # seconds: a hung job fails the test instead of the suite
 SEQUENTIAL = "model.layers=[{conv: {out: 8, kernel: 3, padding: 1}}, relu, {maxpool: 2}, flatten, {dense: classes}]"
 BASE = [  # over the default recipe (fashion-fast): fp32, a small sequential model, synthetic data
     "precision=fp32",
+    "train.channels_last=false",  # fixed: the ranks' probe could choose otherwise than one process's
     "data.name=synthetic",
     "data.synthetic_size=404",  # a quarter of it is the test set: 101, odd, so the ranks' test splits differ
     "data.subset=192",

@@ -155,7 +155,15 @@ def test_bad_values_are_recipe_errors_naming_the_field(overrides, field):
         load_recipe("fashion-fast", overrides)
 
 
-def test_a_model_without_filters_is_refused_naming_optim_name(tiny_overrides):
+def test_a_model_without_filters_trains_all_of_it_by_nesterov_sgd(tiny_overrides, capsys):
+    """The default recipe's optimizer on a user's MLP: nothing to orthogonalise, so every parameter is the SGD part."""
     dense = ["model.name=sequential", "model.layers=[flatten, {dense: classes}]", "optim.name=muon"]
-    with pytest.raises(RecipeError, match="optim.name: muon .* has none"):
-        build(load_recipe("fashion-fast", [*tiny_overrides, "data.synthetic_size=32", *dense]))
+    parts = build(load_recipe("fashion-fast", [*tiny_overrides, "data.synthetic_size=32", *dense]))
+    assert "no trainable convolution filters" in capsys.readouterr().err
+    assert not any(group.get("orthogonalize") for group in parts.optimizer.param_groups)
+    before = [p.detach().clone() for p in parts.model.parameters()]
+    images, labels = next(iter(parts.train_loader))
+    loss = torch.nn.functional.cross_entropy(parts.model(images), labels)
+    loss.backward()
+    parts.optimizer.step()
+    assert all(not torch.equal(a, b) for a, b in zip(before, parts.model.parameters(), strict=True))

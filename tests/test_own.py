@@ -287,7 +287,8 @@ if __name__ == "__main__":
 def test_a_users_script_under_two_processes_matches_one(tmp_path):
     script = tmp_path / "user_script.py"
     script.write_text(textwrap.dedent(USER_SCRIPT))
-    base = [*QUIET, "precision=fp32", "train.min_steps_per_epoch=0", "tricks.ema=0", "tricks.label_smoothing=0",
+    base = [*QUIET, "precision=fp32", "train.channels_last=false",
+            "train.min_steps_per_epoch=0", "tricks.ema=0", "tricks.label_smoothing=0",
             "data.augment.flip=false", "data.augment.translate=0", "optim.lr=0.05", "optim.base_batch=32",
             "train.eval_batch_size=32"]  # fmt: skip
     one, two = tmp_path / "one", tmp_path / "two"

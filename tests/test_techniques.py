@@ -109,6 +109,10 @@ def test_zero_init_zeroes_the_last_gamma_of_each_residual_block(tiny_overrides):
 
 
 def test_no_bias_decay_splits_the_built_optimizers_groups(tiny_overrides):
+    muon = built(tiny_overrides, "optim.no_bias_decay=true", "optim.weight_decay=0.001", "optim.name=muon")
+    for group in muon.optimizer.param_groups:  # the filters' Muon groups and the SGD ones alike
+        assert group["weight_decay"] == (0.001 if all(p.ndim > 1 for p in group["params"]) else 0.0)
+    tiny_overrides = [*tiny_overrides, "optim.name=sgd"]
     parts = built(tiny_overrides, "optim.no_bias_decay=true", "optim.weight_decay=0.001")
     decayed, undecayed = parts.optimizer.param_groups
     assert decayed["weight_decay"] == 0.001 and undecayed["weight_decay"] == 0.0
