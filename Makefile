@@ -35,7 +35,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check hasten tests benchmarks
 
 # every benchmark, one after another (each measures its variants side by side in one run); on 2 CPU cores this
-# takes about an hour. Each script's docstring says what it measures; results land in bench/.
+# takes several hours (benchmarks/speed.py alone about two). Each script's docstring says what it measures;
+# results land in bench/.
 bench: data
 	$(BIN)/python benchmarks/precision.py
 	$(BIN)/python benchmarks/tricks.py
@@ -44,6 +45,13 @@ bench: data
 	$(BIN)/python benchmarks/distributed.py
 	$(BIN)/hasten bench fashion-fast --repeats 3
 	$(BIN)/python benchmarks/generalization.py
+	$(BIN)/python benchmarks/speed.py headline
+	$(BIN)/python benchmarks/speed.py headline94 --repeats 1
+	$(BIN)/python benchmarks/speed.py auto
+	$(BIN)/python benchmarks/speed.py widths
+	$(BIN)/python benchmarks/speed.py ablations --repeats 1
+	$(BIN)/python benchmarks/speed.py seeds
+	$(BIN)/python benchmarks/speed.py report
 
 # hasten beside PyTorch Lightning on the same recipe (benchmarks/peers/); the extra is installed only here, with
 # the torch already in the venv named as a requirement so pip keeps it. PEERS_ARGS, e.g. "--repeats 1", is passed on
