@@ -53,12 +53,13 @@ ABLATIONS = [
     "tricks.label_smoothing=0.0,0.1,0.2",
     "train.progressive_resize=0.5,0",
     "schedule.name=linear,one-cycle",
-    "optim.name=muon",
+    "optim.name=sgd",  # the default's Muon off: Nesterov SGD for the filters too
     "model.width=32",
     "train.batch_size=512",
     "tricks.ema=0,0.99",
 ]
 QUICK = ["data.subset=512", "data.test_subset=256", "train.epochs=1", "train.threads=1"]
+EXTRA: list[str] = []  # --threads N: train.threads=N for every run of the stage (set in main)
 
 
 # every headline run evaluates every EVAL_EVERY optimizer steps too (a quarter of an epoch at batch 256): the same
@@ -88,7 +89,7 @@ def stage_ablations(repeats: int, quick: bool) -> None:
     # minutes on 2 cores; accuracy differences under ~0.5 points are within a seed's spread at this budget
     short = QUICK if quick else ["data.subset=10000", "data.test_subset=5000", "train.epochs=3",
                                  "train.min_steps_per_epoch=0"]  # fmt: skip
-    base = load_recipe("fashion-fast", short)
+    base = load_recipe("fashion-fast", [*short, *EXTRA])
     variants = plan_variants(base, vary=ABLATIONS, ablate=True, naive=False)
     bench(base, variants, repeats, OUT / "ablations", command=" ".join(sys.argv))
 
@@ -96,7 +97,7 @@ def stage_ablations(repeats: int, quick: bool) -> None:
 def stage_auto(repeats: int, quick: bool) -> None:
     short = QUICK if quick else ["data.subset=10000", "data.test_subset=2000", "train.epochs=1",
                                  "train.min_steps_per_epoch=0"]  # fmt: skip
-    base = load_recipe("fashion-fast", short)
+    base = load_recipe("fashion-fast", [*short, *EXTRA])
     vary = ["precision=fp32,bf16,auto", "train.channels_last=false,true,auto"]
     variants = [v for v in plan_variants(base, vary=vary, naive=False)
                 if ("precision=auto" in v.overrides) == ("train.channels_last=auto" in v.overrides)]  # fmt: skip
@@ -106,7 +107,7 @@ def stage_auto(repeats: int, quick: bool) -> None:
 def stage_widths(repeats: int, quick: bool) -> None:
     short = QUICK if quick else ["data.subset=10000", "data.test_subset=2000", "train.epochs=1"]
     fixed = ["precision=bf16", "train.channels_last=false", "tricks.ema=0", "train.min_steps_per_epoch=0"]
-    base = load_recipe("fashion-fast", [*short, *fixed])
+    base = load_recipe("fashion-fast", [*short, *fixed, *EXTRA])
     variants = plan_variants(base, vary=["model.width=16,32,64"], naive=False)
     bench(base, variants, repeats, OUT / "widths", command=" ".join(sys.argv))
 
@@ -151,6 +152,20 @@ def targets_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def auto_lines(results: dict[str, Any]) -> list[str]:
+    """precision/channels_last: auto against the best fixed choice, in training images/s (medians)."""
+    speeds = {v["name"]: (v["stats"]["images_per_second"] or {}).get("median") for v in results["variants"]}
+    auto = next((speed for name, speed in speeds.items() if "auto" in name), None)
+    fixed = {name: speed for name, speed in speeds.items() if "auto" not in name and speed}
+    if not auto or not fixed:
+        return []
+    best = max(fixed, key=fixed.get)
+    ratio = auto / fixed[best]
+    verdict = "met" if ratio >= 0.95 else "not met"
+    return [f"auto: {auto:,.0f} images/s; the best fixed choice ({best}): {fixed[best]:,.0f}; auto/best = "
+            f"{ratio:.2f} (asked: within 5%, {verdict})", ""]  # fmt: skip
+
+
 def stage_report() -> None:
     sections = [
         "# Speed: issue 18's targets, measured",
@@ -165,11 +180,13 @@ def stage_report() -> None:
             sections += [f"## Time to accuracy against the recipes before ({stage})", "", f"`{headline['command']}`"]
             sections += ["", *targets_table(headline), "", bench_table(headline), ""]
     for stage, title in (("ablations", "Each technique on and off (one change at a time over fashion-fast)"),
+                         ("ablations-optimizer", "Muon off (the same base as the ablations, run apart)"),
                          ("auto", "precision/channels_last: auto beside the fixed choices"),
                          ("widths", "The default net's arithmetic efficiency by width (bf16)")):  # fmt: skip
         results = _load(OUT / stage / "results.json")
         if results:
             sections += [f"## {title}", "", f"`{results['command']}`", "", bench_table(results), ""]
+            sections += auto_lines(results) if stage == "auto" else []
     seeds = [r for name in HEADLINE if (r := _load(OUT / "seeds" / name / "results.json"))]
     if seeds:
         sections += [
@@ -192,8 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny subset, 1 epoch, 1 repeat")
     parser.add_argument("--recipes", default=",".join(HEADLINE), help="seeds: the recipes, comma-separated")
+    parser.add_argument("--threads", type=int, help="ablations, auto, widths: train.threads of every run")
     args = parser.parse_args(argv)
     repeats = 1 if args.quick else args.repeats
+    if args.threads:
+        EXTRA.append(f"train.threads={args.threads}")
     if args.stage == "report":
         stage_report()
     elif args.stage == "seeds":
