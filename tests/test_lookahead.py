@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from resuming import final_checkpoint, resume_into
 
 import hasten
 from hasten.build import build, trainer_for
@@ -82,12 +83,8 @@ def test_resume_mid_cycle_is_exact(tiny_overrides, tmp_path):
     middle = whole / "checkpoints" / "step-35.pt"  # 35 = 8 x 4 + 3: the slow copy is 3 steps behind
     saved = load_checkpoint(middle)["hooks"]["lookahead"]
     assert saved["taken"] == 35
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    (resumed / "metrics.csv").write_text((whole / "metrics.csv").read_text())
-    hasten.train(None, [*common, f"run.dir={resumed}", f"resume={middle}"])
-    a = load_checkpoint(checkpoints_in(whole / "checkpoints")[0])
-    b = load_checkpoint(checkpoints_in(resumed / "checkpoints")[0])
+    resumed = resume_into(tmp_path / "resumed", None, common, middle, metrics_from=whole)
+    a, b = final_checkpoint(whole), final_checkpoint(resumed)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert all(
         torch.equal(x, y) for x, y in zip(a["hooks"]["lookahead"]["slow"], b["hooks"]["lookahead"]["slow"], strict=True)

@@ -4,28 +4,18 @@ a run stopped mid-way and resumed equal to an unbroken one (the step count is ch
 
 from __future__ import annotations
 
-import csv
-
 import pytest
 import torch
+from resuming import final_weights, metrics, resume_into
 
 import hasten
 from hasten.build import build, trainer_for
-from hasten.checkpoint import checkpoints_in, load_checkpoint
+from hasten.checkpoint import load_checkpoint
 from hasten.config import load_recipe
 from hasten.errors import RecipeError
 from hasten.runlog import RunLog
 from hasten.trainer import Plan
 from hasten.tricks.progressive import progressive_side, resize_batch
-
-
-def metrics(folder) -> list[dict[str, str]]:
-    rows = csv.DictReader((folder / "metrics.csv").open())
-    return [{k: v for k, v in row.items() if "second" not in k} for row in rows]
-
-
-def final_weights(folder) -> dict[str, torch.Tensor]:
-    return load_checkpoint(checkpoints_in(folder / "checkpoints")[0])["model"]
 
 
 def test_sides_at_given_progress():
@@ -83,10 +73,7 @@ def test_resumed_mid_run_equals_an_unbroken_run(tiny_overrides, tmp_path):
     hasten.train(None, [*common, f"run.dir={whole}"])
     middle = whole / "checkpoints" / "step-10.pt"  # epoch 2 of 2, mid-epoch (8 steps per epoch)
     assert load_checkpoint(middle)["hooks"]["progressive_resize"] == {"steps": 10}
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    (resumed / "metrics.csv").write_text((whole / "metrics.csv").read_text())
-    hasten.train(None, [*common, f"run.dir={resumed}", f"resume={middle}"])
+    resumed = resume_into(tmp_path / "resumed", None, common, middle, metrics_from=whole)
     assert metrics(resumed) == metrics(whole)
     a, b = final_weights(whole), final_weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)

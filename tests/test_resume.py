@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import signal
@@ -13,21 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from resuming import final_weights, metrics, resume_into
 
 import hasten
 from hasten.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
 from hasten.cli import main
 
 TRICKY = ["data.augment.flip=true", "data.augment.translate=2", "tricks.label_smoothing=0.1", "tricks.mixup=0.4"]
-
-
-def metrics(folder: Path) -> list[dict[str, str]]:
-    rows = csv.DictReader((folder / "metrics.csv").open())
-    return [{k: v for k, v in row.items() if "second" not in k} for row in rows]
-
-
-def final_weights(folder: Path) -> dict[str, torch.Tensor]:
-    return load_checkpoint(checkpoints_in(folder / "checkpoints")[0])["model"]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -37,10 +28,7 @@ def test_resume_mid_epoch_is_exact(tiny_overrides, tmp_path, precision):
     hasten.train(None, [*common, f"run.dir={whole}"])
     middle = whole / "checkpoints" / "step-35.pt"  # epoch 2 of 2, mid-epoch (24 steps per epoch)
     assert load_checkpoint(middle)["trainer"]["batch"] not in (0, 24)
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    (resumed / "metrics.csv").write_text((whole / "metrics.csv").read_text())
-    hasten.train(None, [*common, f"run.dir={resumed}", f"resume={middle}"])
+    resumed = resume_into(tmp_path / "resumed", None, common, middle, metrics_from=whole)
     assert metrics(resumed) == metrics(whole)
     a, b = final_weights(whole), final_weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from resuming import final_weights, resume_into
 from torch import nn
 
 import hasten
 from hasten.build import build, first_train_images, trainer_for
-from hasten.checkpoint import checkpoints_in, load_checkpoint
 from hasten.config import load_recipe
 from hasten.runlog import RunLog
 from hasten.trainer import Plan
@@ -137,11 +137,8 @@ def test_a_run_with_whitening_resumed_equals_the_unbroken_run(tiny_overrides, tm
     hasten.train("fashion-fast", [*common, f"run.dir={whole}"])
     assert "whiten: true" in (whole / "recipe.yaml").read_text()
     middle = whole / "checkpoints" / "step-6.pt"  # epoch 2 of 2 (4 steps each), mid-epoch
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    (resumed / "metrics.csv").write_text((whole / "metrics.csv").read_text())
-    hasten.train("fashion-fast", [*common, f"run.dir={resumed}", f"resume={middle}"])
-    a, b = (load_checkpoint(checkpoints_in(run / "checkpoints")[0])["model"] for run in (whole, resumed))
+    resumed = resume_into(tmp_path / "resumed", "fashion-fast", common, middle, metrics_from=whole)
+    a, b = final_weights(whole), final_weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
