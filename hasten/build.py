@@ -47,6 +47,7 @@ from hasten.own import (
     streamed_loaders,
     user_objects,
 )
+from hasten.precision import MODES as PRECISION_MODES
 from hasten.precision import Precision, make_precision
 from hasten.runfolder import RunLock, check_resume_recipe, claim_fresh, recipe_changes
 from hasten.runlog import RunLog
@@ -331,8 +332,9 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
     scale = recipe.loss_scale
-    if recipe.precision != "auto":
-        make_precision(recipe.precision, device, scale.init, scale.growth_interval)  # fails before data is read
+    precision: Precision | None = None  # auto: made once the model is built and the probe has chosen
+    if recipe.precision != "auto":  # a fixed mode the device cannot run fails here, before data is read
+        precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)
     seed_everything(recipe.seed)
     given_model, given_data = model, data
     data = dataset(recipe) if data is None else load_data(recipe, data)
@@ -364,7 +366,8 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
         model = checkpoint_activations(model, recipe.train.checkpoint_modules)
     resumed = resumed_choices(recipe)  # a resume continues with what its run chose: exact, as resumes are
     recipe, machine_keys = choose_on_machine(recipe, model, (train_loader, test_loader), len(data.classes), resumed)
-    precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)
+    if precision is None:
+        precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)
     if recipe.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if recipe.train.sync_batchnorm and world > 1:  # before the optimizer and EMA see the modules; keeps the params
@@ -421,7 +424,7 @@ def resumed_choices(recipe: Recipe) -> dict[str, Any]:
         return {}
     layout = saved.get("train", {}).get("channels_last") if isinstance(saved.get("train"), dict) else None
     chosen = {"precision": saved.get("precision"), "train.channels_last": layout}
-    valid = {"precision": {"fp32", "bf16", "fp16", "fp16-master"}, "train.channels_last": {True, False}}
+    valid = {"precision": set(PRECISION_MODES), "train.channels_last": {True, False}}
     return {key: value for key, value in chosen.items() if value in valid[key]}
 
 
@@ -442,10 +445,10 @@ def choose_on_machine(
               file=sys.stderr)  # fmt: skip
     precision = kept.get("precision", recipe.precision)
     layout = kept.get("train.channels_last", recipe.train.channels_last)
-    options = autotune.candidates(precision, layout, next(model.parameters()).device)
+    device = next(model.parameters()).device
+    options = autotune.candidates(precision, layout, device)
     choice = options[0]
     if len(options) > 1:
-        device = next(model.parameters()).device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout, DataLoader seeds
             images, labels = next(iter(loaders[0]))
             result = autotune.probe(model, (images.contiguous(), labels), num_classes, options)

@@ -455,9 +455,9 @@ class Trainer:
         loss_total, correct_total, count_total = all_reduce_sum([loss_sum.item(), correct.item(), count], self.device)
         return loss_total / max(count_total, 1), correct_total / max(count_total, 1)
 
-    def record_accuracy(self, test_accuracy: float) -> None:
-        """An evaluation at the current training time: thresholds first reached, the best so far, the curve."""
-        seconds = round(self.state.train_seconds, 3)
+    def record_accuracy(self, test_accuracy: float, train_seconds: float) -> None:
+        """An evaluation after `train_seconds` of training: thresholds first reached, the best so far, the curve."""
+        seconds = round(train_seconds, 3)
         for key in self.state.time_to_accuracy:
             if self.state.time_to_accuracy[key] is None and test_accuracy >= float(key):
                 self.state.time_to_accuracy[key] = seconds
@@ -469,11 +469,8 @@ class Trainer:
         far; returns the seconds it took, which the epoch's clock leaves out."""
         _sync(self.device)
         paused = time.perf_counter()
-        saved = self.state.train_seconds
-        self.state.train_seconds += seconds_in_epoch  # the training time at this step, for the record
         test_loss, test_accuracy = self.evaluate()
-        self.record_accuracy(test_accuracy)
-        self.state.train_seconds = saved  # the epoch adds its own seconds at its end
+        self.record_accuracy(test_accuracy, self.state.train_seconds + seconds_in_epoch)  # (the epoch adds its own)
         self.log.scalar("test_accuracy_per_step", test_accuracy, self.state.step)
         self.log.scalar("test_loss_per_step", test_loss, self.state.step)
         _sync(self.device)
@@ -621,7 +618,7 @@ class Trainer:
                 row = self.train_epoch(bar)
                 test_loss, test_accuracy = self.evaluate()
                 self.check_health(row | {"test_loss": test_loss})
-                self.record_accuracy(test_accuracy)
+                self.record_accuracy(test_accuracy, self.state.train_seconds)
                 row.update(
                     epoch=self.state.epoch,
                     step=self.state.step,
