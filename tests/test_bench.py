@@ -23,9 +23,13 @@ from hasten.experiments.variants import parse_vary, split_values, variant_recipe
 OUTPUTS = ["results.csv", "results.json", "report.md", "accuracy_vs_time.png", "images_per_second.png"]
 
 
+@pytest.mark.numerics
 def test_bench_writes_every_output_with_the_naive_loop_beside_the_variants(tiny_overrides, tmp_path):
-    # optim.lr=1e-9 cannot learn: its time to 50% must be null; the other variant gets there in an epoch
-    overrides = [*tiny_overrides, "train.epochs=1", "run.thresholds=[0.5]", "run.tensorboard=false"]
+    # Nesterov SGD at optim.lr=1e-9 cannot learn (0.09 on every kernel set): its time to 60% must be null; at 0.2
+    # the run is at 0.77-0.88 after one epoch and 1.0 after two under AVX2, ATen's default kernels and oneDNN's
+    # SSE41 alike. (Muon's filters learn at any optim.lr, and one epoch's accuracy swung from 0.30 to 0.49 by
+    # kernel set: neither can make the test's margin.)
+    overrides = [*tiny_overrides, "optim.name=sgd", "train.epochs=2", "run.thresholds=[0.6]", "run.tensorboard=false"]
     recipe = load_recipe("fashion-fast", overrides)
     variants = plan_variants(recipe, ["optim.lr=0.2,1e-9"])
     assert [v.name for v in variants] == [NAIVE, "lr=0.2", "lr=1e-9"]
@@ -43,9 +47,9 @@ def test_bench_writes_every_output_with_the_naive_loop_beside_the_variants(tiny_
     naive, good, stuck = by_name[NAIVE], by_name["lr=0.2"], by_name["lr=1e-9"]
     assert naive["kind"] == "naive" and naive["epochs"] == 1 and naive["precision"] == "fp32"
     assert naive["runs"][0]["summary"]["epochs"] == 1 and len(naive["runs"][0]["curve"]) == 1
-    assert good["stats"]["time_to_accuracy"]["0.50"]["median"] is not None
-    assert stuck["stats"]["time_to_accuracy"]["0.50"]["median"] is None
-    assert stuck["runs"][0]["summary"]["time_to_accuracy"]["0.50"] is None
+    assert good["stats"]["time_to_accuracy"]["0.60"]["median"] is not None
+    assert stuck["stats"]["time_to_accuracy"]["0.60"]["median"] is None
+    assert stuck["runs"][0]["summary"]["time_to_accuracy"]["0.60"] is None
     for variant in saved["variants"]:
         run = variant["runs"][0]
         assert "error" not in run and run["flops_per_image"] > 0 and 0 < run["peak_fraction"]
@@ -57,7 +61,7 @@ def test_bench_writes_every_output_with_the_naive_loop_beside_the_variants(tiny_
 
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["variant"] for r in rows] == [NAIVE, "lr=0.2", "lr=1e-9"]
-    assert rows[2]["time_to_0.50"] == "" and rows[1]["time_to_0.50"] != ""
+    assert rows[2]["time_to_0.60"] == "" and rows[1]["time_to_0.60"] != ""
 
     report = (out / "report.md").read_text()
     assert "| variant |" in report and "![test accuracy against training time](accuracy_vs_time.png)" in report
