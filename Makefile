@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-peers bench-gan setup data clean
+.PHONY: demo test test-as lint bench bench-peers bench-gan setup data clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,14 @@ demo: data
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# the suite as another CPU runs it: CPU=avx2 (an AVX2-only CPU), avx512-bf16 (an AMD Zen 4), avx512, sse41, or
+# below (the largest kernel set under this machine's own); a cap only imitates a smaller CPU than this one
+# (tests/cpu_kernels.py). PYTEST_ARGS="-m numerics" runs the accuracy-sensitive tests alone.
+CPU ?= below
+test-as: $(STAMP)
+	@kernels=$$($(BIN)/python tests/cpu_kernels.py $(CPU)) && echo "kernels: $$kernels" && \
+	  env $$kernels $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check hasten tests benchmarks

@@ -114,6 +114,7 @@ def test_grid_png_has_the_expected_size_and_pixels(tmp_path):
     assert Image.open(tmp_path / "rgb.png").size == (5 * 32 + 6 * 2, 2 * 32 + 3 * 2)
 
 
+@pytest.mark.numerics
 def test_frechet_distance_exact_values():
     one_d = frechet_distance((np.array([0.0]), np.array([[1.0]])), (np.array([1.0]), np.array([[4.0]])))
     assert one_d == pytest.approx(1 + 1 + 4 - 2 * 2)
@@ -337,6 +338,7 @@ def test_run_warns_of_mode_collapse_and_reports_the_class_histogram(tmp_path, mo
     assert any("mode collapse" in cell for cell in cells) == collapsed
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("real_label", [1.0, 0.9])
 def test_discriminator_loss_uses_train_real_label_for_real_images_only(tmp_path, real_label):
     import copy
@@ -359,6 +361,7 @@ def test_discriminator_loss_uses_train_real_label_for_real_images_only(tmp_path,
         tiny(tmp_path, "train.real_label=0.4")
 
 
+@pytest.mark.numerics
 def test_checkpoint_quality_script_measures_every_checkpoint_like_the_run(tmp_path, capsys):
     import importlib.util
     from pathlib import Path

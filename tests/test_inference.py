@@ -96,6 +96,7 @@ def test_evaluated_weights_are_the_ema_copy_everywhere(ema_run):
     assert all(torch.equal(evaluated_state_dict(no_ema)[k], state["model"][k]) for k in evaluated)
 
 
+@pytest.mark.numerics
 def test_evaluate_prints_summary_accuracy_and_writes_confusion(ema_run, tmp_path, capsys):
     run, summary = ema_run
     assert main(["evaluate", str(run), "--out", str(tmp_path / "ev"), "--top-k", "3"]) == 0
@@ -118,6 +119,7 @@ def test_evaluate_prints_summary_accuracy_and_writes_confusion(ema_run, tmp_path
     assert (tmp_path / "ev" / "confusion.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.numerics
 def test_evaluate_equals_summary_in_bf16_with_channels_last(tmp_path):
     """The default recipe's evaluation settings (bf16 autocast, channels_last, flip TTA, EMA): still exact."""
     summary = hasten.train(None, tiny(tmp_path / "run", "tricks.ema=0.9", "train.epochs=1"))
@@ -142,6 +144,7 @@ def test_evaluate_on_other_data_uses_the_run_normalisation(ema_run, tmp_path):
     assert digits["images"] == 360 and (run / "evaluation-digits" / "confusion.csv").is_file()
 
 
+@pytest.mark.numerics
 def test_safetensors_export_carries_metadata_and_reproduces_accuracy(ema_run, tmp_path):
     run, summary = ema_run
     out = tmp_path / "model.safetensors"
@@ -168,6 +171,7 @@ def test_safetensors_export_carries_metadata_and_reproduces_accuracy(ema_run, tm
     assert accuracy(logits.argmax(1), labels) == summary["test_accuracy"]
 
 
+@pytest.mark.numerics
 def test_onnx_export_runs_in_onnxruntime_at_the_run_accuracy(ema_run, tmp_path):
     pytest.importorskip("onnx")
     onnxruntime = pytest.importorskip("onnxruntime")
@@ -202,6 +206,7 @@ def write_pngs(folder, images, labels, mode: str = "L", scale: int = 1) -> list:
     return paths
 
 
+@pytest.mark.numerics
 def test_predict_on_png_files_returns_labels_at_the_run_accuracy(ema_run, tmp_path, capsys):
     run, summary = ema_run
     images, labels = synthetic_test_set()
@@ -262,6 +267,7 @@ def test_bad_sources_exit_2_naming_the_file(ema_run, tmp_path, capsys):
         hasten.load(save_checkpoint({"model": state["model"]}, tmp_path / "plain.pt"))
 
 
+@pytest.mark.numerics
 def test_an_earlier_checkpoint_exports_the_weights_evaluated_at_its_epoch(ema_run, tmp_path):
     """A "best" or earlier checkpoint: its export carries the accuracy metrics.csv recorded for its epoch, and
     its EMA weights reproduce it."""

@@ -21,6 +21,7 @@ from hasten.optimizers import Muon, muon_groups, newton_schulz, torch_newton_sch
 needs_torch_muon = pytest.mark.skipif(torch_newton_schulz is None, reason="this torch has no torch.optim.Muon")
 
 
+@pytest.mark.numerics
 @needs_torch_muon
 @pytest.mark.parametrize("shape", [(4, 27), (27, 4), (5, 5)])
 def test_newton_schulz_is_torchs_iteration_and_nearly_orthogonal(shape):

@@ -94,6 +94,7 @@ class Lazy(torch.utils.data.Dataset):
         return quadrant_image(label, np.random.default_rng([self.seed, index])), label
 
 
+@pytest.mark.numerics
 def test_own_model_and_arrays_train_with_bf16_one_cycle_mixup_ema_and_the_run_folder_records_them(tmp_path):
     train, test = quadrants(192, 0), quadrants(64, 1)
     overrides = [*QUIET, "precision=bf16", "schedule.name=one-cycle", "tricks.mixup=0.4", "tricks.ema=0.9",

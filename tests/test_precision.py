@@ -117,6 +117,7 @@ def test_fp16_master_holds_fp32_masters_beside_fp16_weights():
     assert out.dtype == torch.float32  # fp32 in, fp32 out
 
 
+@pytest.mark.numerics
 def test_fp16_master_follows_the_fp32_trajectory():
     def losses_and_weights(mode: str) -> tuple[list[float], torch.Tensor]:
         trainer = make_trainer(mode, growth_interval=1000)

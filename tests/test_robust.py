@@ -22,6 +22,7 @@ def _default(tmp_path, *overrides: str):
     return load_recipe(None, ["run.progress=false", "run.tensorboard=false", f"run.dir={tmp_path / 'run'}", *overrides])
 
 
+@pytest.mark.numerics
 def test_default_recipe_learns_the_digits_in_three_epochs(tmp_path):
     # before: 12.8% after 10 epochs (flips on digits, batch 256 = 5 steps an epoch, an EMA of the initial weights)
     summary = train(_default(tmp_path, "data.name=digits", "train.epochs=3"))
@@ -33,6 +34,7 @@ def test_default_recipe_learns_the_digits_in_three_epochs(tmp_path):
     assert saved["test_accuracy"] == summary["test_accuracy"]
 
 
+@pytest.mark.numerics
 def test_default_recipe_learns_a_small_mirror_sensitive_set_in_one_epoch(tmp_path):
     # synthetic gratings: a mirror turns one class's angle into another's
     summary = train(_default(tmp_path, "data.name=synthetic", "data.synthetic_size=1024", "train.epochs=1"))
@@ -145,6 +147,7 @@ def test_auto_statistic_is_the_minimum_of_the_heavily_smoothed_loss():
     assert 0.1 < auto_statistic(LRFindResult(lrs, losses, losses, 0.0, "", 0.0, None, False)) < 0.5
 
 
+@pytest.mark.numerics
 def test_optim_lr_auto_picks_a_peak_and_the_run_records_it(tmp_path, capsys):
     summary = train(
         _default(tmp_path, "data.name=digits", "train.epochs=3", "optim.lr=auto", "optim.name=sgd")

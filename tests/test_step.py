@@ -39,6 +39,7 @@ def sgd_step(mode: str, clip: float | None) -> tuple[torch.Tensor, torch.Tensor,
     return after - before, torch.tensor(result.loss), norm
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("mode", ["fp32", "bf16", "fp16", "fp16-master"])
 def test_clipping_bounds_the_update_to_the_global_norm(mode):
     unclipped, _, no_norm = sgd_step(mode, None)
@@ -86,6 +87,7 @@ def test_clip_grad_norm_in_the_recipe(tiny_overrides, tmp_path):
     assert runs["0.01"]["train_loss"] != runs["null"]["train_loss"]  # the run's steps were clipped
 
 
+@pytest.mark.numerics
 def test_training_loss_per_step_in_tensorboard(tiny_overrides, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

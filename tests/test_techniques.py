@@ -73,6 +73,7 @@ def test_cutmix_pastes_a_box_of_another_image(tiny_overrides):
     assert any(torch.equal(first, patch) for patch in patches)
 
 
+@pytest.mark.numerics
 def test_label_smoothing_changes_the_loss_to_the_smoothed_one(tiny_overrides):
     losses = {}
     for eps in (0.0, 0.3):

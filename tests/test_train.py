@@ -15,6 +15,7 @@ from hasten.cli import main
 from hasten.config import load_recipe
 
 
+@pytest.mark.numerics
 def test_train_end_to_end_writes_the_run_folder(tiny_overrides, tmp_path, capsys):
     assert main(["train", "fashion-fast", *tiny_overrides]) == 0
     run = tmp_path / "run"
@@ -36,6 +37,7 @@ def test_train_end_to_end_writes_the_run_folder(tiny_overrides, tmp_path, capsys
     assert printed["test_accuracy"] == summary["test_accuracy"]
 
 
+@pytest.mark.numerics
 def test_sequential_recipe_from_layer_list(tiny_overrides, tmp_path):
     layers = "[{conv: 8}, relu, {maxpool: 2}, flatten, {dense: 32}, relu, {dense: classes}]"
     summary = hasten.train(

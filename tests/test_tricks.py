@@ -128,6 +128,7 @@ def test_ema_decay_warms_up_to_its_ceiling():
     assert warmup_decay(0.5, 8) == 0.5  # (1 + 8) / (10 + 8) reaches 0.5
 
 
+@pytest.mark.numerics
 def test_ema_after_known_updates_equals_the_hand_computed_average():
     model = nn.Sequential(nn.Linear(2, 1), nn.BatchNorm1d(1))
     decay = 0.9

@@ -65,6 +65,7 @@ def tiny(run_dir, *extra: str) -> list[str]:
             *extra]  # fmt: skip
 
 
+@pytest.mark.numerics
 def test_the_trainer_evaluates_with_the_shifted_copies(tmp_path):
     parts = build(load_recipe(None, tiny(tmp_path / "run", "train.tta_translate=2")))
     model, loader = parts.model.eval(), parts.test_loader
@@ -87,6 +88,7 @@ def translate_run(tmp_path_factory):
     return run, summary
 
 
+@pytest.mark.numerics
 def test_evaluate_reports_the_runs_translate_tta_at_its_accuracy(translate_run, tmp_path):
     run, summary = translate_run
     result = evaluate(run, out=tmp_path / "ev")
@@ -95,6 +97,7 @@ def test_evaluate_reports_the_runs_translate_tta_at_its_accuracy(translate_run, 
     assert result["accuracy"] == summary["test_accuracy"] == result["results"]["flip_translate_tta"]["accuracy"]
 
 
+@pytest.mark.numerics
 def test_predict_and_exports_apply_the_runs_translate_tta(translate_run, tmp_path):
     run, summary = translate_run
     data = load_dataset("synthetic", synthetic_size=64, seed=0)
