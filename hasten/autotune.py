@@ -62,11 +62,18 @@ class Probe:
         return f"probe (images/s of the training step): {timed}{dropped}"
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX): elsewhere oneDNN emulates it, slower than
+    fp32 on every net measured (an AVX2-only EPYC: bf16 at 10 images/s of the default net's step, fp32 at 125)."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def precision_candidates(device: torch.device) -> list[str]:
-    """The precisions worth timing on `device`: fp32 and bf16 where it runs; on a GPU without bf16, fp16."""
+    """The precisions worth timing on `device`: fp32 and bf16 where it runs natively (a CPU without bf16
+    instructions: fp32 alone, nothing to time); on a GPU without bf16, fp16."""
     if device.type == "cuda":
         return ["fp32", "bf16"] if torch.cuda.is_bf16_supported() else ["fp32", "fp16"]
-    return ["fp32", "bf16"]
+    return ["fp32", "bf16"] if cpu_has_bf16() else ["fp32"]
 
 
 def candidates(precision: str, channels_last: bool | str, device: torch.device) -> list[Candidate]:
@@ -85,6 +92,19 @@ def _timed_step(step: TrainStep, batch: tuple[Tensor, Tensor], device: torch.dev
     return time.perf_counter() - started, result.loss
 
 
+def _step_on_copy(model: nn.Module, option: Candidate, device: torch.device, num_classes: int, loss_fn=None) -> TrainStep:
+    """The run's training step on a copy of `model` in `option`'s precision and layout, at LR 0 (nothing moves)."""
+    copy_ = copy.deepcopy(model).to(device)
+    if option.channels_last:
+        copy_ = copy_.to(memory_format=torch.channels_last)
+    precision = make_precision(option.precision, device)
+    copy_ = precision.prepare(copy_).train()
+    trainable = [{"params": [p for p in copy_.parameters() if p.requires_grad]}]
+    optimizer = torch.optim.SGD(precision.optimizer_groups(trainable), lr=0.0, momentum=0.9)  # fp16-master: masters
+    kwargs = {"loss": loss_fn} if loss_fn is not None else {}
+    return TrainStep(copy_, optimizer, precision, num_classes, **kwargs)
+
+
 def probe(
     model: nn.Module, batch: tuple[Tensor, Tensor], num_classes: int, options: Sequence[Candidate], loss_fn=None
 ) -> Probe:
@@ -92,17 +112,8 @@ def probe(
     `model` itself is never touched (its weights, buffers and memory format stay as they were)."""
     images, labels = batch
     device = images.device
-    steps, losses, dropped = {}, {}, {}
-    for option in options:
-        copy_ = copy.deepcopy(model)
-        if option.channels_last:
-            copy_ = copy_.to(memory_format=torch.channels_last)
-        precision = make_precision(option.precision, device)
-        copy_ = precision.prepare(copy_).train()
-        trainable = [{"params": [p for p in copy_.parameters() if p.requires_grad]}]
-        optimizer = torch.optim.SGD(precision.optimizer_groups(trainable), lr=0.0, momentum=0.9)  # fp16-master: masters
-        kwargs = {"loss": loss_fn} if loss_fn is not None else {}
-        steps[option] = TrainStep(copy_, optimizer, precision, num_classes, **kwargs)
+    losses, dropped = {}, {}
+    steps = {option: _step_on_copy(model, option, device, num_classes, loss_fn) for option in options}
     layout = {False: images.contiguous(), True: images.contiguous(memory_format=torch.channels_last)}
     best = {option: math.inf for option in options}
     started = time.perf_counter()
@@ -142,6 +153,30 @@ def _unsafe(losses: dict[Candidate, float]) -> dict[Candidate, str]:
     if len(dropped) == len(losses):  # nothing trains: leave the choice to the run, which will say why
         return {}
     return dropped
+
+
+def time_batches(
+    model: nn.Module, batch: tuple[Tensor, Tensor], num_classes: int, option: Candidate, sizes: Sequence[int]
+) -> dict[int, float]:
+    """Seconds of one training step of a copy of `model` in `option` at each batch size of `sizes` (the first
+    images of `batch`, which holds at least the largest), interleaved over rounds, the minimum kept; under several
+    processes the ranks' times are summed, so every rank sees the same. `model` is never touched."""
+    images, labels = batch
+    device = images.device
+    if option.channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    step = _step_on_copy(model, option, device, num_classes)
+    best = {size: math.inf for size in sizes}
+    started = time.perf_counter()
+    for round_ in range(ROUNDS + 1):  # round 0 warms each size up (kernel selection, allocations)
+        for size in sizes:
+            seconds, _ = _timed_step(step, (images[:size], labels[:size]), device)
+            if round_:
+                best[size] = min(best[size], seconds)
+        if round_ >= 2 and time.perf_counter() - started > MAX_PROBE_SECONDS:
+            break
+    totals = all_reduce_sum([best[size] for size in sizes], device)
+    return dict(zip(sizes, totals, strict=True))
 
 
 def announce(result: Probe, batch: int, asked: Sequence[str]) -> None:

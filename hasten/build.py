@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import os
 import random
@@ -20,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.swa_utils import update_bn
 
-from hasten import autotune, distributed, step
+from hasten import autotune, distributed, rules, step
 from hasten.checkpoint import checkpoints_in, latest_usable, load_checkpoint, remove_stale_temporaries
 from hasten.compiling import compile_model
 from hasten.config import OptimConfig, Recipe, to_yaml
@@ -48,7 +49,7 @@ from hasten.own import (
     user_objects,
 )
 from hasten.precision import MODES as PRECISION_MODES
-from hasten.precision import Precision, make_precision
+from hasten.precision import Precision, check_precision, make_precision
 from hasten.runfolder import RunLock, check_resume_recipe, claim_fresh, recipe_changes
 from hasten.runlog import RunLog
 from hasten.schedules import Scheduler, asked_rise_steps, rise_steps, scale_lr, scheduler
@@ -140,7 +141,7 @@ def train_size(data: ImageDataset | ImageFolder | StreamedData) -> int:
     return len(data.train.labels) if isinstance(data, ImageFolder | StreamedData) else len(data.train_labels)
 
 
-MIN_AUTO_BATCH = 16  # train.min_steps_per_epoch halves the batch no further: BN statistics get noisy below
+MIN_AUTO_BATCH = rules.MIN_BATCH  # train.min_steps_per_epoch halves the batch no further
 
 
 def steps_batch(images: int, batch: int, accumulate: int, world: int, min_steps: int) -> int:
@@ -189,7 +190,7 @@ def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: in
         train_cfg.tta_flip = allowed
         if allowed:
             notes.append("flip TTA on (train.tta_flip=auto)")
-    if train_cfg.min_steps_per_epoch:
+    if train_cfg.min_steps_per_epoch and train_cfg.batch_size != "auto":  # auto: the batch rule sees the steps
         n, asked = train_size(data), train_cfg.batch_size
         batch = steps_batch(n, asked, train_cfg.accumulate, world, train_cfg.min_steps_per_epoch)
         if batch != asked:
@@ -321,6 +322,10 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     """The run's parts. `model` and `data` are the user's own (hasten/own.py: an nn.Module or a callable making
     one; arrays, a Dataset, a folder path, or (train, test[, class_names])); None: the recipe's.
 
+    Two steps: `resolve` decides every setting the recipe leaves to the data, the machine or a resumed run and
+    returns the recipe with those values in (what recipe.yaml records); `assemble` makes the objects from that
+    recipe and never changes it.
+
     Under torchrun (several processes) this joins the process group first: each rank gets its own device,
     its shard of every epoch, its own random streams for augmentation, mixing and dropout, and the model
     wrapped in DistributedDataParallel; the model starts from the same weights everywhere (DDP broadcasts
@@ -328,46 +333,86 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     env = DistEnv.from_environ()
     device = distributed.device_for(env, recipe.device)
     distributed.init(env, device)
-    rank, world = distributed.rank(), world_size()
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
-    scale = recipe.loss_scale
-    precision: Precision | None = None  # auto: made once the model is built and the probe has chosen
     if recipe.precision != "auto":  # a fixed mode the device cannot run fails here, before data is read
-        precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)
+        check_precision(recipe.precision, device)
     seed_everything(recipe.seed)
     given_model, given_data = model, data
     data = dataset(recipe) if data is None else load_data(recipe, data)
+    if given_model is not None:
+        model = own_model(recipe.model, given_model, data.image_shape, len(data.classes))
+    else:  # the recipe's: a built-in model or model.target's
+        model = build_model(recipe.model, data.image_shape, len(data.classes))
+    recipe, machine_keys = resolve(recipe, data, model, device, given_model, given_data)
+    return assemble(recipe, data, model, device, machine_keys)
+
+
+def resolve(
+    recipe: Recipe, data: Any, model: nn.Module, device: torch.device, given_model: Any = None, given_data: Any = None
+) -> tuple[Recipe, tuple[str, ...]]:
+    """Every setting the recipe leaves open, decided once: flips, shifts and TTA from the data; the user's model
+    and data recorded; precision, memory layout and batch from the machine (or as the run being resumed chose
+    them); the budget from the data. One line per decision is printed; the returned recipe holds the values and
+    the keys the machine decided (a resume may decide them again)."""
+    world = world_size()
     recipe, notes = resolve_for_data(recipe, data, world)
+    if user_objects(recipe, given_model, given_data):  # fail before anything is timed or trained
+        check_model(copy.deepcopy(model).to(device), data.image_shape, len(data.classes), device)
+        recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)
+    resumed = resumed_choices(recipe)  # a resume continues with what its run chose: exact, as resumes are
+    recipe, machine_keys, more = choose_on_machine(recipe, model, data, device, resumed)
+    notes += more
+    recipe, more = resolve_budget(recipe, data, world, resumed)
+    notes += more
     if distributed.is_main():
         for note in notes:
             print(note, file=sys.stderr)
+    return recipe, machine_keys
+
+
+def resolve_budget(
+    recipe: Recipe, data: Any, world: int, resumed: dict[str, Any] | None = None
+) -> tuple[Recipe, list[str]]:
+    """`train.epochs: auto` decided from the training set and the batch (hasten/rules.py), or as the run being
+    resumed decided it."""
+    if recipe.train.epochs != "auto":
+        return recipe, []
+    recipe = recipe.model_copy(deep=True)
+    if resumed and "train.epochs" in resumed:
+        recipe.train.epochs = resumed["train.epochs"]
+        return recipe, [f"train.epochs=auto -> {recipe.train.epochs}, as the run being resumed chose"]
+    images, batch = train_size(data), recipe.train.batch_size
+    recipe.train.epochs = rules.auto_epochs(images, batch, world, recipe.train.accumulate)
+    steps = recipe.train.epochs * -(-images // (batch * world * recipe.train.accumulate))
+    return recipe, [
+        f"train.epochs=auto -> {recipe.train.epochs}: {steps:,} optimizer steps over {images:,} images "
+        f"(at least {rules.RUN_STEPS} steps, {rules.MIN_EPOCHS}-{rules.MAX_EPOCHS} epochs)"
+    ]
+
+
+def assemble(recipe: Recipe, data: Any, model: nn.Module, device: torch.device, machine_keys: tuple[str, ...] = ()
+             ) -> Parts:  # fmt: skip
+    """The run's objects from the resolved `recipe`, which is not changed: loaders, the techniques and their hooks,
+    the model on its device, layout and precision, the optimizer and its schedule; DDP around the model."""
+    rank, world = distributed.rank(), world_size()
+    scale = recipe.loss_scale
+    precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)
     train_loader, test_loader = loaders(recipe, data, device, rank, world)
-    # the EMA's BN statistics, under the run's autocast (`precision` is decided below, after the probe)
-    calibrate = bn_calibration(train_loader, lambda: precision.autocast(), recipe.tricks.ema_bn_images)
+    # the EMA's BN statistics, under the run's autocast
+    calibrate = bn_calibration(train_loader, precision.autocast, recipe.tricks.ema_bn_images)
     context = Context(rank=rank, world_size=world, steps_per_epoch=steps_per_epoch(recipe, train_loader),
                       total_steps=optimizer_steps(recipe, train_loader), image_shape=tuple(data.image_shape),
                       calibrate=calibrate,
                       train_images=lambda count: first_train_images(train_loader, count))  # fmt: skip
     made = techniques(recipe, context)  # every technique the recipe turns on; each declares its hook points
-    if given_model is not None:
-        model = own_model(recipe.model, given_model, data.image_shape, len(data.classes))
-    else:  # the recipe's: a built-in model or model.target's
-        model = build_model(recipe.model, data.image_shape, len(data.classes))
     for technique in _at(made, "on_model"):
         technique.on_model(model)
     if recipe.model.pretrained:
         print(pretrained_from_config(model, recipe.model).describe(), file=sys.stderr)
     model = model.to(device)
-    if user_objects(recipe, given_model, given_data):  # before anything wraps it: fail before training starts
-        check_model(model, data.image_shape, len(data.classes), device)
-        recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)
     if recipe.train.checkpoint_activations or recipe.train.checkpoint_modules:
         model = checkpoint_activations(model, recipe.train.checkpoint_modules)
-    resumed = resumed_choices(recipe)  # a resume continues with what its run chose: exact, as resumes are
-    recipe, machine_keys = choose_on_machine(recipe, model, (train_loader, test_loader), len(data.classes), resumed)
-    if precision is None:
-        precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)
     if recipe.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if recipe.train.sync_batchnorm and world > 1:  # before the optimizer and EMA see the modules; keeps the params
@@ -413,53 +458,96 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     return parts
 
 
+MACHINE_KEYS = ("precision", "train.channels_last", "train.batch_size")  # decided by timing on this machine
+RESUMED_KEYS = (*MACHINE_KEYS, "train.epochs")  # what an `auto` run records and its resume keeps
+
+
+def _recorded_value(saved: dict[str, Any], key: str) -> Any:
+    node: Any = saved
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _valid_choice(key: str, value: Any) -> bool:
+    if key == "precision":
+        return value in PRECISION_MODES
+    if key == "train.channels_last":
+        return isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1  # batch, epochs
+
+
 def resumed_choices(recipe: Recipe) -> dict[str, Any]:
-    """What the run being resumed (resume=PATH or auto, an elastic restart) chose for the keys this recipe leaves to
-    the machine, from its checkpoint's recipe; {} when nothing is resumed or nothing is `auto`."""
-    if "auto" not in (recipe.precision, recipe.train.channels_last):
+    """What the run being resumed (resume=PATH or auto, an elastic restart) chose for the keys this recipe leaves
+    `auto`, from its checkpoint's recipe (values checked before use); {} when nothing is resumed or left to choose."""
+    asked = [key for key in RESUMED_KEYS if _recorded_value(recipe.model_dump(), key) == "auto"]
+    if not asked:
         return {}
     found = resume_from(recipe, run_dir(recipe) / "checkpoints", announce=False)
     saved = found[1].get("recipe") if found else None
     if not isinstance(saved, dict):
         return {}
-    layout = saved.get("train", {}).get("channels_last") if isinstance(saved.get("train"), dict) else None
-    chosen = {"precision": saved.get("precision"), "train.channels_last": layout}
-    valid = {"precision": set(PRECISION_MODES), "train.channels_last": {True, False}}
-    return {key: value for key, value in chosen.items() if value in valid[key]}
+    chosen = {key: _recorded_value(saved, key) for key in asked}
+    return {key: value for key, value in chosen.items() if _valid_choice(key, value)}
+
+
+def probe_batch(recipe: Recipe, data: Any, device: torch.device, size: int) -> tuple[Tensor, Tensor]:
+    """The first training batch of `size` images (per process), as the run's loader makes them (shuffled in the
+    run's seeded order, augmented, normalised): what the start-up probe times."""
+    trial = recipe.model_copy(deep=True)
+    trial.train.batch_size = size
+    train_loader, _ = loaders(trial, data, device, distributed.rank(), world_size())
+    images, labels = next(iter(train_loader))
+    return images.contiguous(), labels
 
 
 def choose_on_machine(
-    recipe: Recipe, model: nn.Module, loaders: tuple[Any, Any], num_classes: int, resumed: dict[str, Any] | None = None
-) -> tuple[Recipe, tuple[str, ...]]:
-    """`precision: auto` and `train.channels_last: auto` decided by timing the training step on this machine
-    (hasten/autotune.py), or as the run being resumed decided them (`resumed`); the recipe returned holds the values
-    chosen (recipe.yaml records them), the loaders produce batches in the chosen memory format. The probe leaves the
+    recipe: Recipe, model: nn.Module, data: Any, device: torch.device, resumed: dict[str, Any] | None = None
+) -> tuple[Recipe, tuple[str, ...], list[str]]:
+    """`precision`, `train.channels_last` and `train.batch_size` left `auto`, decided by timing the run's training
+    step on this machine (hasten/autotune.py; the batch by hasten/rules.py's time rule), or as the run being
+    resumed decided them (`resumed`). Returns the recipe holding the values chosen (recipe.yaml records them), the
+    keys that were `auto`, and the lines that say what was chosen. The probe times copies of `model` and leaves the
     model and the random streams as they were."""
-    settings = {"precision": recipe.precision, "train.channels_last": recipe.train.channels_last}
-    asked = [key for key, value in settings.items() if value == "auto"]
+    values = {"precision": recipe.precision, "train.channels_last": recipe.train.channels_last,
+              "train.batch_size": recipe.train.batch_size}  # fmt: skip
+    asked = [key for key, value in values.items() if value == "auto"]
     if not asked:
-        return recipe, ()
+        return recipe, (), []
     kept = {key: (resumed or {})[key] for key in asked if key in (resumed or {})}
-    if kept and distributed.is_main():
-        print(f"{', '.join(f'{k}=auto -> {v}' for k, v in kept.items())}, as the run being resumed chose",
-              file=sys.stderr)  # fmt: skip
-    precision = kept.get("precision", recipe.precision)
-    layout = kept.get("train.channels_last", recipe.train.channels_last)
-    device = next(model.parameters()).device
-    options = autotune.candidates(precision, layout, device)
+    notes = [f"{', '.join(f'{k}=auto -> {v}' for k, v in kept.items())}, as the run being resumed chose"] if kept else []
+    values |= kept
+    options = autotune.candidates(values["precision"], values["train.channels_last"], device)
+    world = world_size()
+    images, accumulate = train_size(data), recipe.train.accumulate
+    if values["train.batch_size"] == "auto":
+        epochs = recipe.train.epochs if recipe.train.epochs != "auto" else None
+        sizes = rules.batch_candidates(images, epochs, world, accumulate)
+    else:
+        sizes = [values["train.batch_size"]]
     choice = options[0]
-    if len(options) > 1:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout, DataLoader seeds
-            images, labels = next(iter(loaders[0]))
-            result = autotune.probe(model, (images.contiguous(), labels), num_classes, options)
-        choice = result.choice
-        if distributed.is_main():
-            autotune.announce(result, len(labels), [key for key in asked if key not in kept])
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout, DataLoader seeds
+        batch = probe_batch(recipe, data, device, max(sizes)) if len(options) > 1 or len(sizes) > 1 else None
+        if len(options) > 1:
+            at = min(max(sizes), rules.PROBE_BATCH)
+            result = autotune.probe(model, (batch[0][:at], batch[1][:at]), len(data.classes), options)
+            choice = result.choice
+            asked_here = [key for key in ("precision", "train.channels_last") if key in asked and key not in kept]
+            notes.append(f"{', '.join(asked_here)}=auto -> {choice}; {result.describe(at)}")
+        if len(sizes) > 1:
+            seconds = autotune.time_batches(model, batch, len(data.classes), choice, sizes)
+            values["train.batch_size"] = rules.choose_batch(seconds)
+            notes.append(rules.describe_batch_choice(seconds, values["train.batch_size"], images, world, accumulate))
+        elif values["train.batch_size"] == "auto":
+            values["train.batch_size"] = sizes[0]
+            notes.append(
+                f"train.batch_size=auto -> {sizes[0]}: the smallest batch; {images:,} training images leave no "
+                f"larger one {rules.MIN_RUN_STEPS} optimizer steps"
+            )
     recipe = recipe.model_copy(deep=True)
     recipe.precision, recipe.train.channels_last = choice.precision, choice.channels_last
-    for loader in loaders:
-        loader.channels_last = choice.channels_last
-    return recipe, tuple(asked)
+    recipe.train.batch_size = values["train.batch_size"]
+    return recipe, tuple(key for key in asked), notes
 
 
 def pick_lr(parts: Parts) -> None:

@@ -218,8 +218,10 @@ class ScheduleConfig(Section):
 
 
 class TrainConfig(Section):
-    epochs: Annotated[int, Field(ge=1)] = 5
-    batch_size: Annotated[int, Field(ge=1)] = 256
+    # auto: enough optimizer steps for the data (hasten/rules.py), decided at start and recorded
+    epochs: Annotated[int, Field(ge=1)] | Literal["auto"] = 5
+    # per process; auto: the batch of least predicted time to the result on this machine (hasten/rules.py)
+    batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = 256
     eval_batch_size: Annotated[int, Field(ge=1)] = 1024
     # also evaluate every N optimizer steps (0: only at epoch ends), so time to accuracy resolves to seconds; the
     # evaluations are excluded from training time, as the epoch-end ones are, and listed in summary.json

@@ -285,6 +285,17 @@ def _probe(name: str, device: torch.device) -> None:
         raise RecipeError(f"precision: {name} cannot run on {_describe(device)}: {first_line}") from None
 
 
+def check_precision(name: str, device: torch.device) -> None:
+    """A RecipeError naming the mode and the device when `device` cannot run precision `name` (a tiny autocast
+    op tells), so a run fails before its data is read."""
+    if name not in MODES:
+        raise RecipeError(f"precision: {name!r} is not a precision mode; choose one of {', '.join(MODES)}")
+    if name == "bf16" and device.type == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        raise RecipeError(f"precision: bf16 cannot run on {_describe(device)}: the GPU has no bfloat16 support")
+    if name != "fp32":
+        _probe(name, device)
+
+
 def make_precision(
     name: str,
     device: torch.device,
@@ -295,12 +306,7 @@ def make_precision(
 
     `init_scale` and `growth_interval` configure the dynamic loss scale of fp16 and fp16-master.
     """
-    if name not in MODES:
-        raise RecipeError(f"precision: {name!r} is not a precision mode; choose one of {', '.join(MODES)}")
-    if name == "bf16" and device.type == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
-        raise RecipeError(f"precision: bf16 cannot run on {_describe(device)}: the GPU has no bfloat16 support")
-    if name != "fp32":
-        _probe(name, device)
+    check_precision(name, device)
     if name in ("fp16", "fp16-master"):
         return MODES[name](device, init_scale=init_scale, growth_interval=growth_interval)
     return MODES[name](device)
