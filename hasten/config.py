@@ -288,6 +288,21 @@ class LossScaleConfig(Section):
     growth_interval: Annotated[int, Field(ge=1)] = 2000  # clean optimizer steps before the scale doubles
 
 
+def unsafe_folder(path: str | Path) -> str | None:
+    """Why `path` may not be a folder hasten writes a run or results into (the filesystem root, the home folder or
+    one above it: run.overwrite would move the user's files), or None."""
+    try:
+        resolved = Path(path).expanduser().resolve()
+        home = Path.home().resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+    if resolved == Path(resolved.anchor):
+        return "the filesystem root"
+    if resolved == home or resolved in home.parents:
+        return "your home folder" if resolved == home else f"a folder above your home folder ({home})"
+    return None
+
+
 class RunConfig(Section):
     dir: str | None = None  # default: runs/<recipe name>, or runs/<recipe name>-<data.name> on other data
     # a fresh run into a run.dir holding another run's files: move those into run.dir/replaced-<UTC time>/
@@ -300,6 +315,14 @@ class RunConfig(Section):
     save_every: Annotated[int, Field(ge=0)] = 1  # checkpoint every N epochs (0: not at epoch ends)
     save_every_steps: Annotated[int, Field(ge=0)] = 0  # and/or every N optimizer steps (0: off)
     keep: Annotated[int, Field(ge=1)] = 2  # newest checkpoints kept in run.dir/checkpoints (the best one too)
+
+    @field_validator("dir")
+    @classmethod
+    def _own_folder(cls, folder: str | None) -> str | None:
+        reason = unsafe_folder(folder) if folder else None
+        if reason:
+            raise ValueError(f"run.dir: {folder!r} is {reason}; a run needs a folder of its own, e.g. runs/NAME")
+        return folder
 
 
 class SweepConfig(Section):

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from hasten.data.datasets import ImageDataset
 from hasten.data.loader import Augment, ShardedEpochs, channel_stats
+from hasten.data.preprocessing import open_image
 from hasten.data.transforms import class_interleaved, first_per_class, flip_labels, noise_generator
 from hasten.errors import DataError
 
@@ -94,7 +95,7 @@ def scan_split(split: Path, classes: list[str]) -> FolderSplit:
 def decode(path: str, mode: str, size: tuple[int, int], resize: bool) -> numpy.ndarray:
     """One image file as uint8 (C, H, W) in `mode`, brought to `size` (width, height); DataError naming the file."""
     try:
-        with Image.open(path) as image:
+        with open_image(path) as image:
             if image.size != size and not resize:
                 raise DataError(
                     f"{path}: {image.size[0]}x{image.size[1]} pixels, but the folder's first training image is "
@@ -231,8 +232,10 @@ def _header(path: str) -> tuple[tuple[int, int], str]:
     """An image file's size and mode from its header (Pillow reads no pixels); DataError naming a file that is
     not an image."""
     try:
-        with Image.open(path) as image:
+        with open_image(path) as image:
             return image.size, image.mode
+    except DataError:
+        raise
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise DataError(f"{path}: cannot decode as an image ({type(exc).__name__}: {exc})") from None
 

@@ -33,10 +33,11 @@ from hasten.checkpoint import load_checkpoint, read_weights
 from hasten.config import ModelConfig, apply_overrides, load_raw, load_recipe, validate
 from hasten.data import ImageDataset
 from hasten.data.loader import channel_stats
-from hasten.errors import CheckpointError
+from hasten.errors import CheckpointError, HastenError
 from hasten.experiments.gan_recipe import GanRecipe
 from hasten.models import build_model
 from hasten.models.dcgan import SIZE, padded, signed
+from hasten.own import Trust, embedded_recipe
 
 NAME = "Fréchet distance on hasten classifier features; not Inception FID"
 
@@ -138,13 +139,21 @@ def classifier_model_config(path: Path, recipe: str, overrides: list[str]) -> tu
     return load_recipe(recipe, overrides).model, f"recipe {recipe!r}"
 
 
-def load_classifier(path: str | Path, recipe: str, overrides: list[str], data: ImageDataset) -> nn.Module:
+def load_classifier(
+    path: str | Path, recipe: str, overrides: list[str], data: ImageDataset, trust_code: bool = False
+) -> nn.Module:
     """The classifier whose weights are in `path` (a hasten checkpoint, .safetensors or a plain state dict),
-    for `data`'s image shape and classes, in eval mode."""
+    for `data`'s image shape and classes, in eval mode. A model section read from a file is data: a model.target it
+    names is imported only with `trust_code`, or when the classifier recipe the user gives names the same one."""
     path = Path(path)
     weights = read_weights(path)
     config, source = classifier_model_config(path, recipe, overrides)
-    model = build_model(config, data.image_shape, data.num_classes)
+    try:
+        own = load_recipe(recipe, overrides).model.target
+    except HastenError:
+        own = None
+    with embedded_recipe(source, Trust(code=trust_code, named={"model.target": own} if own else {})):
+        model = build_model(config, data.image_shape, data.num_classes)
     try:
         model.load_state_dict(weights)
     except RuntimeError as error:
@@ -192,7 +201,12 @@ class QualityProbe:
 
 
 def quality_probe(
-    recipe: GanRecipe, data: ImageDataset, device: torch.device, folder: Path, console: Console
+    recipe: GanRecipe,
+    data: ImageDataset,
+    device: torch.device,
+    folder: Path,
+    console: Console,
+    trust_code: bool = False,
 ) -> QualityProbe:
     """The Fréchet distance and class-mix probe, with `quality.classifier`, or a classifier trained here with
     `quality.classifier_recipe` on the same dataset (kept in run.dir/classifier and reused from there)."""
@@ -218,7 +232,8 @@ def quality_probe(
             f"{'reused' if reused else 'trained here'}: {quality.classifier_recipe}, {quality.classifier_epochs} epochs"
         )
         console.print(f"quality: classifier {weights} ({source}), test accuracy {accuracy:.4f}", highlight=False)
-    model = load_classifier(weights, quality.classifier_recipe, quality.classifier_overrides, data).to(device)
+    model = load_classifier(weights, quality.classifier_recipe, quality.classifier_overrides, data, trust_code)
+    model = model.to(device)
     mean, std = channel_stats(data.train_images)  # what the classifier was normalised with: the whole training set
     features = ClassifierFeatures(model, mean, std, data.image_shape[1], SIZE)
     n = min(quality.samples, len(data.test_images), len(data.train_images))

@@ -31,6 +31,7 @@ from hasten.errors import RecipeError
 from hasten.experiments.bench import Variant, run_grid, run_in_process, run_isolated, variant_recipe, write_results
 from hasten.finetune import WEIGHTS_FILE
 from hasten.report import DASH, markdown_table, plot_curves
+from hasten.runfolder import owned_output
 from hasten.runlog import write_atomic
 
 # what the scratch arm turns off: it starts from random weights, so there is no head to train first
@@ -184,24 +185,25 @@ def transfer(
     weights, once per seed, and write transfer.md, transfer.png, results.json and results.csv into `out`
     (default: the recipe's run folder). Returns the results and those files, in that order."""
     out = Path(out or run_dir(recipe))
-    seeds = list(seeds) if seeds else [recipe.seed]
-    if recipe.model.pretrained:
-        weights, pretrained = recipe.model.pretrained, None
-        log(f"using the recipe's model.pretrained={weights}; no pretraining run")
-    elif recipe.transfer.pretrain:
-        path, pretrained = pretrain(recipe, out, isolate=isolate, log=log)
-        weights = str(path)
-        pretrained = pretrained | {"dataset": pretrain_recipe(recipe, out).data.name}
-    else:
-        raise RecipeError("transfer: the recipe names no model.pretrained weights and no transfer.pretrain run")
-    per_class = recipe.transfer.per_class
-    variants = transfer_variants(per_class, weights, seeds)
-    counts = {}
-    for n in per_class:
-        size = "all" if n is None else str(n)
-        counts[size] = training_images(variant_recipe(recipe, Variant(size, (f"data.per_class={n or 'null'}",))))
-    results = run_grid(
-        recipe, variants, 1, out, warmup=False, isolate=isolate, measure_peak=False, command=command, log=log
-    )
-    files = transfer_report(recipe, results, pretrained, counts, out) + write_results(results, out)
-    return results, files
+    with owned_output(out, recipe.run.overwrite, "transfer"):  # locked, and never a training run's folder
+        seeds = list(seeds) if seeds else [recipe.seed]
+        if recipe.model.pretrained:
+            weights, pretrained = recipe.model.pretrained, None
+            log(f"using the recipe's model.pretrained={weights}; no pretraining run")
+        elif recipe.transfer.pretrain:
+            path, pretrained = pretrain(recipe, out, isolate=isolate, log=log)
+            weights = str(path)
+            pretrained = pretrained | {"dataset": pretrain_recipe(recipe, out).data.name}
+        else:
+            raise RecipeError("transfer: the recipe names no model.pretrained weights and no transfer.pretrain run")
+        per_class = recipe.transfer.per_class
+        variants = transfer_variants(per_class, weights, seeds)
+        counts = {}
+        for n in per_class:
+            size = "all" if n is None else str(n)
+            counts[size] = training_images(variant_recipe(recipe, Variant(size, (f"data.per_class={n or 'null'}",))))
+        results = run_grid(
+            recipe, variants, 1, out, warmup=False, isolate=isolate, measure_peak=False, command=command, log=log
+        )
+        files = transfer_report(recipe, results, pretrained, counts, out) + write_results(results, out)
+        return results, files
