@@ -1,10 +1,13 @@
-"""The fault table (issue 17): each row is one hostile-user scenario, run through `hasten` in-process, with what
-must happen: exit 2 with a message naming the key or file and nothing written, or a run that keeps every file
-it had. Then a fuzz test of the checkpoint loader over a few hundred malformed files (fixed seed)."""
+"""The fault table: each row is one hostile-user scenario, run through `hasten` in-process, with what must happen:
+exit 2 with a message naming the key or file and nothing written, or a run that keeps every file it had. Rows
+are grouped: run folders, resume, input errors, then trust (a file from elsewhere names code to run), overwrite
+(commands that write), resources (sizes, processes, downloads), tracebacks (inputs that once ended in one) and
+messages (what the error says). Then a fuzz test of the checkpoint loader over a few hundred malformed files."""
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import pathlib
@@ -22,10 +25,11 @@ import pytest
 import torch
 from PIL import Image
 
+import hasten
 import hasten.build
 import hasten.checkpoint
 from hasten.build import build, trainer_for
-from hasten.checkpoint import checkpoints_in, load_checkpoint, read_weights
+from hasten.checkpoint import checkpoints_in, load_checkpoint, read_weights, save_checkpoint
 from hasten.cli import main
 from hasten.config import MAX_YAML_NODES, load_recipe
 from hasten.errors import CheckpointError
@@ -91,6 +95,11 @@ class Ctx:
 
 def snapshot(folder: Path) -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def digests(folder: Path) -> dict[Path, str]:
+    """SHA-256 of every file under `folder`: what a row asserts did not change."""
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def expect_refusal(code: int, err: str, *needles: str) -> None:
@@ -476,6 +485,334 @@ FAULTS: list[Callable[[Ctx], None]] = [
 @pytest.mark.parametrize("fault", FAULTS, ids=[f.__name__ for f in FAULTS])
 def test_fault(fault, finished, tmp_path, capsys, monkeypatch):
     fault(Ctx(tmp_path, finished, capsys, monkeypatch))
+
+
+# ----- trust: a run folder, checkpoint or export is data; nothing it names is imported -----
+
+PAYLOAD = """
+import pathlib
+MARKER = pathlib.Path({marker!r})
+MARKER.write_text("imported")
+
+
+def make(num_classes=10, in_channels=1, image_size=None, **kwargs):
+    MARKER.write_text("called")
+    from hasten.models import ResNet
+
+    return ResNet(in_channels, num_classes, width=4, blocks=[1])
+
+
+def data(**kwargs):
+    MARKER.write_text("called")
+    raise SystemExit("the payload ran")
+"""
+
+
+@pytest.fixture
+def payload(tmp_path, monkeypatch) -> Path:
+    """`evilmod.py` in a folder on sys.path and the current folder: importing it or calling make/data writes
+    the marker file returned (which must not exist)."""
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    marker = tmp_path / "marker"
+    (folder / "evilmod.py").write_text(PAYLOAD.format(marker=str(marker)))
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.chdir(folder)
+    sys.modules.pop("evilmod", None)
+    yield marker
+    sys.modules.pop("evilmod", None)
+
+
+def naming_the_payload(c: Ctx, model: bool = True, data: bool = False) -> Path:
+    """A copy of the finished run whose checkpoints' recipe names evilmod (model.target, data.target); with
+    data, summary.json says other data, so the run's facts must come from its data.target."""
+    run = c.copy_of_finished()
+    for path in checkpoints_in(run / "checkpoints"):
+        state = load_checkpoint(path)
+        recipe = state["recipe"]
+        if model:
+            recipe["model"] |= {"name": "import", "target": "evilmod:make", "args": {}}
+        if data:
+            recipe["data"] |= {"name": "import", "target": "evilmod:data", "args": {}}
+        save_checkpoint(state, path)
+    if data:
+        summary = json.loads((run / "summary.json").read_text())
+        summary["dataset"]["name"] = "someone-else"
+        (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def picture(c: Ctx) -> Path:
+    path = c.tmp / "shoe.png"
+    Image.new("L", (8, 8), 200).save(path)
+    return path
+
+
+def expect_untrusted(code: int, err: str, marker: Path, target: str = "evilmod:make") -> None:
+    expect_refusal(code, err, target, "--trust-code")
+    assert not marker.exists(), "the payload ran"
+
+
+def trust_every_command_refuses_a_model_target(c: Ctx, marker: Path) -> None:
+    run = naming_the_payload(c)
+    before = digests(run)
+    for command in (
+        ["evaluate", str(run)],
+        ["evaluate", str(run / "checkpoints" / "step-8.pt"), "--out", str(c.tmp / "ev")],
+        ["predict", str(run), str(picture(c))],
+        ["export", str(run), str(c.tmp / "out.safetensors")],
+        ["export", str(run), str(c.tmp / "out.onnx")],
+    ):
+        code, err = c.hasten(*command)
+        expect_untrusted(code, err, marker)
+    assert not (c.tmp / "out.safetensors").exists() and not (c.tmp / "out.onnx").exists()
+    assert not (c.tmp / "ev").exists() and not (run / "evaluation").exists()
+    assert digests(run) == before
+
+
+def trust_python_load_refuses_unless_trusted(c: Ctx, marker: Path) -> None:
+    from hasten.own import UntrustedCode
+
+    run = naming_the_payload(c)
+    with pytest.raises(UntrustedCode, match=r"evilmod:make.*trust_code=True"):
+        hasten.load(run)
+    assert not marker.exists()
+
+    def mine(num_classes: int, in_channels: int) -> torch.nn.Module:  # the user's own model: no import at all
+        from hasten.models import ResNet
+
+        return ResNet(in_channels, num_classes, width=4, blocks=[1])
+
+    assert hasten.load(run, model=mine).predict([picture(c)])[0].label
+    assert not marker.exists()
+    assert hasten.load(run, trust_code=True).predict([picture(c)])[0].label
+    assert marker.read_text() == "called"
+
+
+def trust_flag_and_naming_the_target_let_it_run(c: Ctx, marker: Path) -> None:
+    run = naming_the_payload(c)
+    code, err = c.hasten("predict", str(run), str(picture(c)), "--trust-code")
+    assert code == 0, err
+    assert marker.exists()
+    marker.unlink()
+    code, err = c.hasten("evaluate", str(run), "model.target=evilmod:make", "--out", str(c.tmp / "ev"))
+    assert code == 0, err
+    assert marker.exists() and (c.tmp / "ev" / "evaluation.json").is_file()
+    code, err = c.hasten("evaluate", str(run), "model.target=othermod:make")
+    expect_refusal(code, err, "model.target=othermod:make", "same target")
+
+
+def trust_a_data_target_is_not_imported_either(c: Ctx, marker: Path) -> None:
+    run = naming_the_payload(c, model=False, data=True)
+    before = digests(run)
+    for command in (["evaluate", str(run)], ["predict", str(run), str(picture(c))],
+                    ["export", str(run), str(c.tmp / "out.safetensors")]):  # fmt: skip
+        code, err = c.hasten(*command)
+        expect_untrusted(code, err, marker, "data.target=evilmod:data")
+    assert digests(run) == before
+
+
+def trust_resume_never_runs_the_checkpoint_s_target(c: Ctx, marker: Path) -> None:
+    run = naming_the_payload(c)
+    before = digests(run)
+    code, err = c.train(run, "resume=auto", "train.epochs=3")
+    expect_refusal(code, err, "model.name: 'import' -> 'resnet'")  # the checkpoint's recipe is compared, not run
+    assert not marker.exists() and digests(run) == before
+    code, err = c.train(c.tmp / "other", f"resume={checkpoints_in(run / 'checkpoints')[0]}", "train.epochs=3",
+                        "resume.allow_changes=[model]")  # fmt: skip
+    assert code == 0, err  # the user's own recipe builds the model; the weights fit it
+    assert not marker.exists()
+
+
+def trust_an_export_that_names_a_target(c: Ctx, marker: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    export = c.tmp / "model.safetensors"
+    code, err = c.hasten("export", str(c.finished), str(export))
+    assert code == 0, err
+    from safetensors import safe_open
+
+    with safe_open(str(export), framework="pt") as f:
+        meta = f.metadata()
+    recipe = json.loads(meta["hasten_recipe"])
+    recipe["model"] |= {"name": "import", "target": "evilmod:make", "args": {}}
+    meta["hasten_recipe"] = json.dumps(recipe)
+    save_file(load_file(str(export)), str(export), metadata=meta)
+    image = picture(c)
+    before = digests(c.tmp)
+    for command in (["predict", str(export), str(image)], ["export", str(export), str(c.tmp / "again.onnx")]):
+        code, err = c.hasten(*command)
+        expect_untrusted(code, err, marker)
+    with pytest.raises(hasten.own.UntrustedCode):
+        hasten.load(export)
+    assert not marker.exists() and digests(c.tmp) == before
+
+
+def trust_a_gan_classifier_file(c: Ctx, marker: Path) -> None:
+    run = naming_the_payload(c)
+    classifier = checkpoints_in(run / "checkpoints")[0]
+    code, err = c.hasten("gan", "data.name=synthetic", "data.synthetic_size=64", "model.latent=8", "model.width=4",
+                         "train.batch_size=16", "train.threads=1", "run.progress=false", "run.tensorboard=false",
+                         f"quality.classifier={classifier}", f"run.dir={c.tmp / 'gan'}")  # fmt: skip
+    expect_untrusted(code, err, marker)
+
+
+TRUST: list[Callable[[Ctx, Path], None]] = [
+    trust_every_command_refuses_a_model_target,
+    trust_python_load_refuses_unless_trusted,
+    trust_flag_and_naming_the_target_let_it_run,
+    trust_a_data_target_is_not_imported_either,
+    trust_resume_never_runs_the_checkpoint_s_target,
+    trust_an_export_that_names_a_target,
+    trust_a_gan_classifier_file,
+]
+
+
+@pytest.mark.parametrize("row", TRUST, ids=[f.__name__ for f in TRUST])
+def test_trust(row, finished, tmp_path, capsys, monkeypatch, payload):
+    row(Ctx(tmp_path, finished, capsys, monkeypatch), payload)
+
+
+# ----- overwrite: every command that writes keeps what the user had -----
+
+GAN_TINY = ["data.name=synthetic", "data.synthetic_size=64", "model.latent=8", "model.width=4", "train.batch_size=16",
+            "train.epochs=1", "train.threads=1", "quality.enabled=false", "run.progress=false",
+            "run.tensorboard=false"]  # fmt: skip
+
+
+def gan_into_a_finished_runs_folder(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    before = digests(run)
+    code, err = c.hasten("gan", *GAN_TINY, f"run.dir={run}")
+    expect_refusal(code, err, "another run's files", "summary.json", "run.overwrite=true")
+    assert digests(run) == before
+    code, err = c.hasten("gan", *GAN_TINY, f"run.dir={run}", "run.overwrite=true")
+    assert code == 0, err
+    (aside,) = run.glob("replaced-*")
+    assert {p.relative_to(aside): h for p, h in digests(aside).items()} == {p.relative_to(run): h for p, h in before.items()}
+
+
+def gan_beside_a_running_train(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    (run / LOCK_NAME).write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname(), "started": "now"}))
+    before = digests(run)
+    code, err = c.hasten("gan", *GAN_TINY, f"run.dir={run}", "run.overwrite=true")
+    expect_refusal(code, err, "in use by another run", f"pid {os.getppid()}")
+    assert digests(run) == before
+
+
+def export_onto_a_runs_own_files(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    before = digests(run)
+    newest = checkpoints_in(run / "checkpoints")[0]
+    for out, fmt, needle in (
+        (newest, ["--format", "safetensors"], "must end in .safetensors"),
+        (run / "checkpoints" / "w.safetensors", [], "own checkpoints"),
+        (run / "model.safetensors", ["--overwrite"], "own model.safetensors"),
+        (run / "tensorboard" / "w.onnx", [], "own tensorboard"),
+        (run / "summary.json", [], "must end in"),
+    ):
+        code, err = c.hasten("export", str(run), str(out), *fmt)
+        expect_refusal(code, err, str(out.name), needle)
+    assert digests(run) == before
+
+
+def export_over_an_existing_file(c: Ctx) -> None:
+    mine = c.file("mine.safetensors", b"the user's own file")
+    code, err = c.hasten("export", str(c.finished), str(mine))
+    expect_refusal(code, err, "mine.safetensors", "exists", "--overwrite")
+    assert mine.read_bytes() == b"the user's own file"
+    code, err = c.hasten("export", str(c.finished), str(mine), "--overwrite")
+    assert code == 0, err
+    assert read_weights(mine)
+
+
+def evaluate_into_a_runs_own_files(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    before = digests(run)
+    code, err = c.hasten("evaluate", str(run), "--out", str(run / "checkpoints"))
+    expect_refusal(code, err, "checkpoints")
+    theirs = c.tmp / "theirs"
+    theirs.mkdir()
+    (theirs / "confusion.csv").write_text("the user's own table")
+    code, err = c.hasten("evaluate", str(run), "--out", str(theirs))
+    expect_refusal(code, err, "confusion.csv", "no evaluation wrote")
+    assert (theirs / "confusion.csv").read_text() == "the user's own table" and digests(run) == before
+
+
+def experiments_into_a_runs_folder(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    before = digests(run)
+    for command in (["sweep", *TINY, "--vary", "model.width=2,4", "--out", str(run)],
+                    ["bench", *TINY, "--repeats", "1", "--no-naive", "--out", str(run)],
+                    ["transfer", *TINY, "model.pretrained=x.safetensors", "--out", str(run)]):  # fmt: skip
+        code, err = c.hasten(*command)
+        expect_refusal(code, err, f"{command[0]}: {run}", "holds a run's files", "--out")
+    assert digests(run) == before
+
+
+def _take_the_lock(folder: str, barrier: object, results: object) -> None:
+    from hasten.runfolder import RunLock, RunFolderError
+
+    lock = RunLock(folder)
+    barrier.wait()  # every process tries at once
+    try:
+        lock.__enter__()
+    except RunFolderError:
+        results.put("refused")
+        barrier.wait()
+        return
+    results.put("held")
+    barrier.wait()  # held until every process has tried
+    lock.__exit__(None, None, None)
+
+
+def stale_lock_taken_over_by_exactly_one_of_many(c: Ctx) -> None:
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    for trial in range(8):  # read-then-unlink, as before, let two of twelve in on about one trial in six
+        run = c.tmp / f"stale-{trial}"
+        run.mkdir()
+        (run / LOCK_NAME).write_text(json.dumps({"pid": gone.pid, "host": socket.gethostname()}))
+        barrier, results = context.Barrier(12), context.Queue()
+        workers = [context.Process(target=_take_the_lock, args=(str(run), barrier, results)) for _ in range(12)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+        outcomes = sorted(results.get(timeout=5) for _ in workers)
+        assert outcomes == ["held"] + ["refused"] * 11, outcomes
+        assert not (run / LOCK_NAME).exists()  # released by its one holder
+
+
+def lock_naming_an_impossible_pid(c: Ctx) -> None:
+    for pid in (10**30, 0, -5, "many"):
+        run = c.tmp / f"odd-{pid}"
+        run.mkdir()
+        (run / LOCK_NAME).write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
+        code, err = c.train(run, "train.epochs=1")
+        assert code == 0 and "Traceback" not in err, err
+        assert "stale lock" in err
+
+
+OVERWRITE: list[Callable[[Ctx], None]] = [
+    gan_into_a_finished_runs_folder,
+    gan_beside_a_running_train,
+    export_onto_a_runs_own_files,
+    export_over_an_existing_file,
+    evaluate_into_a_runs_own_files,
+    experiments_into_a_runs_folder,
+    stale_lock_taken_over_by_exactly_one_of_many,
+    lock_naming_an_impossible_pid,
+]
+
+
+@pytest.mark.parametrize("row", OVERWRITE, ids=[f.__name__ for f in OVERWRITE])
+def test_overwrite(row, finished, tmp_path, capsys, monkeypatch):
+    row(Ctx(tmp_path, finished, capsys, monkeypatch))
 
 
 # ----- the checkpoint loader fails closed -----
