@@ -140,6 +140,46 @@ def train_size(data: ImageDataset | ImageFolder | StreamedData) -> int:
     return len(data.train.labels) if isinstance(data, ImageFolder | StreamedData) else len(data.train_labels)
 
 
+def check_training_data(recipe: Recipe, data: ImageDataset | ImageFolder | StreamedData) -> None:
+    """What no run can train on, refused before anything is built: fewer than two classes among the training
+    labels (a classifier of one class scores 100% and learns nothing), and `data.classes` that are not the class
+    names of a dataset that brings its own (a registered dataset, an image folder)."""
+    labels = data.train.labels if isinstance(data, ImageFolder | StreamedData) else data.train_labels
+    present = labels.unique().tolist() if len(labels) else []
+    if len(present) < 2:
+        names = [data.classes[i] for i in present if 0 <= i < len(data.classes)]
+        what = f"only class {names[0]!r}" if names else "no labelled image"
+        raise DataError(
+            f"data: the {len(labels):,} training image(s) hold {what}: a classifier needs at least 2 classes "
+            f"(data.name={recipe.data.name}" + (f", data.root={recipe.data.root}" if recipe.data.root else "") + ")"
+        )
+    given = recipe.data.classes
+    if given is not None and recipe.data.name not in USER_SOURCES and list(given) != list(data.classes):
+        shown = ", ".join(map(str, data.classes[:12])) + (", ..." if len(data.classes) > 12 else "")
+        raise RecipeError(
+            f"data.classes: {list(given)} are not the {len(data.classes)} classes of {recipe.data.name} ({shown}); "
+            "leave data.classes out (it names the labels of your own data)"
+        )
+
+
+def check_batches(train_loader: Any, test_loader: Any, model: nn.Module, recipe: Recipe, world: int) -> None:
+    """A training set too small for a batch of two on every rank, an empty evaluation split, or a batch of one
+    image for a model with batch norm (which cannot normalise one example in training): each a clear error."""
+    if len(train_loader) == 0:
+        raise DataError(
+            f"data: {train_loader.num_samples} training image(s) over {world} process(es): too few for a training "
+            "batch of at least 2 images on each; give more training data"
+        )
+    if test_loader.num_samples == 0:
+        raise DataError("data: the evaluation split holds no images")
+    norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    if norms and recipe.train.batch_size == 1:
+        raise RecipeError(
+            "train.batch_size: 1 image a batch, but the model has batch norm, which cannot normalise a single "
+            "example in training: use at least 2"
+        )
+
+
 MIN_AUTO_BATCH = 16  # train.min_steps_per_epoch halves the batch no further: BN statistics get noisy below
 
 
@@ -338,6 +378,7 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     seed_everything(recipe.seed)
     given_model, given_data = model, data
     data = dataset(recipe) if data is None else load_data(recipe, data)
+    check_training_data(recipe, data)
     recipe, notes = resolve_for_data(recipe, data, world)
     if distributed.is_main():
         for note in notes:
@@ -354,6 +395,7 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
         model = own_model(recipe.model, given_model, data.image_shape, len(data.classes))
     else:  # the recipe's: a built-in model or model.target's
         model = build_model(recipe.model, data.image_shape, len(data.classes))
+    check_batches(train_loader, test_loader, model, recipe, world)
     for technique in _at(made, "on_model"):
         technique.on_model(model)
     if recipe.model.pretrained:

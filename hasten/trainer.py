@@ -430,7 +430,7 @@ class Trainer:
         """Examples in the `group`-th optimizer step of an epoch: k micro-batches, fewer in the epoch's last."""
         loader, k = self.train_loader, self.plan.accumulate
         first, end = group * k, min((group + 1) * k, len(loader))  # micro-batch indices [first, end)
-        return min(end * loader.batch_size, loader.shard_size) - first * loader.batch_size
+        return loader.batch_span(end - 1)[1] - loader.batch_span(first)[0]
 
     def train_step(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """One optimizer step on one batch (hasten.step, then the schedule and `after_step` hooks); returns the

@@ -14,6 +14,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from hasten.config import (
+    MAX_SYNTHETIC,
     DataConfig,
     Fraction,
     LossScaleConfig,
@@ -34,7 +35,7 @@ class GanData(Section):
     root: str | None = None  # a folder holding the dataset's files under their official names
     download: bool = True  # allow fetching from the official address (checked against a pinned SHA-256)
     subset: Annotated[int, Field(ge=1)] | None = None  # first N training images
-    synthetic_size: Annotated[int, Field(ge=8)] = 512  # training images of the synthetic set
+    synthetic_size: Annotated[int, Field(ge=8, le=MAX_SYNTHETIC)] = 512  # training images of the synthetic set
 
 
 class GanModel(Section):
@@ -112,7 +113,7 @@ def load_gan_recipe(source: str | None = None, overrides: list[str] | None = Non
     try:
         return GanRecipe.model_validate(apply_overrides(raw, overrides or []))
     except ValidationError as exc:
-        raise recipe_error(exc, origin) from None
+        raise recipe_error(exc, origin, overrides, GanRecipe) from None
 
 
 def gan_recipe_yaml(recipe: GanRecipe) -> str:
