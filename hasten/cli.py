@@ -649,11 +649,12 @@ def _resource_failure(error: BaseException, who: str) -> int:
         )
         return 2
     if lost_peer(error):
-        console.print(
-            f"[red]{who}error:[/red] another rank of this job vanished ({escape(first)}); the launcher names it",
-            highlight=False,
-            soft_wrap=True,
-        )
+        if not os.environ.get("HASTEN_LAUNCHER_PID"):  # under hasten's launcher, its one line says it all
+            console.print(
+                f"[red]{who}error:[/red] another rank of this job vanished ({escape(first)}); the launcher names it",
+                highlight=False,
+                soft_wrap=True,
+            )
         return PEER_LOST_EXIT
     raise error
 

@@ -573,6 +573,10 @@ def parse_value(text: str) -> Any:
     """A command-line value as YAML would read it, so `0.2`, `1e-3`, `true`, `null`, `[1,2]` get their types."""
     try:
         value = yaml.load(text, Loader=BoundedLoader) if text.strip() else ""  # noqa: S506 - a SafeLoader
+    except yaml.constructor.ConstructorError as error:
+        if "duplicate key" in str(error.problem):  # a mapping that sets a key twice is refused, not taken as text
+            raise RecipeError(f"{text!r}: {error.problem}") from None
+        return text
     except (yaml.YAMLError, RecursionError):
         return text
     if isinstance(value, str):
@@ -606,7 +610,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 break
             node = child
         else:
-            value = parse_value(text)
+            try:
+                value = parse_value(text)
+            except RecipeError as error:
+                problems.append(f"{key}: {error}")
+                continue
             if not parents and leaf in SHORTHAND and isinstance(node.get(leaf), dict) and not isinstance(value, dict):
                 node[leaf][SHORTHAND[leaf]] = value  # `resume=auto` keeps the section's allow_changes
             else:

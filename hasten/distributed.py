@@ -266,15 +266,8 @@ def launch(nproc: int, args: list[str], *, max_restarts: int = 0, script: str | 
         run(get_args_parser().parse_args([*options, *target, *args]))
     except ChildFailedError as error:
         failures = error.failures
-        for rank_id, failure in sorted(failures.items()):
-            code = failure.exitcode
-            if code == PEER_LOST_EXIT:
-                how = "stopped: another rank vanished under it"
-            elif code < 0:
-                how = f"was killed by signal {-code} ({_signal_name(-code)})"
-            else:
-                how = f"failed with exit code {code}"
-            print(f"hasten: worker rank {rank_id} {how}", file=sys.stderr)
+        codes = {rank_id: failure.exitcode for rank_id, failure in sorted(failures.items())}
+        print(f"hasten: {describe_failures(codes)}", file=sys.stderr)
         return job_exit_code([failure.exitcode for _, failure in sorted(failures.items())])
     except SignalException as stop:
         print(f"hasten: stopped by {stop.sigval.name}; the workers were asked to checkpoint and stop", file=sys.stderr)
@@ -289,6 +282,31 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return "unknown signal"
+
+
+def _consequence(code: int) -> bool:
+    """A worker's exit that follows from another's failure: it lost its peer, or torchrun stopped it (SIGTERM)."""
+    import signal
+
+    return code in (PEER_LOST_EXIT, -int(signal.SIGTERM), 128 + int(signal.SIGTERM))
+
+
+def describe_failures(codes: dict[int, int]) -> str:
+    """One line for a failed job: each rank that failed of its own (exit code, or the signal that killed it), then
+    the ranks that were only stopped with it."""
+    causes = {rank_id: code for rank_id, code in codes.items() if not _consequence(code)} or codes
+    parts = []
+    for rank_id, code in causes.items():
+        if code < 0:
+            parts.append(f"worker rank {rank_id} was killed by signal {-code} ({_signal_name(-code)})")
+        elif code == PEER_LOST_EXIT:
+            parts.append(f"worker rank {rank_id} stopped: another rank vanished under it")
+        else:
+            parts.append(f"worker rank {rank_id} failed with exit code {code}")
+    stopped = [str(rank_id) for rank_id in codes if rank_id not in causes]
+    if stopped:
+        parts.append(f"rank {', '.join(stopped)} {'was' if len(stopped) == 1 else 'were'} stopped with it")
+    return "; ".join(parts)
 
 
 def job_exit_code(codes: list[int]) -> int:
