@@ -125,6 +125,20 @@ def cmd_data(ns: argparse.Namespace) -> int:
     return 0
 
 
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")  # what --plot may replace: a picture, by a picture
+
+
+def _plot_path(given: str | None, default: Any) -> Any:
+    """Where a command draws its plot: `--plot PATH` or the default in the run folder; never one of a run's own
+    files, nor an existing file that is not a picture."""
+    from pathlib import Path
+
+    from hasten.runfolder import check_output
+
+    path = Path(given) if given else Path(default)
+    return check_output(path, overwrite=path.suffix.lower() in PLOT_SUFFIXES, what="--plot")
+
+
 def cmd_schedule(ns: argparse.Namespace) -> int:
     recipe = _recipe(ns)
     from hasten.build import run_dir
@@ -132,7 +146,7 @@ def cmd_schedule(ns: argparse.Namespace) -> int:
 
     result = schedule_trace(recipe)
     title = f"{recipe.name}: {recipe.schedule.name} schedule, {recipe.train.epochs} epochs"
-    path = plot_schedule(result, ns.plot or run_dir(recipe) / "schedule.png", title)
+    path = plot_schedule(result, _plot_path(ns.plot, run_dir(recipe) / "schedule.png"), title)
     print(f"{result.total_steps} optimizer steps ({result.steps_per_epoch} per epoch), warmup {result.warmup_steps}")
     print(f"LR: peak {max(result.lrs):.4g}, first step {result.lrs[0]:.4g}, last step {result.lrs[-2]:.4g}")
     print(f"momentum/beta1: {min(result.momenta):.3g} to {max(result.momenta):.3g}")
@@ -192,7 +206,7 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
     recipe, scale = parts.recipe, lr_scale(parts.recipe)
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
         return 0  # rank 0 reports; every rank has the same result
-    path = plot_lr_find(result, ns.plot or run_dir(recipe) / "lr-find.png", f"{recipe.name}: LR range test")
+    path = plot_lr_find(result, _plot_path(ns.plot, run_dir(recipe) / "lr-find.png"), f"{recipe.name}: LR range test")
     peak = auto_lr(result)
     base = f" per {recipe.optim.base_batch} examples" if recipe.optim.base_batch else ""
     print(f"peak LR for this recipe's {recipe.schedule.name} schedule: {peak:.4g} ({AUTO_RULE}, the rule of "

@@ -15,7 +15,6 @@ the dataset's (uniform for Fashion-MNIST); mode collapse shows as a few classes 
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,13 +23,12 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from torch import Tensor, nn
 
 from hasten.checkpoint import load_checkpoint, read_weights
-from hasten.config import ModelConfig, apply_overrides, load_raw, load_recipe, validate
+from hasten.config import ModelConfig, apply_overrides, load_raw, load_recipe, load_yaml, read_text_file, validate
 from hasten.data import ImageDataset
 from hasten.data.loader import channel_stats
 from hasten.errors import CheckpointError, HastenError
@@ -121,6 +119,12 @@ class ClassifierFeatures:
         return torch.cat(features), torch.cat(logits)
 
 
+def read_summary(path: Path) -> Any:
+    from hasten.inference import read_summary as read  # here: inference needs the model stack
+
+    return read(path)
+
+
 def classifier_model_config(path: Path, recipe: str, overrides: list[str]) -> tuple[ModelConfig, str]:
     """The `model` section the weights in `path` were trained with, and where it came from: the recipe saved
     in a hasten checkpoint, else the recipe.yaml beside the file (as `hasten train` leaves next to
@@ -128,7 +132,7 @@ def classifier_model_config(path: Path, recipe: str, overrides: list[str]) -> tu
     beside = path.parent / "recipe.yaml"
     candidates = [
         (load_checkpoint(path).get("recipe") if path.suffix != ".safetensors" else None, f"the recipe in {path}"),
-        (yaml.safe_load(beside.read_text(encoding="utf-8")) if beside.is_file() else None, str(beside)),
+        (load_yaml(read_text_file(beside, "recipe"), str(beside)) if beside.is_file() else None, str(beside)),
     ]
     for saved, source in candidates:
         if isinstance(saved, dict) and isinstance(saved.get("model"), dict):
@@ -178,8 +182,15 @@ def train_classifier(recipe: str, overrides: list[str], folder: Path) -> tuple[P
     weights, saved_recipe, summary = folder / "model.safetensors", folder / "recipe.yaml", folder / "summary.json"
     if weights.is_file() and saved_recipe.is_file() and summary.is_file():
         fresh = weights.stat().st_mtime >= saved_recipe.stat().st_mtime  # not left from an earlier recipe
-        if fresh and yaml.safe_load(saved_recipe.read_text(encoding="utf-8")) == wanted.model_dump(mode="json"):
-            return weights, float(json.loads(summary.read_text())["test_accuracy"]), True
+        try:  # what the folder holds is checked before it is trusted; anything unreadable is trained again
+            same = load_yaml(read_text_file(saved_recipe, "recipe"), str(saved_recipe)) == wanted.model_dump(
+                mode="json"
+            )
+            accuracy = read_summary(summary).test_accuracy if fresh and same else None
+        except HastenError:
+            accuracy = None
+        if accuracy is not None:
+            return weights, accuracy, True
     result = train(wanted)
     return weights, float(result["test_accuracy"]), False
 

@@ -27,7 +27,7 @@ from typing import Any
 from hasten.build import dataset, run_dir
 from hasten.config import Recipe, apply_overrides, validate
 from hasten.data.imagefolder import ImageFolder
-from hasten.errors import RecipeError
+from hasten.errors import HastenError, RecipeError
 from hasten.experiments.bench import Variant, run_grid, run_in_process, run_isolated, variant_recipe, write_results
 from hasten.finetune import WEIGHTS_FILE
 from hasten.report import DASH, markdown_table, plot_curves
@@ -63,9 +63,16 @@ def pretrain(recipe: Recipe, out: Path, *, isolate: bool = True, log: Log = _std
     stamped = pre.model_dump(mode="json")
     stamped["run"].pop("dir")  # the same pretraining copied to another output folder still counts
     wanted = json.dumps(stamped, sort_keys=True)
-    if weights.is_file() and stamp.is_file() and stamp.read_text() == wanted and (folder / "summary.json").is_file():
-        log(f"pretraining: reusing {weights}")
-        return weights, json.loads((folder / "summary.json").read_text())
+    if weights.is_file() and stamp.is_file() and stamp.read_text(errors="replace") == wanted:
+        from hasten.inference import read_summary
+
+        try:  # checked before it is reused; an unreadable summary means pretraining again
+            summary = read_summary(folder / "summary.json")
+        except HastenError:
+            summary = None
+        if summary is not None and summary.test_accuracy is not None and "train_seconds" in (summary.model_extra or {}):
+            log(f"pretraining: reusing {weights}")
+            return weights, summary.model_dump()
     log(f"pretraining on {pre.data.name}, {pre.train.epochs} epochs -> {weights}")
     summary = run_isolated(pre, "recipe", None, folder) if isolate else run_in_process(pre, "recipe")
     write_atomic(stamp, wanted)
