@@ -162,6 +162,39 @@ def check_training_data(recipe: Recipe, data: ImageDataset | ImageFolder | Strea
         )
 
 
+BYTES_PER_PARAMETER = 8  # the least any training keeps per parameter: its fp32 weight and its gradient
+
+
+def check_model_size(recipe: Recipe, image_shape: tuple[int, ...], num_classes: int, device: torch.device) -> None:
+    """A built-in model whose parameters would not fit in this machine's memory (`model.width=100000`) is refused
+    before any of it is allocated: it is first built on the meta device, which holds shapes and no data."""
+    if recipe.model.name not in ("resnet", "sequential"):
+        return
+    try:
+        with torch.device("meta"):
+            probe = build_model(recipe.model, image_shape, num_classes)
+    except HastenError:
+        raise
+    except Exception:  # noqa: BLE001 - whatever fails here fails in the real build too, which says it
+        return
+    count = sum(p.numel() for p in probe.parameters())
+    if device.type == "cuda":
+        have = torch.cuda.get_device_properties(device).total_memory
+    else:
+        from hasten.memory import available_memory_bytes
+
+        have = available_memory_bytes()
+    if count * BYTES_PER_PARAMETER > have:
+        from hasten.memory import format_bytes
+
+        keys = "model.layers" if recipe.model.name == "sequential" else "model.width, model.widths or model.blocks"
+        raise RecipeError(
+            f"model: the recipe's {recipe.model.name} has {count:,} parameters, whose weights and gradients alone "
+            f"take {format_bytes(count * BYTES_PER_PARAMETER)}, more than the {format_bytes(have)} this machine has "
+            f"free: make it smaller ({keys})"
+        )
+
+
 def check_batches(train_loader: Any, test_loader: Any, model: nn.Module, recipe: Recipe, world: int) -> None:
     """A training set too small for a batch of two on every rank, an empty evaluation split, or a batch of one
     image for a model with batch norm (which cannot normalise one example in training): each a clear error."""
@@ -394,6 +427,7 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     if given_model is not None:
         model = own_model(recipe.model, given_model, data.image_shape, len(data.classes))
     else:  # the recipe's: a built-in model or model.target's
+        check_model_size(recipe, tuple(data.image_shape), len(data.classes), device)
         model = build_model(recipe.model, data.image_shape, len(data.classes))
     check_batches(train_loader, test_loader, model, recipe, world)
     for technique in _at(made, "on_model"):

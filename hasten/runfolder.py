@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,46 +104,87 @@ class RunLock:
         self._fd: int | None = None
 
     def __enter__(self) -> RunLock:
-        import fcntl
-
-        mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": _now()}
+        mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": _now()}).encode()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise RunFolderError(f"run.dir: cannot create {self.path.parent}: {error.strerror or error}") from None
         for _ in range(20):  # a lock file replaced under us (released and taken again meanwhile): try once more
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fd = self._create(self.path)
+            except FileExistsError:
+                if self._take_over():
+                    return self
+                continue
             except OSError as error:
                 raise RunFolderError(
                     f"run.dir: cannot write to {self.path.parent}: {error.strerror or error}"
                 ) from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as error:
-                os.close(fd)
-                if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise RunFolderError(f"run.dir: cannot lock {self.path}: {error.strerror or error}") from None
-                self._refuse(self._read())
-            if not self._still_at_path(fd):  # unlinked by its holder between our open and our lock
+            if not self._lock(fd) or not self._still_at_path(fd):  # someone opened it before we locked it
                 os.close(fd)
                 continue
-            text = self._read_fd(fd)
-            holder, pid, host = _holder(text)
-            if text.strip() and host == socket.gethostname() and pid != os.getpid() and _alive(pid):
-                os.close(fd)  # a live writer that takes no fcntl lock: it owns the folder all the same
-                self._refuse(text)
-            if text.strip() and host not in (socket.gethostname(), "?"):
-                os.close(fd)  # written on another machine (a shared disk): its pid cannot be checked from here
-                self._refuse(text)
-            if text.strip():
-                print(f"run.dir: taking over the stale lock {self.path} (pid {pid} is gone)", file=sys.stderr)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(mine).encode(), 0)
-            os.fsync(fd)
+            os.write(fd, mine)
             self._fd, self.held = fd, True
             return self
         raise RunFolderError(f"run.dir: could not take the lock {self.path}")
+
+    @staticmethod
+    def _create(path: Path) -> int:
+        """A new file at `path` (never one that exists, never through a symbolic link)."""
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+
+    @staticmethod
+    def _lock(fd: int) -> bool:
+        """An exclusive fcntl lock on `fd`, without waiting; False when another process holds it."""
+        import fcntl
+
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        return True
+
+    def _take_over(self) -> bool:
+        """The lock file exists: refuse when its writer holds it or is alive; when it is stale, replace it by a
+        new file of ours (renamed over it while we hold the old one's lock, so exactly one newcomer wins, and
+        nothing is ever written into a file we did not create). False: it changed meanwhile, try again."""
+        try:
+            old = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False  # released meanwhile
+        except OSError as error:  # a symbolic link (ELOOP), a folder, no permission
+            raise RunFolderError(
+                f"run.dir: {self.path} is not a lock file hasten can use ({error.strerror or error}); remove it"
+            ) from None
+        try:
+            if not stat.S_ISREG(os.fstat(old).st_mode):
+                raise RunFolderError(f"run.dir: {self.path} is not a regular file; remove it")
+            if not self._lock(old):
+                self._refuse(self._read_fd(old))
+            if not self._still_at_path(old):
+                return False
+            text = self._read_fd(old)
+            _, pid, host = _holder(text)
+            if text.strip() and host == socket.gethostname() and pid != os.getpid() and _alive(pid):
+                self._refuse(text)  # a live writer that takes no fcntl lock (an older hasten): it owns the folder
+            if text.strip() and host not in (socket.gethostname(), "?"):
+                self._refuse(text)  # written on another machine (a shared disk): its pid cannot be checked here
+            fresh = self.path.with_name(f"{LOCK_NAME}.{os.getpid()}.tmp")
+            fresh.unlink(missing_ok=True)
+            fd = self._create(fresh)
+            if not self._lock(fd):  # nobody else knows this name: cannot happen, but never hold what is not ours
+                os.close(fd)
+                return False
+            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": _now()}).encode())
+            os.replace(fresh, self.path)
+            if text.strip():  # (an empty one: its writer died between creating and writing it)
+                print(f"run.dir: took over the stale lock {self.path} (pid {pid} is gone)", file=sys.stderr)
+            self._fd, self.held = fd, True
+            return True
+        finally:
+            os.close(old)
 
     def _still_at_path(self, fd: int) -> bool:
         try:

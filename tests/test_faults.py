@@ -800,6 +800,20 @@ def lock_naming_an_impossible_pid(c: Ctx) -> None:
         assert "stale lock" in err
 
 
+def lock_file_that_points_at_the_users_file(c: Ctx) -> None:
+    precious = c.file("precious.txt", b"the user's own notes\n")
+    for how in ("symlink", "hardlink"):
+        run = c.tmp / how
+        run.mkdir()
+        (run / LOCK_NAME).symlink_to(precious) if how == "symlink" else os.link(precious, run / LOCK_NAME)
+        code, err = c.train(run, "train.epochs=1")
+        if how == "symlink":
+            expect_refusal(code, err, LOCK_NAME, "not a lock file")
+        else:  # a stale lock by its content: replaced, never written into
+            assert code == 0, err
+        assert precious.read_bytes() == b"the user's own notes\n"
+
+
 OVERWRITE: list[Callable[[Ctx], None]] = [
     gan_into_a_finished_runs_folder,
     gan_beside_a_running_train,
@@ -809,6 +823,7 @@ OVERWRITE: list[Callable[[Ctx], None]] = [
     experiments_into_a_runs_folder,
     stale_lock_taken_over_by_exactly_one_of_many,
     lock_naming_an_impossible_pid,
+    lock_file_that_points_at_the_users_file,
 ]
 
 
@@ -1021,6 +1036,14 @@ def a_dataset_of_a_trillion_items(c: Ctx) -> None:
         hasten.train(recipe, data=Endless())
 
 
+def a_model_larger_than_the_machine(c: Ctx) -> None:
+    for override in ("model.width=1000000", "model.layers=[flatten, {dense: 10000000000}, {dense: classes}]"):
+        extra = ["model.name=sequential"] if "layers" in override else []
+        code, err = c.train(c.tmp / "never", *extra, override)
+        expect_refusal(code, err, "parameters", "more than", "this machine has free")
+    assert not (c.tmp / "never" / "summary.json").exists()
+
+
 def memory_that_cannot_be_had(c: Ctx) -> None:
     def refused(*args: object, **kwargs: object) -> None:  # what torch's allocator raises (a real one is unsafe here)
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you "
@@ -1040,6 +1063,7 @@ RESOURCES: list[Callable[[Ctx], None]] = [
     decompression_bomb_images,
     sizes_in_the_recipe_are_bounded,
     a_dataset_of_a_trillion_items,
+    a_model_larger_than_the_machine,
     memory_that_cannot_be_had,
 ]
 

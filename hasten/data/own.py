@@ -349,8 +349,13 @@ def own_data(
     """The user's data (module docstring) as an in-memory `ImageDataset` when every part is held in memory, else
     as `StreamedData`. `val_fraction` > 0 holds out that share of the training part (seeded, stratified) as the
     evaluation split; it is required when no evaluation part is given. `classes` names the labels (the data's
-    own names win when it brings them); without names they are "0".."K-1", K = the largest label + 1."""
+    own names, when it brings them, must be the same); without names they are "0".."K-1", K = the largest label + 1."""
     train_value, test_value, names = split_parts(data)
+    if names is not None and classes and list(classes) != list(names):
+        raise DataError(
+            f"data.classes: {list(classes)} are not the class names the data brings ({list(names)}); give one of "
+            "the two"
+        )
     names = names or (list(classes) if classes else None)
     train = _part(train_value, "data: train", workers)
     if test_value is not None and not val_fraction:
