@@ -111,6 +111,12 @@ def cmd_data(ns: argparse.Namespace) -> int:
 
     if ns.action != "make-folder" and (ns.out or ns.size or ns.rgb is not None or ns.limit):
         raise HastenError(f"data {ns.action}: OUT, --size, --rgb and --limit belong to 'data make-folder'")
+    from hasten.data.preprocessing import MAX_IMAGE_SIDE
+
+    if ns.size is not None and not 1 <= ns.size <= MAX_IMAGE_SIDE:
+        raise HastenError(f"--size {ns.size}: a side of 1 to {MAX_IMAGE_SIDE} pixels")
+    if ns.limit is not None and ns.limit < 1:
+        raise HastenError(f"--limit {ns.limit}: at least 1 image of each split")
     if ns.action == "fetch":
         print(fetch(ns.name, ns.root))
     elif ns.action == "make-folder":
@@ -656,8 +662,8 @@ def _resource_failure(error: BaseException, who: str) -> int:
     first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
     if isinstance(error, MemoryError) or any(marker in str(error) for marker in OUT_OF_MEMORY):
         console.print(
-            f"[red]{who}error:[/red] out of memory ({escape(first)}): lower the sizes the recipe asks for "
-            "(train.batch_size, train.eval_batch_size, model.width, data.size) or free memory",
+            f"[red]{who}error:[/red] out of memory ({escape(first)}): the sizes asked for are too large for this "
+            "machine (in a recipe: train.batch_size, train.eval_batch_size, model.width, data.size), or free memory",
             highlight=False,
             soft_wrap=True,
         )

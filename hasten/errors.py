@@ -27,7 +27,7 @@ def schema_problems(error: Any, prefix: str = "") -> str:
     """A pydantic ValidationError as '; '-joined 'field: message (got value)' items, at most 5."""
     items = []
     for item in error.errors()[:5]:
-        field = prefix + ".".join(str(part) for part in item["loc"])
+        field = prefix + ".".join(str(part) for part in item["loc"]) or "the whole file"
         message = item["msg"].removeprefix("Value error, ")
         shown = repr(item.get("input"))
         items.append(f"{field}: {message}" + (f" (got {shown[:60]})" if item["type"] != "value_error" else ""))

@@ -281,7 +281,7 @@ def check_output(path: str | Path, overwrite: bool, what: str, flag: str = "--ov
             if first in RUN_FILES or first == LOCK_NAME or first.startswith("replaced-"):
                 raise RunFolderError(
                     f"{what} {path}: that is the run folder {folder}'s own {first}; hasten never writes over a run's "
-                    f"files: give another path, e.g. {folder / ('export-' + resolved.name)}"
+                    "files: give another path"
                 )
             break
     if path.is_dir():

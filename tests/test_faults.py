@@ -1152,6 +1152,9 @@ def a_rank_killed_mid_run(c: Ctx) -> None:
     reported = [line for line in result.stderr.splitlines() if "rank" in line]
     assert reported == ["hasten: worker rank 1 was killed by signal 9 (SIGKILL); rank 0 was stopped with it"], reported
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    code, err = c.hasten(*args, "resume=auto")  # one process goes on from the last epoch's checkpoint
+    assert code == 0, err
+    assert json.loads((c.tmp / "r" / "summary.json").read_text())["epochs"] == 3
 
 
 def checkpoint_sections_of_the_wrong_type(c: Ctx) -> None:
