@@ -154,6 +154,7 @@ def load_checkpoint(path: str | Path, *, require_digest: bool = False) -> dict[s
             raise CheckpointError(f"checkpoint {path} is incomplete: {sidecar.name} is missing (interrupted save?)")
         if not _looks_like_torch_file(path):
             raise CheckpointError(f"{path} is not a PyTorch checkpoint (neither a torch.save zip archive nor a pickle)")
+        _check_archive_sizes(path)
     except OSError as error:
         raise CheckpointError(f"cannot read checkpoint {path}: {error.strerror or error}") from None
     try:
@@ -176,6 +177,25 @@ def load_checkpoint(path: str | Path, *, require_digest: bool = False) -> dict[s
         raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a mapping")
     check_tensor_sizes(state, str(path))
     return state
+
+
+def _check_archive_sizes(path: Path) -> None:
+    """A torch.save zip stores its records uncompressed: one that unpacks to more than it holds (a zip bomb: a few
+    MB of deflated zeros standing for gigabytes of tensor) is refused from its directory, before anything is
+    unpacked."""
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            records = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, NotImplementedError):
+        return  # the loader below names what is wrong with it
+    unpacked = sum(record.file_size for record in records)
+    if unpacked > 2 * path.stat().st_size + (1 << 20):
+        raise CheckpointError(
+            f"checkpoint {path}: its records unpack to {unpacked:,} bytes from a {path.stat().st_size:,}-byte file "
+            "(torch.save does not compress): refusing it"
+        )
 
 
 def check_tensor_sizes(value: Any, source: str, where: str = "") -> None:

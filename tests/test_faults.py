@@ -918,6 +918,25 @@ def stride_zero_tensor_in_a_checkpoint(c: Ctx) -> None:
     assert digests(run) == before
 
 
+def checkpoint_that_unpacks_to_more_than_it_holds(c: Ctx) -> None:
+    import zipfile
+
+    state = load_checkpoint(checkpoints_in(c.finished / "checkpoints")[0])
+    state["model"]["padding"] = torch.zeros(5_000_000)  # 20 MB of zeros: a few KB once deflated
+    plain = c.tmp / "plain.pt"
+    torch.save(state, plain)
+    bomb = c.tmp / "bomb.pt"
+    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as packed:
+        for record in source.infolist():
+            packed.writestr(record.filename, source.read(record.filename))
+    assert bomb.stat().st_size < 1_000_000
+    for command in (["evaluate", str(bomb)], ["export", str(bomb), str(c.tmp / "w.safetensors")]):
+        code, err = c.hasten(*command)
+        expect_refusal(code, err, "bomb.pt", "unpack to")
+    code, err = c.train(c.tmp / "r", f"model.pretrained={bomb}")
+    expect_refusal(code, err, "bomb.pt", "unpack to")
+
+
 class Server:
     """A local HTTP server that misbehaves: /endless never stops sending, /trickle sends a byte every 2 s,
     /huge announces a terabyte."""
@@ -1059,6 +1078,7 @@ RESOURCES: list[Callable[[Ctx], None]] = [
     workers_die_with_their_launcher,
     sizes_in_summary_json_are_checked,
     stride_zero_tensor_in_a_checkpoint,
+    checkpoint_that_unpacks_to_more_than_it_holds,
     downloads_are_capped_in_size_and_time,
     decompression_bomb_images,
     sizes_in_the_recipe_are_bounded,
