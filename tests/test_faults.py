@@ -1229,7 +1229,7 @@ def exports_with_metadata_that_does_not_fit(c: Ctx) -> None:
         expect_refusal(code, err, bad.name, needle)
 
 
-def onnx_classes_shorter_than_its_outputs(c: Ctx) -> None:
+def onnx_exports_that_do_not_fit(c: Ctx) -> None:
     import onnx
 
     export = c.tmp / "model.onnx"
@@ -1242,6 +1242,13 @@ def onnx_classes_shorter_than_its_outputs(c: Ctx) -> None:
     onnx.save(proto, str(export))
     code, err = c.hasten("predict", str(export), str(picture(c)))
     expect_refusal(code, err, "model.onnx", "3 classes")
+    # weights kept in a file the export names (hasten's never are): not read
+    outside = c.tmp / "outside"
+    outside.mkdir()
+    external = outside / "external.onnx"
+    onnx.save(proto, str(external), save_as_external_data=True, location="weights.bin", size_threshold=0)
+    code, err = c.hasten("predict", str(external), str(picture(c)))
+    expect_refusal(code, err, "external.onnx", "other files it names")
 
 
 TRACEBACKS: list[Callable[[Ctx], None]] = [
@@ -1252,7 +1259,7 @@ TRACEBACKS: list[Callable[[Ctx], None]] = [
     a_rank_killed_mid_run,
     checkpoint_sections_of_the_wrong_type,
     exports_with_metadata_that_does_not_fit,
-    onnx_classes_shorter_than_its_outputs,
+    onnx_exports_that_do_not_fit,
 ]
 
 
