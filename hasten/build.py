@@ -195,9 +195,9 @@ def check_model_size(recipe: Recipe, image_shape: tuple[int, ...], num_classes: 
         )
 
 
-def check_batches(train_loader: Any, test_loader: Any, model: nn.Module, recipe: Recipe, world: int) -> None:
-    """A training set too small for a batch of two on every rank, an empty evaluation split, or a batch of one
-    image for a model with batch norm (which cannot normalise one example in training): each a clear error."""
+def check_batches(train_loader: Any, test_loader: Any, world: int) -> None:
+    """A training set too small for a batch of two on every rank, or an empty evaluation split: a clear error
+    before anything is built over them."""
     if len(train_loader) == 0:
         raise DataError(
             f"data: {train_loader.num_samples} training image(s) over {world} process(es): too few for a training "
@@ -205,6 +205,10 @@ def check_batches(train_loader: Any, test_loader: Any, model: nn.Module, recipe:
         )
     if test_loader.num_samples == 0:
         raise DataError("data: the evaluation split holds no images")
+
+
+def check_batch_norm_batch(model: nn.Module, recipe: Recipe) -> None:
+    """A batch of one image for a model with batch norm, which cannot normalise one example in training."""
     norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     if norms and recipe.train.batch_size == 1:
         raise RecipeError(
@@ -417,6 +421,7 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
         for note in notes:
             print(note, file=sys.stderr)
     train_loader, test_loader = loaders(recipe, data, device, rank, world)
+    check_batches(train_loader, test_loader, world)
     # the EMA's BN statistics, under the run's autocast (`precision` is decided below, after the probe)
     calibrate = bn_calibration(train_loader, lambda: precision.autocast(), recipe.tricks.ema_bn_images)
     context = Context(rank=rank, world_size=world, steps_per_epoch=steps_per_epoch(recipe, train_loader),
@@ -429,7 +434,7 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     else:  # the recipe's: a built-in model or model.target's
         check_model_size(recipe, tuple(data.image_shape), len(data.classes), device)
         model = build_model(recipe.model, data.image_shape, len(data.classes))
-    check_batches(train_loader, test_loader, model, recipe, world)
+    check_batch_norm_batch(model, recipe)
     for technique in _at(made, "on_model"):
         technique.on_model(model)
     if recipe.model.pretrained:
