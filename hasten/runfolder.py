@@ -102,9 +102,11 @@ class RunLock:
         self.path = Path(folder) / LOCK_NAME
         self.held = False
         self._fd: int | None = None
+        self._made = False
 
     def __enter__(self) -> RunLock:
         mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": _now()}).encode()
+        self._made = not self.path.parent.exists()  # removed again on the way out if nothing was written into it
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -216,6 +218,9 @@ class RunLock:
             self.path.unlink(missing_ok=True)  # while still locked: a newcomer that opened it sees it unlinked
             os.close(self._fd)
             self._fd, self.held = None, False
+            if self._made:  # a command refused before it wrote anything leaves no empty folder behind
+                with contextlib.suppress(OSError):
+                    self.path.parent.rmdir()
 
 
 def _now() -> str:
