@@ -102,11 +102,16 @@ class RunLock:
         self.path = Path(folder) / LOCK_NAME
         self.held = False
         self._fd: int | None = None
-        self._made = False
+        self._made: list[Path] = []
 
     def __enter__(self) -> RunLock:
         mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": _now()}).encode()
-        self._made = not self.path.parent.exists()  # removed again on the way out if nothing was written into it
+        # the folders made for the lock, deepest first: removed again on the way out if nothing was written there
+        self._made = []
+        for folder in (self.path.parent, *self.path.parent.parents):
+            if folder.exists():
+                break
+            self._made.append(folder)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -218,9 +223,11 @@ class RunLock:
             self.path.unlink(missing_ok=True)  # while still locked: a newcomer that opened it sees it unlinked
             os.close(self._fd)
             self._fd, self.held = None, False
-            if self._made:  # a command refused before it wrote anything leaves no empty folder behind
-                with contextlib.suppress(OSError):
-                    self.path.parent.rmdir()
+            for folder in self._made:  # a command refused before it wrote anything leaves no empty folder behind
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
 
 
 def _now() -> str:
