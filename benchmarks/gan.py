@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     weights, accuracy = classifier(args, gan_overrides, out, log)
     recipes = {
         name: load_gan_recipe("dcgan-fashion", [*gan_overrides, f"quality.classifier={weights}",
-                                                f"precision={name}", f"run.dir={out / name}"])
+                                                f"precision={name}", f"run.dir={out / name}",
+                                                "run.overwrite=true"])  # the benchmark owns its folders
         for name in args.precisions.split(",")
     }  # fmt: skip
     probes = probe(recipes, args.rounds, args.probe_seconds, log)

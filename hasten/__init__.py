@@ -34,9 +34,12 @@ def train(
     return _train(recipe, model=model, data=data, loss=loss)  # type: ignore[arg-type]
 
 
-def load(path: object, device: str = "cpu") -> object:
+def load(path: object, device: str = "cpu", *, trust_code: bool = False, model: object = None) -> object:
     """The model a run evaluated, from a run folder, checkpoint or `hasten export` file (.safetensors, .onnx),
-    with `predict(images, top_k)` that converts images as training did; see hasten.inference.load."""
+    with `predict(images, top_k)` that converts images as training did; see hasten.inference.load.
+
+    The file is data: a `model.target` or `data.target` it names is not imported unless `trust_code=True`; or
+    give `model=` yourself (an nn.Module, or the class or function that makes it)."""
     from hasten.inference import load as _load
 
-    return _load(path, device)  # type: ignore[arg-type]
+    return _load(path, device, trust_code=trust_code, model=model)  # type: ignore[arg-type]

@@ -92,7 +92,8 @@ def _timed_step(step: TrainStep, batch: tuple[Tensor, Tensor], device: torch.dev
     return time.perf_counter() - started, result.loss
 
 
-def _step_on_copy(model: nn.Module, option: Candidate, device: torch.device, num_classes: int, loss_fn=None) -> TrainStep:
+def _step_on_copy(model: nn.Module, option: Candidate, device: torch.device, num_classes: int, loss_fn=None
+                  ) -> TrainStep:  # fmt: skip
     """The run's training step on a copy of `model` in `option`'s precision and layout, at LR 0 (nothing moves)."""
     copy_ = copy.deepcopy(model).to(device)
     if option.channels_last:

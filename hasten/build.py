@@ -141,6 +141,83 @@ def train_size(data: ImageDataset | ImageFolder | StreamedData) -> int:
     return len(data.train.labels) if isinstance(data, ImageFolder | StreamedData) else len(data.train_labels)
 
 
+def check_training_data(recipe: Recipe, data: ImageDataset | ImageFolder | StreamedData) -> None:
+    """What no run can train on, refused before anything is built: fewer than two classes among the training
+    labels (a classifier of one class scores 100% and learns nothing), and `data.classes` that are not the class
+    names of a dataset that brings its own (a registered dataset, an image folder)."""
+    labels = data.train.labels if isinstance(data, ImageFolder | StreamedData) else data.train_labels
+    present = labels.unique().tolist() if len(labels) else []
+    if len(present) < 2:
+        names = [data.classes[i] for i in present if 0 <= i < len(data.classes)]
+        what = f"only class {names[0]!r}" if names else "no labelled image"
+        raise DataError(
+            f"data: the {len(labels):,} training image(s) hold {what}: a classifier needs at least 2 classes "
+            f"(data.name={recipe.data.name}" + (f", data.root={recipe.data.root}" if recipe.data.root else "") + ")"
+        )
+    given = recipe.data.classes
+    if given is not None and recipe.data.name not in USER_SOURCES and list(given) != list(data.classes):
+        shown = ", ".join(map(str, data.classes[:12])) + (", ..." if len(data.classes) > 12 else "")
+        raise RecipeError(
+            f"data.classes: {list(given)} are not the {len(data.classes)} classes of {recipe.data.name} ({shown}); "
+            "leave data.classes out (it names the labels of your own data)"
+        )
+
+
+BYTES_PER_PARAMETER = 8  # the least any training keeps per parameter: its fp32 weight and its gradient
+
+
+def check_model_size(recipe: Recipe, image_shape: tuple[int, ...], num_classes: int, device: torch.device) -> None:
+    """A built-in model whose parameters would not fit in this machine's memory (`model.width=100000`) is refused
+    before any of it is allocated: it is first built on the meta device, which holds shapes and no data."""
+    if recipe.model.name not in ("resnet", "sequential"):
+        return
+    try:
+        with torch.device("meta"):
+            probe = build_model(recipe.model, image_shape, num_classes)
+    except HastenError:
+        raise
+    except Exception:  # noqa: BLE001 - whatever fails here fails in the real build too, which says it
+        return
+    count = sum(p.numel() for p in probe.parameters())
+    if device.type == "cuda":
+        have = torch.cuda.get_device_properties(device).total_memory
+    else:
+        from hasten.memory import available_memory_bytes
+
+        have = available_memory_bytes()
+    if count * BYTES_PER_PARAMETER > have:
+        from hasten.memory import format_bytes
+
+        keys = "model.layers" if recipe.model.name == "sequential" else "model.width, model.widths or model.blocks"
+        raise RecipeError(
+            f"model: the recipe's {recipe.model.name} has {count:,} parameters, whose weights and gradients alone "
+            f"take {format_bytes(count * BYTES_PER_PARAMETER)}, more than the {format_bytes(have)} this machine has "
+            f"free: make it smaller ({keys})"
+        )
+
+
+def check_batches(train_loader: Any, test_loader: Any, world: int) -> None:
+    """A training set too small for a batch of two on every rank, or an empty evaluation split: a clear error
+    before anything is built over them."""
+    if len(train_loader) == 0:
+        raise DataError(
+            f"data: {train_loader.num_samples} training image(s) over {world} process(es): too few for a training "
+            "batch of at least 2 images on each; give more training data"
+        )
+    if test_loader.num_samples == 0:
+        raise DataError("data: the evaluation split holds no images")
+
+
+def check_batch_norm_batch(model: nn.Module, recipe: Recipe) -> None:
+    """A batch of one image for a model with batch norm, which cannot normalise one example in training."""
+    norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    if norms and recipe.train.batch_size == 1:
+        raise RecipeError(
+            "train.batch_size: 1 image a batch, but the model has batch norm, which cannot normalise a single "
+            "example in training: use at least 2"
+        )
+
+
 MIN_AUTO_BATCH = rules.MIN_BATCH  # train.min_steps_per_epoch halves the batch no further
 
 
@@ -340,9 +417,11 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     seed_everything(recipe.seed)
     given_model, given_data = model, data
     data = dataset(recipe) if data is None else load_data(recipe, data)
+    check_training_data(recipe, data)
     if given_model is not None:
         model = own_model(recipe.model, given_model, data.image_shape, len(data.classes))
     else:  # the recipe's: a built-in model or model.target's
+        check_model_size(recipe, tuple(data.image_shape), len(data.classes), device)
         model = build_model(recipe.model, data.image_shape, len(data.classes))
     recipe, machine_keys = resolve(recipe, data, model, device, given_model, given_data)
     return assemble(recipe, data, model, device, machine_keys)
@@ -399,6 +478,7 @@ def assemble(recipe: Recipe, data: Any, model: nn.Module, device: torch.device, 
     scale = recipe.loss_scale
     precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)
     train_loader, test_loader = loaders(recipe, data, device, rank, world)
+    check_batches(train_loader, test_loader, world)
     # the EMA's BN statistics, under the run's autocast
     calibrate = bn_calibration(train_loader, precision.autocast, recipe.tricks.ema_bn_images)
     context = Context(rank=rank, world_size=world, steps_per_epoch=steps_per_epoch(recipe, train_loader),
@@ -406,6 +486,7 @@ def assemble(recipe: Recipe, data: Any, model: nn.Module, device: torch.device, 
                       calibrate=calibrate,
                       train_images=lambda count: first_train_images(train_loader, count))  # fmt: skip
     made = techniques(recipe, context)  # every technique the recipe turns on; each declares its hook points
+    check_batch_norm_batch(model, recipe)
     for technique in _at(made, "on_model"):
         technique.on_model(model)
     if recipe.model.pretrained:
@@ -515,7 +596,7 @@ def choose_on_machine(
     if not asked:
         return recipe, (), []
     kept = {key: (resumed or {})[key] for key in asked if key in (resumed or {})}
-    notes = [f"{', '.join(f'{k}=auto -> {v}' for k, v in kept.items())}, as the run being resumed chose"] if kept else []
+    notes = [f"{', '.join(f'{k}=auto -> {v}' for k, v in kept.items())}, as the run being resumed chose"] * bool(kept)
     values |= kept
     options = autotune.candidates(values["precision"], values["train.channels_last"], device)
     world = world_size()

@@ -6,6 +6,11 @@ the sidecar is what marks a checkpoint complete, and its digest catches truncati
 the zip container would not. Loading is `torch.load(weights_only=True)` only: the unpickler then refuses
 anything but tensors and plain containers, so a checkpoint from elsewhere cannot run code. There is no
 fallback to unsafe loading.
+
+A loaded file is checked before anything uses it: no tensor may claim more elements than its storage holds (a
+stride-0 tensor of a few bytes can stand for gigabytes, which any copy or dtype conversion would allocate), and
+a training checkpoint's sections must have the types the trainer writes (`training_checkpoint`, a pydantic
+schema), so a hand-edited file is an error naming the field, not a traceback later in the run.
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from safetensors.torch import load_file as load_safetensors
 from safetensors.torch import save_file as save_safetensors
 
-from hasten.errors import CheckpointError
+from hasten.errors import CheckpointError, schema_problems
 
 DIGEST_SUFFIX = ".sha256"
 NAME = re.compile(r"^step-(\d+)\.pt$")
@@ -148,6 +154,7 @@ def load_checkpoint(path: str | Path, *, require_digest: bool = False) -> dict[s
             raise CheckpointError(f"checkpoint {path} is incomplete: {sidecar.name} is missing (interrupted save?)")
         if not _looks_like_torch_file(path):
             raise CheckpointError(f"{path} is not a PyTorch checkpoint (neither a torch.save zip archive nor a pickle)")
+        _check_archive_sizes(path)
     except OSError as error:
         raise CheckpointError(f"cannot read checkpoint {path}: {error.strerror or error}") from None
     try:
@@ -168,7 +175,107 @@ def load_checkpoint(path: str | Path, *, require_digest: bool = False) -> dict[s
         raise CheckpointError(f"checkpoint {path} is unreadable (truncated or not a checkpoint): {reason}") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a mapping")
+    check_tensor_sizes(state, str(path))
     return state
+
+
+def _check_archive_sizes(path: Path) -> None:
+    """A torch.save zip stores its records uncompressed: one that unpacks to more than it holds (a zip bomb: a few
+    MB of deflated zeros standing for gigabytes of tensor) is refused from its directory, before anything is
+    unpacked."""
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            records = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, NotImplementedError):
+        return  # the loader below names what is wrong with it
+    unpacked = sum(record.file_size for record in records)
+    if unpacked > 2 * path.stat().st_size + (1 << 20):
+        raise CheckpointError(
+            f"checkpoint {path}: its records unpack to {unpacked:,} bytes from a {path.stat().st_size:,}-byte file "
+            "(torch.save does not compress): refusing it"
+        )
+
+
+def check_tensor_sizes(value: Any, source: str, where: str = "") -> None:
+    """CheckpointError naming the entry when a tensor in `value` (nested dicts, lists, tuples) claims more elements
+    than its storage holds: an overlapping view (stride 0) that a copy or conversion would blow up to its full size.
+    Called on every loaded file before any tensor in it is converted, compared or copied."""
+    try:
+        _check_sizes(value, source, where)
+    except RecursionError:
+        raise CheckpointError(f"checkpoint {source} is nested too deeply to be one hasten writes") from None
+
+
+def _check_sizes(value: Any, source: str, where: str) -> None:
+    if isinstance(value, torch.Tensor):
+        claimed = value.numel() * value.element_size()
+        held = value.untyped_storage().nbytes() if value.layout == torch.strided else claimed
+        if claimed > held:
+            raise CheckpointError(
+                f"checkpoint {source}: tensor {where or '(top level)'} of shape {tuple(value.shape)} claims "
+                f"{claimed:,} bytes over a storage of {held:,} (an overlapping view, e.g. stride 0); refusing it"
+            )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_sizes(item, source, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_sizes(item, source, f"{where}[{index}]")
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="allow")
+
+
+class RankRecord(_Schema):
+    """One rank's own state in a training checkpoint (hasten.trainer.Trainer._rank_state)."""
+
+    rng: dict[str, Any]
+    hooks: dict[str, dict[str, Any]] = {}
+    epoch_sums: dict[str, float] = {}
+
+
+class TrainingCheckpoint(_Schema):
+    """The sections of a training checkpoint (hasten.trainer.Trainer.state_dict, format 2), with their types; the
+    trainer's position (`trainer`) is validated against its State dataclass where it is loaded."""
+
+    recipe: dict[str, Any]
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any] = {}
+    scheduler: dict[str, Any] = {}
+    precision: dict[str, Any] | None = None
+    hooks: dict[str, dict[str, Any]] | None = None
+    trainer: dict[str, Any] = {}
+    ranks: list[RankRecord] | None = None
+
+    @field_validator("hooks")
+    @classmethod
+    def _ema_count(cls, hooks: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
+        ema = (hooks or {}).get("ema")
+        if ema is not None and "n_averaged" in ema:
+            count = ema["n_averaged"]
+            if isinstance(count, torch.Tensor):
+                if count.numel() != 1 or count.is_floating_point() or count.is_complex():
+                    raise ValueError(
+                        f"hooks.ema.n_averaged: a count (one integer), got a tensor of {tuple(count.shape)}"
+                    )
+            elif not isinstance(count, int) or isinstance(count, bool):
+                raise ValueError(f"hooks.ema.n_averaged: a count (one integer), got {type(count).__name__}")
+            if int(count) < 0:
+                raise ValueError(f"hooks.ema.n_averaged: a count, got {int(count)}")
+        return hooks
+
+
+def training_checkpoint(state: dict[str, Any], source: str) -> TrainingCheckpoint:
+    """`state` checked against TrainingCheckpoint; CheckpointError naming `source` and every field that does not fit."""
+    try:
+        return TrainingCheckpoint.model_validate(state)
+    except ValidationError as error:
+        raise CheckpointError(
+            f"{source} is not a training checkpoint as hasten writes one: {schema_problems(error)}"
+        ) from None
 
 
 def checkpoints_in(folder: str | Path) -> list[Path]:

@@ -90,13 +90,19 @@ def _launch(device: str, devices: int, args: list[str], max_restarts: int) -> in
     """`devices` worker processes of `hasten ARGS` through torchrun's launcher, one per GPU on CUDA."""
     import torch
 
-    from hasten.distributed import launch
+    from hasten.distributed import launch, usable_cpus
 
     gpus = torch.cuda.device_count() if device in ("auto", "cuda") or device.startswith("cuda") else 0
     if device.startswith("cuda") and devices > gpus:
         raise HastenError(f"--devices {devices}: this machine has {gpus} CUDA device(s)")
     if device == "auto" and 0 < gpus < devices:
         raise HastenError(f"--devices {devices}: this machine has {gpus} CUDA device(s); use device=cpu for CPU ranks")
+    cpus = usable_cpus()
+    if (device == "cpu" or (device == "auto" and gpus == 0)) and devices > cpus:  # each rank is a whole process
+        raise HastenError(
+            f"--devices {devices}: this machine has {cpus} CPU core(s) for this process; CPU ranks beyond that only "
+            f"share them (and each takes its own memory): use at most --devices {cpus}"
+        )
     return launch(devices, args, max_restarts=max_restarts)
 
 
@@ -105,6 +111,12 @@ def cmd_data(ns: argparse.Namespace) -> int:
 
     if ns.action != "make-folder" and (ns.out or ns.size or ns.rgb is not None or ns.limit):
         raise HastenError(f"data {ns.action}: OUT, --size, --rgb and --limit belong to 'data make-folder'")
+    from hasten.data.preprocessing import MAX_IMAGE_SIDE
+
+    if ns.size is not None and not 1 <= ns.size <= MAX_IMAGE_SIDE:
+        raise HastenError(f"--size {ns.size}: a side of 1 to {MAX_IMAGE_SIDE} pixels")
+    if ns.limit is not None and ns.limit < 1:
+        raise HastenError(f"--limit {ns.limit}: at least 1 image of each split")
     if ns.action == "fetch":
         print(fetch(ns.name, ns.root))
     elif ns.action == "make-folder":
@@ -119,6 +131,20 @@ def cmd_data(ns: argparse.Namespace) -> int:
     return 0
 
 
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")  # what --plot may replace: a picture, by a picture
+
+
+def _plot_path(given: str | None, default: Any) -> Any:
+    """Where a command draws its plot: `--plot PATH` or the default in the run folder; never one of a run's own
+    files, nor an existing file that is not a picture."""
+    from pathlib import Path
+
+    from hasten.runfolder import check_output
+
+    path = Path(given) if given else Path(default)
+    return check_output(path, overwrite=path.suffix.lower() in PLOT_SUFFIXES, what="--plot")
+
+
 def cmd_schedule(ns: argparse.Namespace) -> int:
     recipe = _recipe(ns)
     from hasten.build import run_dir
@@ -126,7 +152,7 @@ def cmd_schedule(ns: argparse.Namespace) -> int:
 
     result = schedule_trace(recipe)
     title = f"{recipe.name}: {recipe.schedule.name} schedule, {recipe.train.epochs} epochs"
-    path = plot_schedule(result, ns.plot or run_dir(recipe) / "schedule.png", title)
+    path = plot_schedule(result, _plot_path(ns.plot, run_dir(recipe) / "schedule.png"), title)
     print(f"{result.total_steps} optimizer steps ({result.steps_per_epoch} per epoch), warmup {result.warmup_steps}")
     print(f"LR: peak {max(result.lrs):.4g}, first step {result.lrs[0]:.4g}, last step {result.lrs[-2]:.4g}")
     print(f"momentum/beta1: {min(result.momenta):.3g} to {max(result.momenta):.3g}")
@@ -186,7 +212,7 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
     recipe, scale = parts.recipe, lr_scale(parts.recipe)
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
         return 0  # rank 0 reports; every rank has the same result
-    path = plot_lr_find(result, ns.plot or run_dir(recipe) / "lr-find.png", f"{recipe.name}: LR range test")
+    path = plot_lr_find(result, _plot_path(ns.plot, run_dir(recipe) / "lr-find.png"), f"{recipe.name}: LR range test")
     peak = auto_lr(result)
     base = f" per {recipe.optim.base_batch} examples" if recipe.optim.base_batch else ""
     print(f"peak LR for this recipe's {recipe.schedule.name} schedule: {peak:.4g} ({AUTO_RULE}, the rule of "
@@ -261,14 +287,14 @@ def cmd_gan(ns: argparse.Namespace) -> int:
     from hasten.experiments.gan import train_gan
     from hasten.experiments.gan_report import results_table as gan_results_table
 
-    _show(train_gan(recipe), recipe.run.progress, gan_results_table)
+    _show(train_gan(recipe, trust_code=ns.trust_code), recipe.run.progress, gan_results_table)
     return 0
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
     from hasten.exporting import export
 
-    print(export(ns.checkpoint, ns.out, ns.format)[1])
+    print(export(ns.checkpoint, ns.out, ns.format, overwrite=ns.overwrite, trust_code=ns.trust_code)[1])
     return 0
 
 
@@ -280,7 +306,7 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
         raise HastenError(f"evaluate: expected key=value data overrides after the run, got {stray[0]!r}")
     if ns.top_k < 1:
         raise HastenError(f"--top-k {ns.top_k}: at least 1")
-    result = evaluate(ns.source, ns.overrides, top_k=ns.top_k, out=ns.out)
+    result = evaluate(ns.source, ns.overrides, top_k=ns.top_k, out=ns.out, trust_code=ns.trust_code)
     table = Table(title=f"{result['source']} on {result['data']} {result['split']} ({result['images']} images)")
     table.add_column("class")
     for name in result["results"]:
@@ -307,7 +333,7 @@ def cmd_predict(ns: argparse.Namespace) -> int:
         raise HastenError("predict: --json or --csv, not both")
     if ns.top_k < 1:
         raise HastenError(f"--top-k {ns.top_k}: at least 1")
-    model = load(ns.source)
+    model = load(ns.source, trust_code=ns.trust_code)
     files = image_files(ns.images)
     predictions = model.predict(files, top_k=ns.top_k)
     if ns.json:
@@ -327,6 +353,12 @@ def cmd_predict(ns: argparse.Namespace) -> int:
             table.add_row(p.source, p.label, f"{p.probability:.4f}", *([top] * (ns.top_k > 1)))
         Console().print(table)
     return 0
+
+
+TRUST_HELP = (
+    "import and run the model.target/data.target the source's recipe names (a run folder, checkpoint or export is "
+    "data: without this flag hasten refuses to import code it names); only for files whose author you trust"
+)
 
 
 SUMMARIES = {
@@ -496,6 +528,7 @@ def commands() -> dict[str, argparse.ArgumentParser]:
         "hasten classifier (not Inception FID).",
     )
     gan.add_argument("args", nargs="*", metavar="[RECIPE] [key=value ...]")
+    gan.add_argument("--trust-code", action="store_true", help="quality.classifier: " + TRUST_HELP)
     gan.set_defaults(run=cmd_gan)
 
     export = argparse.ArgumentParser(
@@ -507,8 +540,10 @@ def commands() -> dict[str, argparse.ArgumentParser]:
     export.add_argument("checkpoint", help="a run folder (its newest checkpoint) or a checkpoint (.pt)")
     export.add_argument("out", help="the file to write (.safetensors or .onnx)")
     export.add_argument(
-        "--format", choices=["safetensors", "onnx"], help="default: onnx for an .onnx OUT, else safetensors"
+        "--format", choices=["safetensors", "onnx"], help="default: from OUT's suffix (.safetensors or .onnx)"
     )
+    export.add_argument("--overwrite", action="store_true", help="replace OUT when it exists (never a run's own files)")
+    export.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
     export.set_defaults(run=cmd_export)
 
     evaluate = argparse.ArgumentParser(
@@ -521,6 +556,7 @@ def commands() -> dict[str, argparse.ArgumentParser]:
     evaluate.add_argument("overrides", nargs="*", metavar="key=value")
     evaluate.add_argument("--top-k", type=int, default=5, help="k of the top-k accuracy (default 5)")
     evaluate.add_argument("--out", metavar="DIR", help="folder to write to (default: RUN_DIR/evaluation)")
+    evaluate.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
     evaluate.set_defaults(run=cmd_evaluate)
 
     predict = argparse.ArgumentParser(
@@ -533,6 +569,7 @@ def commands() -> dict[str, argparse.ArgumentParser]:
     predict.add_argument("--top-k", type=int, default=1, help="classes shown per image (default 1)")
     predict.add_argument("--json", action="store_true", help="print JSON instead of a table")
     predict.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    predict.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
     predict.set_defaults(run=cmd_predict)
     return {
         "train": train,
@@ -566,6 +603,9 @@ def top_parser(parsers: dict[str, argparse.ArgumentParser]) -> argparse.Argument
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    for stream in (sys.stdout, sys.stderr):  # a name that is not UTF-8 (a file, a class folder) prints escaped
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     parsers = commands()
     if not (sys.argv[1:] if argv is None else list(argv)):  # bare `hasten`: what to type, not argparse's internals
         top_parser(parsers).print_help(sys.stderr)
@@ -576,7 +616,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the command line as given, which reports record: rebuilt from parsed options it would drop any new one
     ns.command_line = shlex.join(["hasten", *argv])
     # a worker of a job with several processes names its rank in what it prints on the way out
-    who = f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+    who = f"rank {os.environ.get('RANK', '?')}: " if _world_size() > 1 else ""
+    if os.environ.get("HASTEN_LAUNCHER_PID", "").isdigit() and _world_size() > 1:  # a worker of --devices N
+        from hasten.distributed import die_with_launcher
+
+        die_with_launcher(int(os.environ["HASTEN_LAUNCHER_PID"]))
     try:
         return ns.run(ns)
     except HastenError as error:
@@ -592,9 +636,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print(f"[yellow]{who}interrupted[/yellow]")
         return 130
+    except (MemoryError, RuntimeError) as error:
+        return _resource_failure(error, who)
     finally:
         if "hasten.distributed" in sys.modules:  # leave the process group cleanly (no-op when none is up)
             sys.modules["hasten.distributed"].shutdown()
+
+
+def _world_size() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+# what torch's allocators say when a request cannot be met (CPU, CUDA, MPS)
+OUT_OF_MEMORY = ("can't allocate memory", "out of memory", "not enough memory", "Cannot allocate memory")
+
+
+def _resource_failure(error: BaseException, who: str) -> int:
+    """The one line for a failure that is not hasten's input check but the machine's: memory that cannot be had, or
+    (in a worker of several) another rank that vanished. Anything else is a bug, raised with its traceback."""
+    from hasten.distributed import PEER_LOST_EXIT, lost_peer
+
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+    if isinstance(error, MemoryError) or any(marker in str(error) for marker in OUT_OF_MEMORY):
+        console.print(
+            f"[red]{who}error:[/red] out of memory ({escape(first)}): the sizes asked for are too large for this "
+            "machine (in a recipe: train.batch_size, train.eval_batch_size, model.width, data.size), or free memory",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return 2
+    if lost_peer(error):
+        if not os.environ.get("HASTEN_LAUNCHER_PID"):  # under hasten's launcher, its one line says it all
+            console.print(
+                f"[red]{who}error:[/red] another rank of this job vanished ({escape(first)}); the launcher names it",
+                highlight=False,
+                soft_wrap=True,
+            )
+        return PEER_LOST_EXIT
+    raise error
 
 
 def run() -> NoReturn:

@@ -8,7 +8,9 @@ range are all reported together, each naming its dotted field, as one `RecipeErr
 from __future__ import annotations
 
 import copy
+import difflib
 import importlib.resources
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,17 +18,20 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hasten.data.preprocessing import MAX_IMAGE_SIDE
 from hasten.data.registry import DATASETS
 from hasten.errors import RecipeError
 
 PositiveFloat = Annotated[float, Field(gt=0)]
+MAX_SYNTHETIC = 1_000_000  # images of the synthetic set: each is drawn one by one (a million take ~1 GB)
 Fraction = Annotated[float, Field(ge=0, lt=1)]
 
 
 class Section(BaseModel):
-    """Base of every recipe section: unknown keys are errors, values are checked on assignment too."""
+    """Base of every recipe section: unknown keys are errors, values are checked on assignment too, and no float
+    setting may be NaN or infinite."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class AugmentConfig(Section):
@@ -52,9 +57,10 @@ class DataConfig(Section):
     download: bool = True  # allow fetching from the official address (checked against a pinned SHA-256)
     subset: Annotated[int, Field(ge=1)] | None = None  # first N training images
     test_subset: Annotated[int, Field(ge=1)] | None = None  # first N test images
-    synthetic_size: Annotated[int, Field(ge=8)] = 512  # training images of the synthetic set
+    synthetic_size: Annotated[int, Field(ge=8, le=MAX_SYNTHETIC)] = 512  # training images of the synthetic set
     augment: AugmentConfig = AugmentConfig()
-    size: Annotated[int, Field(ge=1)] | None = None  # resize every image to size x size pixels; None: as stored
+    # resize every image to size x size pixels; None: as stored
+    size: Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)] | None = None
     rgb: bool | None = None  # true: 3 channels (grey repeated); false: 1 (luma); None: as stored
     workers: Annotated[int, Field(ge=0)] | None = None  # imagefolder: DataLoader worker processes; None: auto
     per_class: Annotated[int, Field(ge=1)] | None = None  # at most the first N training images of each class
@@ -162,11 +168,14 @@ class OptimConfig(Section):
             )
         return self
 
-    @field_validator("lr")
+    @field_validator("lr", mode="before")
     @classmethod
-    def _positive_lr(cls, lr: float | str) -> float | str:
-        if lr != "auto" and not lr > 0:
-            raise ValueError(f"optim.lr: the peak learning rate must be greater than 0, or auto (got {lr!r})")
+    def _positive_lr(cls, lr: Any) -> Any:
+        # before the union is tried: one message for a number out of range, not one per member of the union
+        if isinstance(lr, (int, float)) and not isinstance(lr, bool) and not (math.isfinite(lr) and lr > 0):
+            raise ValueError(
+                f"optim.lr: the peak learning rate must be a finite number greater than 0, or auto (got {lr!r})"
+            )
         return lr
 
 
@@ -290,6 +299,21 @@ class LossScaleConfig(Section):
     growth_interval: Annotated[int, Field(ge=1)] = 2000  # clean optimizer steps before the scale doubles
 
 
+def unsafe_folder(path: str | Path) -> str | None:
+    """Why `path` may not be a folder hasten writes a run or results into (the filesystem root, the home folder or
+    one above it: run.overwrite would move the user's files), or None."""
+    try:
+        resolved = Path(path).expanduser().resolve()
+        home = Path.home().resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+    if resolved == Path(resolved.anchor):
+        return "the filesystem root"
+    if resolved == home or resolved in home.parents:
+        return "your home folder" if resolved == home else f"a folder above your home folder ({home})"
+    return None
+
+
 class RunConfig(Section):
     dir: str | None = None  # default: runs/<recipe name>, or runs/<recipe name>-<data.name> on other data
     # a fresh run into a run.dir holding another run's files: move those into run.dir/replaced-<UTC time>/
@@ -302,6 +326,14 @@ class RunConfig(Section):
     save_every: Annotated[int, Field(ge=0)] = 1  # checkpoint every N epochs (0: not at epoch ends)
     save_every_steps: Annotated[int, Field(ge=0)] = 0  # and/or every N optimizer steps (0: off)
     keep: Annotated[int, Field(ge=1)] = 2  # newest checkpoints kept in run.dir/checkpoints (the best one too)
+
+    @field_validator("dir")
+    @classmethod
+    def _own_folder(cls, folder: str | None) -> str | None:
+        reason = unsafe_folder(folder) if folder else None
+        if reason:
+            raise ValueError(f"run.dir: {folder!r} is {reason}; a run needs a folder of its own, e.g. runs/NAME")
+        return folder
 
 
 class SweepConfig(Section):
@@ -430,6 +462,20 @@ class BoundedLoader(yaml.SafeLoader):
             expanded(node)
         return node
 
+    def compose_mapping_node(self, anchor: str | None) -> yaml.MappingNode:
+        """A mapping that sets a key twice is an error naming both lines (YAML would keep the last silently)."""
+        node = super().compose_mapping_node(anchor)
+        seen: dict[str, int] = {}
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                if key.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key.value!r} (first set on line {seen[key.value]}): a recipe "
+                        "sets each key once", key.start_mark,
+                    )  # fmt: skip
+                seen[key.value] = key.start_mark.line + 1
+        return node
+
 
 def load_yaml(text: str, origin: str) -> Any:
     """`text` parsed as YAML with BoundedLoader; a RecipeError naming `origin` when it is not valid or too big."""
@@ -455,28 +501,35 @@ def read_text_file(path: Path, what: str) -> str:
         raise RecipeError(f"{what} {path}: not UTF-8 text (byte {error.start}): not a YAML recipe") from None
 
 
-def _read_yaml(source: str) -> tuple[dict[str, Any], str]:
-    """The raw mapping of a recipe given as a path or a shipped name, and where it came from."""
+RECIPE_SUFFIXES = (".yaml", ".yml")
+
+
+def _read_yaml(source: str | Path) -> tuple[dict[str, Any], str, Path | None]:
+    """The raw mapping of a recipe given as a path or a shipped name, where it came from, and the folder of its
+    file (None for a shipped recipe). A file must be YAML by name (.yaml or .yml): any other file is refused
+    before it is read, so nothing of it is echoed back."""
     path = Path(source)
-    if path.suffix in (".yaml", ".yml") or path.is_file():  # a folder named like a recipe does not shadow it
+    if path.suffix in RECIPE_SUFFIXES or path.is_file():  # a folder named like a recipe does not shadow it
         if not path.is_file():
             raise RecipeError(f"recipe file not found: {path}")
-        text, origin = read_text_file(path, "recipe"), str(path)
+        if path.suffix.lower() not in RECIPE_SUFFIXES:
+            raise RecipeError(f"{path}: not a recipe file (a recipe is YAML, named .yaml or .yml)")
+        text, origin, folder = read_text_file(path, "recipe"), str(path), path.parent
     else:
         shipped = importlib.resources.files("hasten") / "recipes" / f"{source}.yaml"
-        if not shipped.is_file():
+        if not str(source) or not shipped.is_file():
             raise RecipeError(
-                f"unknown recipe {source!r}: not a file, and not one of the shipped recipes "
+                f"unknown recipe {str(source)!r}: not a file, and not one of the shipped recipes "
                 f"({', '.join(shipped_recipes())})"
             )
-        text, origin = shipped.read_text(encoding="utf-8"), f"shipped recipe {source!r}"
+        text, origin, folder = shipped.read_text(encoding="utf-8"), f"shipped recipe {str(source)!r}", None
     raw = load_yaml(text, origin)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise RecipeError(f"{origin}: a recipe must be a mapping of keys to values, got {type(raw).__name__}")
-    raw.setdefault("name", path.stem if path.suffix in (".yaml", ".yml") else source)
-    return raw, origin
+    raw.setdefault("name", path.stem if path.suffix in RECIPE_SUFFIXES else str(source))
+    return raw, origin, folder
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -490,16 +543,29 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def load_raw(source: str | None, _seen: tuple[str, ...] = ()) -> tuple[dict[str, Any], str]:
-    """A recipe's mapping, with `extends: OTHER` resolved (the other recipe's keys under this one's)."""
-    raw, origin = _read_yaml(source or DEFAULT_RECIPE)
+def load_raw(source: str | Path | None, _seen: tuple[str, ...] = ()) -> tuple[dict[str, Any], str]:
+    """A recipe's mapping, with `extends: OTHER` resolved (the other recipe's keys under this one's). OTHER is a
+    shipped recipe's name, or a .yaml file found from the folder of the recipe that extends it (as an include
+    is), not from the current folder."""
+    raw, origin, folder = _read_yaml(source or DEFAULT_RECIPE)
     parent = raw.pop("extends", None)
     if parent is not None:
-        if not isinstance(parent, str):
+        if not isinstance(parent, str) or not parent.strip():
             raise RecipeError(f"{origin}: extends must name a recipe, got {parent!r}")
-        if parent in _seen:
-            raise RecipeError(f"{origin}: recipes extend each other in a loop: {' -> '.join(_seen + (parent,))}")
-        base, _ = load_raw(parent, _seen + (parent,))
+        target: str | Path = parent
+        looks_like_path = Path(parent).suffix in RECIPE_SUFFIXES or "/" in parent or "\\" in parent
+        if looks_like_path or Path(parent).is_file():
+            base_folder = folder if folder is not None else Path.cwd()
+            target = (base_folder / Path(parent).expanduser()).resolve()
+            if not target.is_file():
+                raise RecipeError(f"{origin}: extends: {parent}: no such recipe file (looked for {target})")
+            if target.suffix.lower() not in RECIPE_SUFFIXES:
+                raise RecipeError(f"{origin}: extends: {parent}: not a recipe file (a recipe is YAML, .yaml or .yml)")
+        key = str(target)
+        if key in _seen or (folder is not None and key == str(Path(source or "").resolve())):
+            chain = " -> ".join((*_seen, key))
+            raise RecipeError(f"{origin}: recipes extend each other in a loop: {chain}")
+        base, _ = load_raw(target, _seen + (key,))
         base.pop("name", None)
         raw = _merge(base, raw)
     return raw, origin
@@ -509,6 +575,10 @@ def parse_value(text: str) -> Any:
     """A command-line value as YAML would read it, so `0.2`, `1e-3`, `true`, `null`, `[1,2]` get their types."""
     try:
         value = yaml.load(text, Loader=BoundedLoader) if text.strip() else ""  # noqa: S506 - a SafeLoader
+    except yaml.constructor.ConstructorError as error:
+        if "duplicate key" in str(error.problem):  # a mapping that sets a key twice is refused, not taken as text
+            raise RecipeError(f"{text!r}: {error.problem}") from None
+        return text
     except (yaml.YAMLError, RecursionError):
         return text
     if isinstance(value, str):
@@ -542,7 +612,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 break
             node = child
         else:
-            value = parse_value(text)
+            try:
+                value = parse_value(text)
+            except RecipeError as error:
+                problems.append(f"{key}: {error}")
+                continue
             if not parents and leaf in SHORTHAND and isinstance(node.get(leaf), dict) and not isinstance(value, dict):
                 node[leaf][SHORTHAND[leaf]] = value  # `resume=auto` keeps the section's allow_changes
             else:
@@ -558,34 +632,122 @@ MOVED = {
 }  # keys that moved, so old recipes get a pointer
 
 
-def _describe(error: dict[str, Any]) -> str:
+# values hasten records itself (the user's Python object given to hasten.train), not ones a user types
+INTERNAL_VALUES = ("object",)
+# where a value is not one of the names: what else the user may have meant
+OTHER_WAYS = {
+    "model.name": "your own model: model.name=import model.target=package.module:callable",
+    "data.name": "your own data: data.name=import data.target=package.module:function, or a folder of images: "
+    "data.name=imagefolder data.root=DIR",
+}
+
+
+def _fields_of(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every dotted key of a recipe model, sections included (`train`, `train.epochs`, ...)."""
+    keys = []
+    for name, info in model.model_fields.items():
+        keys.append(prefix + name)
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            keys += _fields_of(info.annotation, f"{prefix}{name}.")
+    return keys
+
+
+def closest_key(dotted: str, root: type[BaseModel]) -> str | None:
+    """The valid key nearest to an unknown `dotted` one (`train.epoch` -> `train.epochs`, `lr` -> `optim.lr`)."""
+    keys = _fields_of(root)
+    leaf = dotted.rsplit(".", 1)[-1]
+    same_section = [k for k in keys if k.rsplit(".", 1)[0] == dotted.rsplit(".", 1)[0] and "." in dotted]
+    for pool, word in ((same_section, dotted), (keys, dotted)):
+        found = difflib.get_close_matches(word, pool, n=1, cutoff=0.75)
+        if found:
+            return found[0]
+    by_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]  # the right key in another section
+    if by_leaf:
+        return by_leaf[0]
+    found = difflib.get_close_matches(leaf, [k.rsplit(".", 1)[-1] for k in keys], n=1, cutoff=0.8)
+    return next((k for k in keys if found and k.rsplit(".", 1)[-1] == found[0]), None)
+
+
+def _describe(error: dict[str, Any], root: type[BaseModel] | None = None) -> str:
     field = ".".join(str(part) for part in error["loc"]) or "recipe"
     if error["type"] == "extra_forbidden":
-        return f"{field}: unknown key" + (f" (moved to {MOVED[field]})" if field in MOVED else "")
+        if field in MOVED:
+            return f"{field}: unknown key (moved to {MOVED[field]})"
+        guess = closest_key(field, root) if root is not None else None
+        return f"{field}: unknown key" + (f" (did you mean {guess}?)" if guess else "")
+    if error["type"] == "literal_error":
+        allowed = [v for v in re.findall(r"'([^']*)'", str((error.get("ctx") or {}).get("expected", ""))) if
+                   v not in INTERNAL_VALUES]  # fmt: skip
+        given = error.get("input")
+        guess = difflib.get_close_matches(str(given), allowed, n=1, cutoff=0.6) if allowed else []
+        text = f"{field}: {given!r} is not one of {', '.join(allowed)}"
+        text += f" (did you mean {guess[0]}?)" if guess else ""
+        return text + (f"; for {OTHER_WAYS[field]}" if field in OTHER_WAYS else "")
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] in ("value_error", "assertion_error") and ": " in message:
         return message  # our validators already start with the field name
-    return f"{field}: {message} (got {error.get('input')!r})"
+    return f"{field}: {message} (got {str(repr(error.get('input')))[:200]})"
 
 
-def recipe_error(exc: ValidationError, origin: str) -> RecipeError:
-    """One `RecipeError` listing every problem of a failed validation, each naming its dotted field."""
-    lines = [_describe(error) for error in exc.errors()]
-    return RecipeError(f"{origin}: {len(lines)} problem(s):\n" + "\n".join(f"  - {line}" for line in lines))
+def _origin_of(error: dict[str, Any], overrides: list[str]) -> str | None:
+    """The override (`key=value`) the problem comes from, when its key is the problem's field, a section around
+    it, or a key inside it; None when it comes from the recipe itself."""
+    field = ".".join(str(part) for part in error["loc"])
+    for item in reversed(overrides):
+        key = item.partition("=")[0]
+        if key and (key == field or field.startswith(key + ".") or (field and key.startswith(field + "."))):
+            return item
+    return None
 
 
-def validate(raw: dict[str, Any], origin: str = "recipe") -> Recipe:
-    """A validated `Recipe`, or one `RecipeError` that lists every problem, each naming its field."""
+def recipe_error(
+    exc: ValidationError, origin: str, overrides: list[str] | None = None, root: type[BaseModel] | None = None
+) -> RecipeError:
+    """One `RecipeError` listing every problem of a failed validation, each naming its dotted field (and the
+    nearest valid key for an unknown one, from `root`'s fields); a problem an override made is attributed to the
+    command line, the others to `origin`."""
+    found = [(_describe(error, root), _origin_of(error, overrides or [])) for error in exc.errors()]
+    if overrides and all(where is not None for _, where in found):  # the recipe itself is fine: say so
+        lines = [line if line.startswith(where.partition("=")[0] + ":") else f"{line} (from {where})"
+                 for line, where in found]  # fmt: skip
+        header = f"the command line (over {origin}): {len(lines)} problem(s)"
+    else:
+        lines = [line + (f" (from the command line: {where})" if where else "") for line, where in found]
+        header = f"{origin}: {len(lines)} problem(s)"
+    return RecipeError(header + ":\n" + "\n".join(f"  - {line}" for line in lines))
+
+
+def validate(raw: dict[str, Any], origin: str = "recipe", overrides: list[str] | None = None) -> Recipe:
+    """A validated `Recipe`, or one `RecipeError` that lists every problem, each naming its field (problems from
+    `overrides`, already applied to `raw`, are attributed to the command line)."""
     try:
         return Recipe.model_validate(raw)
     except ValidationError as exc:
-        raise recipe_error(exc, origin) from None
+        raise recipe_error(exc, origin, overrides, Recipe) from None
+
+
+def image_folder_layout(folder: str | Path) -> bool:
+    """Whether `folder` is laid out as an image folder: a train/ folder of class folders."""
+    train = Path(folder) / "train"
+    return train.is_dir() and any(p.is_dir() for p in train.iterdir())
 
 
 def load_recipe(source: str | None = None, overrides: list[str] | None = None) -> Recipe:
-    """The recipe named or at `source` (default: the default recipe) with `overrides` applied and validated."""
+    """The recipe named or at `source` (default: the default recipe) with `overrides` applied and validated.
+    `source` may also be an image folder (DIR/train/<class>/...): the default recipe on it, as with
+    `data.name=imagefolder data.root=DIR`."""
+    overrides = list(overrides or [])
+    shipped = source is not None and (importlib.resources.files("hasten") / "recipes" / f"{source}.yaml").is_file()
+    if source is not None and not shipped and Path(source).is_dir():
+        if not image_folder_layout(source):
+            raise RecipeError(
+                f"{source} is a folder, not a recipe: give a recipe (.yaml or a shipped name), or a folder of images "
+                "laid out as train/<class>/*.png and val/<class>/... (hasten train DIR trains the default recipe on it)"
+            )
+        overrides = ["data.name=imagefolder", f"data.root={source}", *overrides]
+        source = None
     raw, origin = load_raw(source)
-    recipe = validate(apply_overrides(raw, overrides or []), origin)
+    recipe = validate(apply_overrides(raw, overrides or []), origin, overrides)
     section = raw.get("data")
     own_data = section.get("name", DataConfig().name) if isinstance(section, dict) else DataConfig().name
     if recipe.run.dir is None and recipe.data.name != own_data:  # never in the folder of the recipe's own data

@@ -200,6 +200,46 @@ def barrier() -> None:
         dist.barrier()
 
 
+LAUNCHER_PID = "HASTEN_LAUNCHER_PID"  # set by `launch` for its workers: the process they must not outlive
+PEER_LOST_EXIT = 75  # a worker's exit code when another rank vanished under it: a consequence, not a cause
+LAUNCHER_GONE_GRACE_SECONDS = 60  # after the launcher died: time to checkpoint and stop before exiting regardless
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow), else the count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def die_with_launcher(launcher: int) -> None:
+    """In a worker of `launch`: end when the launcher process `launcher` dies, however it dies (SIGKILL
+    included), instead of living on as an orphan holding memory and cores. Linux's PR_SET_PDEATHSIG delivers
+    SIGTERM at once (the run checkpoints and stops as after any SIGTERM); elsewhere, and as a backstop, a thread
+    watches the parent pid and sends SIGTERM itself, then exits after LAUNCHER_GONE_GRACE_SECONDS."""
+    import signal
+    import threading
+    import time
+
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(LAUNCHER_GONE_GRACE_SECONDS)
+        os._exit(128 + int(signal.SIGTERM))
+
+    threading.Thread(target=watch, name="hasten-launcher-watch", daemon=True).start()
+
+
 def launch(nproc: int, args: list[str], *, max_restarts: int = 0, script: str | None = None) -> int:
     """Run `python -m hasten ARGS` (or `python SCRIPT ARGS`) in `nproc` worker processes through torchrun's
     launcher, on this machine, with a free rendezvous port.
@@ -209,28 +249,92 @@ def launch(nproc: int, args: list[str], *, max_restarts: int = 0, script: str | 
     with `max_restarts`, torchrun first restarts all workers that many times (they resume from the last
     checkpoint). SIGINT/SIGTERM to this process are passed on to the workers, which checkpoint and stop.
     """
+    import logging
+
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     target = [script] if script else ["-m", "hasten"]
     # torchrun would set 1 thread per worker and warn; share the cores instead (a GPU worker needs few)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // nproc)))
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # the workers end with this process (die_with_launcher)
+    # the elastic agent logs each failure at length (and a summary block); the lines below say it in one each
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     options = ["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--monitor-interval=0.5"]
     try:
         run(get_args_parser().parse_args([*options, *target, *args]))
     except ChildFailedError as error:
         failures = error.failures
-        for rank_id, failure in sorted(failures.items()):
-            code = failure.exitcode
-            how = f"was killed by signal {-code}" if code < 0 else f"failed with exit code {code}"
-            print(f"hasten: worker rank {rank_id} {how}", file=sys.stderr)
-        # the job's code is a worker's own failure: a rank torchrun killed (SIGTERM) once another failed is a
-        # consequence, and which rank fails first is a race (rank 0 killed while rank 1 exits 2 meant exit 143)
-        codes = [failure.exitcode for _, failure in sorted(failures.items())]
-        first = next((code for code in codes if code > 0), codes[0])
-        return first if first > 0 else 128 - first  # a signal's death as the shell reports it
+        codes = {rank_id: failure.exitcode for rank_id, failure in sorted(failures.items())}
+        print(f"hasten: {describe_failures(codes)}", file=sys.stderr)
+        return job_exit_code([failure.exitcode for _, failure in sorted(failures.items())])
     except SignalException as stop:
         print(f"hasten: stopped by {stop.sigval.name}; the workers were asked to checkpoint and stop", file=sys.stderr)
         return 128 + int(stop.sigval)
     return 0
+
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
+
+
+def _consequence(code: int) -> bool:
+    """A worker's exit that follows from another's failure: it lost its peer, or torchrun stopped it (SIGTERM)."""
+    import signal
+
+    return code in (PEER_LOST_EXIT, -int(signal.SIGTERM), 128 + int(signal.SIGTERM))
+
+
+def describe_failures(codes: dict[int, int]) -> str:
+    """One line for a failed job: each rank that failed of its own (exit code, or the signal that killed it), then
+    the ranks that were only stopped with it."""
+    causes = {rank_id: code for rank_id, code in codes.items() if not _consequence(code)} or codes
+    parts = []
+    for rank_id, code in causes.items():
+        if code < 0:
+            parts.append(f"worker rank {rank_id} was killed by signal {-code} ({_signal_name(-code)})")
+        elif code == PEER_LOST_EXIT:
+            parts.append(f"worker rank {rank_id} stopped: another rank vanished under it")
+        else:
+            parts.append(f"worker rank {rank_id} failed with exit code {code}")
+    stopped = [str(rank_id) for rank_id in codes if rank_id not in causes]
+    if stopped:
+        parts.append(f"rank {', '.join(stopped)} {'was' if len(stopped) == 1 else 'were'} stopped with it")
+    return "; ".join(parts)
+
+
+def job_exit_code(codes: list[int]) -> int:
+    """The exit code of a job whose workers ended with `codes` (negative: killed by that signal). The cause wins
+    over its consequences: a worker's own failure (exit > 0) or a death by a signal other than the SIGTERM torchrun
+    sends the others, before a rank that only lost its peer (PEER_LOST_EXIT) or was stopped by torchrun."""
+    import signal
+
+    consequences = (PEER_LOST_EXIT, -int(signal.SIGTERM), 128 + int(signal.SIGTERM))  # 143: stopped, checkpointed
+    causes = [code for code in codes if code not in consequences and code != 0] or [c for c in codes if c] or [1]
+    first = next((code for code in causes if code > 0 and code != PEER_LOST_EXIT), causes[0])
+    return first if first > 0 else 128 - first  # a signal's death as the shell reports it
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether `error`, raised in a worker of a job with several processes, says another rank vanished (its
+    process died, its connection closed) rather than what went wrong here."""
+    if world_size_from_env() < 2:
+        return False
+    if isinstance(error, getattr(dist, "DistError", ())):
+        return True
+    text = str(error)
+    markers = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "gloo", "NCCL", "ProcessGroup")
+    return isinstance(error, RuntimeError) and any(marker in text for marker in markers)
+
+
+def world_size_from_env() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class HastenError(Exception):
     """A problem with the user's input (recipe, data, checkpoint): shown without a traceback, exit code 2."""
@@ -19,3 +21,14 @@ class DataError(HastenError):
 
 class CheckpointError(HastenError):
     """A checkpoint is missing, corrupt, unsafe or does not fit the model; the message names the file."""
+
+
+def schema_problems(error: Any, prefix: str = "") -> str:
+    """A pydantic ValidationError as '; '-joined 'field: message (got value)' items, at most 5."""
+    items = []
+    for item in error.errors()[:5]:
+        field = prefix + ".".join(str(part) for part in item["loc"]) or "the whole file"
+        message = item["msg"].removeprefix("Value error, ")
+        shown = repr(item.get("input"))
+        items.append(f"{field}: {message}" + (f" (got {shown[:60]})" if item["type"] != "value_error" else ""))
+    return "; ".join(items)

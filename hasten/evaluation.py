@@ -9,13 +9,22 @@ timm's validate.py does for ImageNet models.
 
 Other data: `data.*` overrides (e.g. `data.name=imagefolder data.root=DIR`); its images are brought to the
 run's size and channel count, and normalised with the run's training statistics, never their own.
+
+The checkpoint is data (hasten/own.py's trust boundary): a `model.target` or `data.target` its recipe names is
+imported only with `trust_code`, or when the overrides name the same target. The results are written into a
+temporary folder beside the output folder and moved into place once all are written, so a full disk or any
+other failure leaves no half-written evaluation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import io
 import json
+import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,14 +32,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hasten.config import apply_overrides, validate
-from hasten.errors import DataError, RecipeError
+from hasten.checkpoint import disk_full_message
+from hasten.config import apply_overrides, parse_value, validate
+from hasten.errors import DataError, HastenError, RecipeError
 from hasten.inference import RunFacts, checkpoint_of, evaluated_state_dict, facts_from_checkpoint, network
-from hasten.runlog import write_atomic
+from hasten.own import Trust, embedded_recipe
+from hasten.runfolder import RunFolderError, check_output
 from hasten.tta import black_fill, tta_logits
 
 # what evaluate may change: the data, and how it runs; the model and its training are the checkpoint's
-ALLOWED_OVERRIDES = ("data.", "train.eval_batch_size=", "train.threads=", "device=")
+ALLOWED_OVERRIDES = ("data.", "train.eval_batch_size=", "train.threads=", "device=", "model.target=")
+OUTPUT_FILES = ("confusion.csv", "confusion.png", "evaluation.json")  # what an evaluation writes
 SETTINGS = {"plain": (False, 0), "flip_tta": (True, 0)}  # result name -> (flip TTA, translate TTA pixels)
 
 
@@ -59,12 +71,31 @@ def _test_loader(recipe: Any, data: Any, facts: RunFacts, device: torch.device) 
     return InMemoryLoader(data.test_images, data.test_labels, recipe.train.eval_batch_size, **common)
 
 
+def named_targets(overrides: Sequence[str]) -> dict[str, str]:
+    """The import paths the user names in `overrides` (model.target=..., data.target=...): trusted as named."""
+    named = {}
+    for item in overrides:
+        key, _, text = item.partition("=")
+        if key in ("model.target", "data.target"):
+            named[key] = str(parse_value(text))
+    return named
+
+
 def _recipe(state: dict[str, Any], facts: RunFacts, overrides: Sequence[str], source: str) -> Any:
     bad = [o for o in overrides if not o.startswith(ALLOWED_OVERRIDES)]
     if bad:
         raise RecipeError(
             f"evaluate: {', '.join(bad)}: only data.* keys, train.eval_batch_size, train.threads and device can be "
             "changed (the model and its training are the checkpoint's)"
+        )
+    saved = (
+        (state["recipe"].get("model") or {}).get("target") if isinstance(state["recipe"].get("model"), dict) else None
+    )
+    named = named_targets(overrides).get("model.target")
+    if named is not None and named != saved:
+        raise RecipeError(
+            f"evaluate: model.target={named}: the checkpoint's model is {saved or 'hasten built-in'}; model.target= "
+            "may only name the same target, to trust it"
         )
     raw = apply_overrides(state["recipe"], list(overrides))
     if any(o.startswith("data.") for o in overrides):  # other data: brought to the run's input, unless told
@@ -74,6 +105,8 @@ def _recipe(state: dict[str, Any], facts: RunFacts, overrides: Sequence[str], so
             data["size"] = height
         if channels in (1, 3) and not any(o.startswith("data.rgb=") for o in overrides):
             data["rgb"] = channels == 3
+        if not any(o.startswith("data.classes=") for o in overrides):
+            data["classes"] = None  # the run's class names describe its own data; other data brings its own
     return validate(raw, f"the recipe in {source} with {' '.join(overrides)}" if overrides else source)
 
 
@@ -99,7 +132,7 @@ def _write_confusion(confusion: Tensor, classes: list[str], folder: Path, title:
     writer.writerow(["true \\ predicted", *classes])
     for name, row in zip(classes, confusion.tolist(), strict=True):
         writer.writerow([name, *row])
-    write_atomic(folder / "confusion.csv", text.getvalue())
+    (folder / "confusion.csv").write_text(text.getvalue(), encoding="utf-8", errors="backslashreplace")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -126,28 +159,38 @@ def _write_confusion(confusion: Tensor, classes: list[str], folder: Path, title:
 
 
 def evaluate(
-    source: str | Path, overrides: Sequence[str] = (), *, top_k: int = 5, out: str | Path | None = None
+    source: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    top_k: int = 5,
+    out: str | Path | None = None,
+    trust_code: bool = False,
 ) -> dict[str, Any]:
     """Evaluate the model a run evaluated (`source`: run folder or checkpoint) on its test data, or on the
-    data `overrides` name; returns the results (also written, with the confusion matrix, to `out`)."""
+    data `overrides` name; returns the results (also written, with the confusion matrix, to `out`). A
+    `model.target`/`data.target` the checkpoint names is imported only with `trust_code` or named in `overrides`."""
     from hasten.build import dataset
     from hasten.distributed import resolve_device
     from hasten.precision import make_precision
 
     path, state = checkpoint_of(source)
-    facts = facts_from_checkpoint(path, state)
+    trust = Trust(code=trust_code, named=named_targets(overrides))
+    facts = facts_from_checkpoint(path, state, trust)
     recipe = _recipe(state, facts, overrides, str(path))
+    if out is not None:
+        _check_output_folder(Path(out))  # before the data is read: a refused folder costs nothing
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
     device = resolve_device(recipe.device)
-    data = dataset(recipe)
+    with embedded_recipe(str(path), trust):
+        data = dataset(recipe)
     if len(data.classes) != len(facts.classes) or tuple(data.image_shape) != tuple(facts.image_shape):
         raise DataError(
             f"data.name={recipe.data.name}: {len(data.classes)} classes of {tuple(data.image_shape)} images, but "
             f"{path} was trained on {len(facts.classes)} classes of {tuple(facts.image_shape)} images"
         )
     precision = make_precision(recipe.precision, device, recipe.loss_scale.init, recipe.loss_scale.growth_interval)
-    model = network(facts, evaluated_state_dict(state), str(path), prepare=precision.prepare).to(device)
+    model = network(facts, evaluated_state_dict(state), str(path), prepare=precision.prepare, trust=trust).to(device)
     if recipe.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
     measured, headline = settings(facts.tta_flip, facts.tta_translate)
@@ -169,10 +212,8 @@ def evaluate(
         result["per_class_accuracy"] = dict(zip(facts.classes, per_class.tolist(), strict=True))
     own_data = not any(o.startswith("data.") for o in overrides)
     folder = Path(out) if out else path.parent.parent / ("evaluation" if own_data else f"evaluation-{recipe.data.name}")
-    folder.mkdir(parents=True, exist_ok=True)
     test_split = next((s for s in ("val", "test") if hasattr(data, "root") and (Path(data.root) / s).is_dir()), "test")
-    files = _write_confusion(results[headline]["confusion"], facts.classes, folder,
-                             f"{recipe.name}: {recipe.data.name} {test_split} ({headline})")  # fmt: skip
+    files = [folder / name for name in OUTPUT_FILES]
     summary = {
         "source": str(path),
         "data": recipe.data.name,
@@ -187,7 +228,46 @@ def evaluate(
         "data_classes": list(data.classes),
         "results": {name: {k: v for k, v in r.items() if k != "confusion"} for name, r in results.items()},
         "confusion": results[headline]["confusion"].tolist(),
-        "files": [str(f) for f in [*files, folder / "evaluation.json"]],
+        "files": [str(f) for f in files],
     }
-    write_atomic(folder / "evaluation.json", json.dumps(summary, indent=2) + "\n")
+    title = f"{recipe.name}: {recipe.data.name} {test_split} ({headline})"
+    with staged_output(folder) as stage:
+        _write_confusion(results[headline]["confusion"], facts.classes, stage, title)
+        (stage / "evaluation.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
+
+
+def _check_output_folder(folder: Path) -> None:
+    """The folder an evaluation writes may be new, an earlier evaluation's, or any folder that holds none of the
+    files it writes; never a run folder's own files (RUN/checkpoints), nor files of another kind."""
+    check_output(folder / OUTPUT_FILES[-1], overwrite=True, what="evaluate --out:")
+    if folder.exists() and not folder.is_dir():
+        raise RunFolderError(f"evaluate --out: {folder} is a file; give a folder")
+    ours = [folder / name for name in OUTPUT_FILES if (folder / name).exists()]
+    if ours and not (folder / "evaluation.json").is_file():
+        names = ", ".join(p.name for p in ours)
+        raise RunFolderError(f"evaluate --out: {folder} holds {names} that no evaluation wrote; give another folder")
+
+
+@contextlib.contextmanager
+def staged_output(folder: Path) -> Any:
+    """A temporary folder beside `folder` to write the results into; once the block ends they are moved into
+    `folder` (made, or an earlier evaluation's files replaced). On any failure the temporary folder goes and
+    `folder` is as it was; a full disk is a HastenError saying how much space is free."""
+    _check_output_folder(folder)
+    stage = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(stage, ignore_errors=True)
+        stage.mkdir()
+        yield stage
+        if not folder.exists():
+            os.rename(stage, folder)
+        else:
+            for item in sorted(stage.iterdir()):
+                os.replace(item, folder / item.name)
+    except OSError as error:
+        space = f"; it {disk_full_message(folder, 1 << 20)}" if error.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        raise HastenError(f"evaluate: cannot write {folder}: {error.strerror or error}{space}") from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)

@@ -11,6 +11,10 @@
   the /255 scaling, the normalisation and (where the run used them) the flip and translate TTA inside, so
   onnxruntime needs only the image conversion the metadata describes (Pillow mode and resize). After writing,
   the file is run by onnxruntime on a seeded probe batch and must match PyTorch within `ONNX_TOLERANCE`.
+
+An export never replaces what the user had: OUT must end in the format's suffix, must not be one of a run
+folder's own files (its checkpoints, recipe.yaml, summary.json, ...), and must not exist unless `overwrite`
+(`--overwrite`). The source is data: a `model.target` its recipe names is imported only with `trust_code`.
 """
 
 from __future__ import annotations
@@ -36,15 +40,17 @@ from hasten.inference import (
     network,
     safetensors_facts,
 )
+from hasten.own import Trust
+from hasten.runfolder import check_output
 from hasten.tta import black_fill, tta_logits
 
 # max |onnxruntime logits - PyTorch logits| allowed, relative to max(1, the largest |logit|): fp32 kernels
 # order their sums differently, which costs ~1e-6; 1e-4 leaves room for deeper models
 ONNX_TOLERANCE = 1e-4
-FORMATS = ("safetensors", "onnx")
+FORMATS = {"safetensors": ".safetensors", "onnx": ".onnx"}  # format -> the suffix its file must have
 
 
-def weights_and_facts(source: str | Path) -> tuple[Path, dict[str, Tensor], RunFacts]:
+def weights_and_facts(source: str | Path, trust: Trust | None = None) -> tuple[Path, dict[str, Tensor], RunFacts]:
     """The evaluated weights and the run's facts of a run folder, a checkpoint or a hasten safetensors file."""
     path = Path(source)
     if path.suffix == ".safetensors" and path.is_file():
@@ -53,7 +59,7 @@ def weights_and_facts(source: str | Path) -> tuple[Path, dict[str, Tensor], RunF
     if not path.exists():
         raise CheckpointError(f"not found: {path} (expected a run folder, a checkpoint or a hasten .safetensors)")
     path, state = checkpoint_of(path)
-    return path, evaluated_state_dict(state), facts_from_checkpoint(path, state)
+    return path, evaluated_state_dict(state), facts_from_checkpoint(path, state, trust)
 
 
 def metadata(facts: RunFacts, source: Path) -> dict[str, Any]:
@@ -79,10 +85,8 @@ def _encode(meta: dict[str, Any]) -> dict[str, str]:
     return {f"hasten_{key}": json.dumps(value) for key, value in meta.items()}
 
 
-def _prepare_out(out: str | Path, suffix: str) -> Path:
+def _prepare_out(out: str | Path) -> Path:
     out = Path(out)
-    if out.is_dir():
-        raise HastenError(f"{out} is a folder; give the file to write, e.g. {out / ('model' + suffix)}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -90,14 +94,14 @@ def _prepare_out(out: str | Path, suffix: str) -> Path:
     return out
 
 
-def export_safetensors(source: str | Path, out: str | Path) -> Path:
+def export_safetensors(source: str | Path, out: str | Path, trust: Trust | None = None) -> Path:
     """Write the evaluated weights of `source` to `out` (.safetensors) with the metadata; returns the path."""
     from safetensors.torch import save
 
-    path, weights, facts = weights_and_facts(source)
-    network(facts, weights, str(path))  # the weights fit the recipe's model, or a CheckpointError names the file
+    path, weights, facts = weights_and_facts(source, trust)
+    network(facts, weights, str(path), trust=trust)  # the weights fit the recipe's model, or an error names the file
     tensors = {k: v.detach().cpu().clone().contiguous() for k, v in weights.items()}
-    out = _prepare_out(out, ".safetensors")
+    out = _prepare_out(out)
     try:
         write_atomic_bytes(out, lambda f: f.write(save(tensors, metadata=_encode(metadata(facts, path)))))
     except OSError as error:
@@ -144,7 +148,7 @@ def _onnx_proto(graph: nn.Module, example: Tensor) -> Any:
     return onnx.load_from_string(buffer.getvalue())
 
 
-def export_onnx(source: str | Path, out: str | Path) -> tuple[Path, float]:
+def export_onnx(source: str | Path, out: str | Path, trust: Trust | None = None) -> tuple[Path, float]:
     """Write `source`'s evaluated model as ONNX (uint8 pixels in, logits out, preprocessing inside) with the
     metadata as metadata_props; returns the path and the max |onnxruntime - PyTorch| on a probe batch."""
     try:
@@ -152,12 +156,12 @@ def export_onnx(source: str | Path, out: str | Path) -> tuple[Path, float]:
         import onnxruntime
     except ImportError:
         raise HastenError("ONNX export needs onnx, onnxscript and onnxruntime: pip install 'hasten[onnx]'") from None
-    path, weights, facts = weights_and_facts(source)
-    graph = PixelsToLogits(network(facts, weights, str(path)).float(), facts).eval()
+    path, weights, facts = weights_and_facts(source, trust)
+    graph = PixelsToLogits(network(facts, weights, str(path), trust=trust).float(), facts).eval()
     example = torch.zeros((2, *facts.image_shape), dtype=torch.uint8)
     proto = _onnx_proto(graph, example)
     onnx.helper.set_model_props(proto, _encode(metadata(facts, path)))
-    out = _prepare_out(out, ".onnx")
+    out = _prepare_out(out)
     try:
         write_atomic_bytes(out, lambda f: f.write(proto.SerializeToString()))
     except OSError as error:
@@ -178,14 +182,27 @@ def export_onnx(source: str | Path, out: str | Path) -> tuple[Path, float]:
     return out, difference
 
 
-def export(source: str | Path, out: str | Path, fmt: str | None = None) -> tuple[Path, str]:
-    """Export in `fmt` (safetensors or onnx; None: from `out`'s suffix, else safetensors); returns the path and
-    a line saying what was written."""
-    fmt = fmt or ("onnx" if Path(out).suffix == ".onnx" else "safetensors")
-    if fmt not in FORMATS:
+def export(
+    source: str | Path, out: str | Path, fmt: str | None = None, *, overwrite: bool = False, trust_code: bool = False
+) -> tuple[Path, str]:
+    """Export in `fmt` (safetensors or onnx; None: from `out`'s suffix); returns the path and a line saying what
+    was written. `out` must end in the format's suffix, must not be a run folder's own file, and must not exist
+    unless `overwrite`; a `model.target` the source names is imported only with `trust_code`."""
+    suffix = Path(out).suffix.lower()
+    by_suffix = {ending: name for name, ending in FORMATS.items()}
+    if fmt is not None and fmt not in FORMATS:
         raise HastenError(f"--format {fmt!r}: one of {', '.join(FORMATS)}")
+    fmt = fmt or by_suffix.get(suffix)
+    if fmt is None or suffix != FORMATS[fmt]:
+        wanted = FORMATS[fmt] if fmt else " or ".join(FORMATS.values())
+        raise HastenError(
+            f"export: {out}: the file to write must end in {wanted} (got {suffix or 'no suffix'}), so what it holds "
+            "is clear from its name"
+        )
+    check_output(out, overwrite, "export:")
+    trust = Trust(code=trust_code)
     if fmt == "onnx":
-        path, difference = export_onnx(source, out)
+        path, difference = export_onnx(source, out, trust)
         return path, f"{path} (onnxruntime matches PyTorch within {difference:.2g} on a probe batch)"
-    path = export_safetensors(source, out)
+    path = export_safetensors(source, out, trust)
     return path, str(path)

@@ -10,25 +10,42 @@ measured. As timm's `inference.py` and fastai's `load_learner`/`predict` do; eva
 Sources: a run folder (its newest complete checkpoint, the one summary.json's test_accuracy comes from), a
 hasten checkpoint (`.pt`), a `.safetensors` file written by `hasten export`, or an `.onnx` export (run by
 onnxruntime). Anything else is a CheckpointError naming the file (exit 2). Checkpoints load weights-only.
+
+Everything read from such a source is data: summary.json and export metadata are checked by pydantic schemas
+(`SummaryRecord`, `ExportRecord`) before use, and the model is rebuilt from the recipe inside
+`hasten.own.embedded_recipe`, so an import path it names (`model.target`, `data.target`) is imported only when
+the user trusts it (`trust_code=True`, `--trust-code`) or names it again (`hasten.load(..., model=...)`).
 """
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import numpy
 import torch
+from PIL import Image
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import Tensor, nn
 
-from hasten.checkpoint import latest_usable, load_checkpoint, load_model_weights
+from hasten.checkpoint import latest_usable, load_checkpoint, load_model_weights, training_checkpoint
 from hasten.config import Recipe, validate
 from hasten.data.imagefolder import IMAGE_SUFFIXES
-from hasten.data.preprocessing import Preprocessing, preprocessing_for
-from hasten.errors import CheckpointError, DataError, HastenError
+from hasten.data.preprocessing import (
+    MAX_IMAGE_SIDE,
+    PREDICT_BYTES,
+    Preprocessing,
+    PreprocessingRecord,
+    preprocessing_for,
+)
+from hasten.errors import CheckpointError, DataError, HastenError, schema_problems
+from hasten.own import Trust, embedded_recipe
 from hasten.tta import black_fill, tta_logits
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # AveragedModel / DDP and torch.compile prefix every key
@@ -53,8 +70,13 @@ def evaluated_state_dict(checkpoint: dict[str, Any]) -> dict[str, Tensor]:
     if "model" not in checkpoint:
         raise CheckpointError("not a hasten checkpoint: it holds no model weights")
     ema = (checkpoint.get("hooks") or {}).get("ema")
-    ema_on = float(((checkpoint.get("recipe") or {}).get("tricks") or {}).get("ema") or 0) > 0
-    if ema_on and isinstance(ema, dict) and int(ema.get("n_averaged", 0)) > 0:
+    tricks = (checkpoint.get("recipe") or {}).get("tricks")
+    decay = tricks.get("ema") if isinstance(tricks, dict) else 0
+    ema_on = isinstance(decay, (int, float)) and decay > 0
+    count = ema.get("n_averaged", 0) if isinstance(ema, dict) else 0
+    if isinstance(count, Tensor):  # one integer (TrainingCheckpoint checks it where the checkpoint is read)
+        count = int(count.reshape(-1)[0]) if count.numel() == 1 else 0
+    if ema_on and isinstance(ema, dict) and isinstance(count, int) and count > 0:
         return {_strip(k): v for k, v in ema.items() if k != "n_averaged"}
     return {_strip(k): v for k, v in checkpoint["model"].items()}
 
@@ -102,16 +124,48 @@ def checkpoint_of(source: str | Path) -> tuple[Path, dict[str, Any]]:
             f"{path} is not a hasten training checkpoint: it holds no recipe and model (a bare state dict cannot "
             "say which model it is; load it with model.pretrained=PATH)"
         )
+    training_checkpoint(state, str(path))
+    if "trainer" in state:
+        from hasten.trainer import trainer_position
+
+        trainer_position(state["trainer"], str(path))
     return path, state
 
 
-def _summary_beside(checkpoint: Path) -> dict[str, Any]:
-    """summary.json of the run folder a checkpoint sits in (RUN/checkpoints/step-N.pt), or {}."""
-    path = checkpoint.parent.parent / "summary.json"
+class SummaryRecord(BaseModel):
+    """What `hasten.load`, evaluate and export read from a run's summary.json, checked before use."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    classes: list[str] | None = None
+    dataset: dict[str, Any] | None = None
+    preprocessing: PreprocessingRecord | None = None
+    test_accuracy: float | None = None
+
+
+def read_summary(path: Path) -> SummaryRecord | None:
+    """A run folder's summary.json checked by SummaryRecord; None when there is none; CheckpointError naming the
+    file and the field when it is not JSON or does not fit."""
+    if not path.is_file():
+        return None
     try:
-        return json.loads(path.read_text()) if checkpoint.parent.name == "checkpoints" and path.is_file() else {}
-    except (OSError, ValueError):
-        return {}
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else type(error).__name__
+        raise CheckpointError(
+            f"{path}: not a summary hasten writes ({reason}); move it away to use the checkpoint alone"
+        ) from None
+    try:
+        return SummaryRecord.model_validate(raw)
+    except ValidationError as error:
+        raise CheckpointError(f"{path}: {schema_problems(error)}; move it away to use the checkpoint alone") from None
+
+
+def _summary_beside(checkpoint: Path) -> SummaryRecord | None:
+    """summary.json of the run folder a checkpoint sits in (RUN/checkpoints/step-N.pt), checked; or None."""
+    if checkpoint.parent.name != "checkpoints":
+        return None
+    return read_summary(checkpoint.parent.parent / "summary.json")
 
 
 def recorded_accuracy(checkpoint: Path, state: dict[str, Any]) -> float | None:
@@ -121,27 +175,29 @@ def recorded_accuracy(checkpoint: Path, state: dict[str, Any]) -> float | None:
         return None
     from hasten.report import read_metrics
 
-    rows = [r for r in read_metrics(checkpoint.parent.parent) if int(r.get("step", -1)) == trainer.get("step")]
-    return rows[-1].get("test_accuracy") if rows else None
+    try:
+        rows = [r for r in read_metrics(checkpoint.parent.parent) if r.get("step", -1) == trainer.get("step")]
+        accuracy = rows[-1].get("test_accuracy") if rows else None
+        return accuracy if isinstance(accuracy, float) and math.isfinite(accuracy) else None
+    except (OSError, ValueError, TypeError, UnicodeDecodeError, csv.Error):
+        return None  # a metrics.csv edited or damaged: the recorded accuracy is only shown beside the result
 
 
-def facts_from_checkpoint(path: Path, state: dict[str, Any]) -> RunFacts:
-    """The run's facts: from summary.json beside the checkpoint when it has them, else from the recipe's data."""
+def facts_from_checkpoint(path: Path, state: dict[str, Any], trust: Trust | None = None) -> RunFacts:
+    """The run's facts: from summary.json beside the checkpoint when it has them, else from the recipe's data
+    (read under the trust boundary: a data.target it names is imported only as `trust` allows)."""
     recipe = validate(state["recipe"], f"the recipe in {path}")
     summary = _summary_beside(path)
     accuracy = recorded_accuracy(path, state)
-    same_data = (summary.get("dataset") or {}).get("name") == recipe.data.name  # not a later run's, on other data
-    if same_data and summary.get("classes") and summary.get("preprocessing"):
-        try:
-            pre = Preprocessing.from_dict(summary["preprocessing"], f"{path.parent.parent / 'summary.json'}")
-        except ValueError:
-            pre = None  # edited by hand or from another version: the data below says the same
-        if pre is not None:
-            shape = (pre.channels, pre.height, pre.width)
-            return RunFacts(recipe, list(summary["classes"]), shape, pre.mean, pre.std, pre, accuracy)
+    same_data = summary is not None and (summary.dataset or {}).get("name") == recipe.data.name  # not another's
+    if same_data and summary.classes and summary.preprocessing is not None:
+        pre = Preprocessing.from_dict(summary.preprocessing.model_dump(), str(path.parent.parent / "summary.json"))
+        shape = (pre.channels, pre.height, pre.width)
+        return RunFacts(recipe, list(summary.classes), shape, pre.mean, pre.std, pre, accuracy)
     from hasten.build import dataset
 
-    data = dataset(recipe)
+    with embedded_recipe(str(path), trust or Trust()):
+        data = dataset(recipe)
     mean, std = training_stats(data, recipe.seed)
     pre = None  # images of 2 or 4 channels: no Pillow mode to read files into
     if data.image_shape[0] in (1, 3):
@@ -159,23 +215,51 @@ def training_stats(data: Any, seed: int) -> tuple[Tensor, Tensor]:
 
 
 def network(
-    facts: RunFacts, weights: dict[str, Tensor], source: str, prepare: Callable[[nn.Module], nn.Module] | None = None
+    facts: RunFacts,
+    weights: dict[str, Tensor],
+    source: str,
+    prepare: Callable[[nn.Module], nn.Module] | None = None,
+    *,
+    trust: Trust | None = None,
+    model: Any = None,
 ) -> nn.Module:
     """The recipe's model for the run's input and classes, holding `weights`; CheckpointError when they are
     from another model (names every key that does not fit). `prepare`: the run's `Precision.prepare`, to
-    evaluate as the run did (fp16-master: fp16 weights); without it the weights are fp32."""
-    from hasten.models import build_model
+    evaluate as the run did (fp16-master: fp16 weights); without it the weights are fp32.
 
+    The model is rebuilt under the trust boundary: hasten's own models from their recipe; a `model.target` the
+    recipe names only as `trust` allows (hasten.own.embedded_recipe). `model`: the user's own nn.Module, or a
+    class or function making one (called with model.args and num_classes/in_channels/image_size as in training),
+    in place of the recipe's."""
+    from hasten.models import build_model
+    from hasten.own import call_target, describe_class
+
+    config = facts.recipe.model
+    shape = dict(num_classes=len(facts.classes), in_channels=facts.image_shape[0],
+                 image_size=tuple(facts.image_shape[1:]))  # fmt: skip
+    if model is None and config.name == "object":
+        raise CheckpointError(
+            f"{source}: its model was a Python object ({config.target or 'a module'}), which a file cannot hold; "
+            "give it again: hasten.load(path, model=YourNet)"
+        )
     try:
-        model = build_model(facts.recipe.model, facts.image_shape, len(facts.classes))
+        with embedded_recipe(source, trust or Trust()):
+            if model is None:
+                net = build_model(config, facts.image_shape, len(facts.classes))
+            elif isinstance(model, nn.Module):
+                net = model
+            else:
+                net = call_target(model, config.args if config.name == "import" else {}, "model", **shape)
     except (ValueError, TypeError, RuntimeError) as error:
         raise CheckpointError(f"{source}: cannot rebuild its model from its recipe: {error}") from None
+    if not isinstance(net, nn.Module):
+        raise CheckpointError(f"model: expected an nn.Module (or a callable returning one), got {describe_class(net)}")
+    load_model_weights(net, weights, source)  # names and shapes first: nothing below copies a tensor that does not fit
     if prepare is not None:
-        model = prepare(model)
-    elif any(v.dtype == torch.float16 for v in weights.values()):  # fp16-master keeps fp16 weights, fp32 BN
-        weights = {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}
-    load_model_weights(model, weights, source)
-    return model.eval()
+        net = prepare(net)
+    elif any(v.dtype == torch.float16 for v in net.state_dict().values()):  # fp16-master keeps fp16 weights
+        net = net.float()
+    return net.eval()
 
 
 @dataclass
@@ -203,10 +287,20 @@ class Predicts:
         raise NotImplementedError
 
     def probabilities(self, images: Any) -> Tensor:
-        """(N, classes) probabilities of images: paths, Pillow images, or uint8 (N, C, H, W) in the model's mode."""
-        pixels = self.preprocessing.batch(images)
-        logits = torch.cat([self.logits_of(chunk) for chunk in pixels.split(PREDICT_BATCH)])
-        return logits.float().softmax(1)
+        """(N, classes) probabilities of images: paths, Pillow images, or uint8 (N, C, H, W) in the model's mode.
+        Files are read a chunk at a time (PREDICT_BATCH images, at most PREDICT_BYTES as floats), so a folder of
+        any size takes the memory of one chunk."""
+        pre = self.preprocessing
+        per_chunk = max(1, min(PREDICT_BATCH, PREDICT_BYTES // (4 * pre.channels * pre.height * pre.width)))
+        if isinstance(images, (Tensor, numpy.ndarray)):
+            pixels = pre.batch(images)
+            logits = [self.logits_of(chunk) for chunk in pixels.split(per_chunk)]
+        else:
+            items = [images] if isinstance(images, (str, Path, Image.Image)) else list(images)
+            if not items:
+                raise DataError("no images to predict on")
+            logits = [self.logits_of(pre.batch(items[i : i + per_chunk])) for i in range(0, len(items), per_chunk)]
+        return torch.cat(logits).float().softmax(1)
 
     def predict(self, images: Any, top_k: int = 1) -> list[Prediction]:
         """Class names and probabilities of the top `top_k` classes of each image, converted as training did."""
@@ -253,6 +347,70 @@ def decode_metadata(meta: dict[str, str]) -> dict[str, Any]:
     return {key.removeprefix("hasten_"): json.loads(value) for key, value in meta.items() if key.startswith("hasten_")}
 
 
+class ExportRecord(BaseModel):
+    """An export's metadata (`hasten.exporting.metadata`) as `hasten.load` and predict use it, checked before use:
+    class names, an input shape within MAX_IMAGE_SIDE, one finite mean and positive std per channel, the
+    preprocessing consistent with the input, a TTA shift below half the image side."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    classes: Annotated[list[str], Field(min_length=1)]
+    preprocessing: PreprocessingRecord | None = None
+    input_shape: tuple[Annotated[int, Field(ge=1, le=4)], Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)],
+                       Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)]]  # fmt: skip
+    mean: list[float]
+    std: list[Annotated[float, Field(gt=0)]]
+    tta_flip: bool = False
+    tta_translate: Annotated[int, Field(ge=0)] = 0
+    recipe: dict[str, Any] | None = None
+    test_accuracy: float | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExportRecord:
+        channels, height, width = self.input_shape
+        if len(self.mean) != channels or len(self.std) != channels:
+            raise ValueError(f"mean and std: one value per input channel ({channels})")
+        pre = self.preprocessing
+        if pre is not None and ((1 if pre.mode == "L" else 3), pre.height, pre.width) != self.input_shape:
+            raise ValueError(f"preprocessing: {pre.mode} {pre.height}x{pre.width} does not match input_shape "
+                             f"{list(self.input_shape)}")  # fmt: skip
+        if 2 * self.tta_translate >= min(height, width):
+            raise ValueError(f"tta_translate: {self.tta_translate} pixels is not below half the {min(height, width)}-"
+                             "pixel side")  # fmt: skip
+        return self
+
+
+def export_record(meta: dict[str, str], path: Path) -> tuple[dict[str, Any], ExportRecord]:
+    """An export's decoded `hasten_*` metadata and its ExportRecord; CheckpointError naming the file and the field."""
+    try:
+        raw = decode_metadata(meta)
+    except (ValueError, RecursionError) as error:
+        raise CheckpointError(f"{path}: its hasten metadata is not JSON ({type(error).__name__})") from None
+    try:
+        return raw, ExportRecord.model_validate(raw)
+    except ValidationError as error:
+        raise CheckpointError(f"{path}: its hasten metadata does not fit: {schema_problems(error)}") from None
+
+
+def _refuse_external_data(path: Path) -> None:
+    """An ONNX file may keep its weights in other files it names by path; hasten's exports never do, and a file
+    from elsewhere is data: one that names another file is refused before onnxruntime would read it."""
+    try:
+        import onnx
+    except ImportError:
+        return
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as error:  # onnx's own error types for files that are not ONNX
+        raise CheckpointError(f"{path} is not a readable ONNX model: {str(error).splitlines()[0]}") from None
+    named = [t.name for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    if named:
+        raise CheckpointError(
+            f"{path}: its tensors {', '.join(named[:3])} live in other files it names; hasten reads no file an export "
+            "names (a hasten export holds everything itself)"
+        )
+
+
 class OnnxPredictor(Predicts):
     """An ONNX export run by onnxruntime: its graph takes uint8 (N, C, H, W) and does the normalisation (and
     the flip TTA where the run used it); the metadata gives the classes and the conversion of image files."""
@@ -262,6 +420,7 @@ class OnnxPredictor(Predicts):
             import onnxruntime
         except ImportError:
             raise HastenError("predicting with an .onnx file needs onnxruntime: pip install 'hasten[onnx]'") from None
+        _refuse_external_data(path)
         try:
             self.session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         except Exception as error:  # onnxruntime raises its own types for files that are not ONNX
@@ -269,16 +428,31 @@ class OnnxPredictor(Predicts):
         meta = self.session.get_modelmeta().custom_metadata_map
         if "hasten_preprocessing" not in meta:
             raise CheckpointError(f"{path}: no hasten metadata (write it with hasten export --format onnx)")
-        try:
-            self.metadata = decode_metadata(meta)
-            self.classes = list(self.metadata["classes"])
-            self.preprocessing = Preprocessing.from_dict(self.metadata["preprocessing"], str(path))
-        except (KeyError, TypeError, ValueError) as error:
-            raise CheckpointError(f"{path}: its hasten metadata is incomplete ({error})") from None
+        self.metadata, record = export_record(meta, path)
+        if record.preprocessing is None:
+            raise CheckpointError(f"{path}: its hasten metadata holds no preprocessing (images of 2 or 4 channels)")
+        self.classes = list(record.classes)
+        self.preprocessing = Preprocessing.from_dict(record.preprocessing.model_dump(), str(path))
         self.input_name = self.session.get_inputs()[0].name
+        outputs = self.session.get_outputs()[0].shape
+        width = outputs[-1] if outputs else None
+        if isinstance(width, int) and width != len(self.classes):
+            raise CheckpointError(
+                f"{path}: the graph gives {width} logits per image but its metadata names {len(self.classes)} classes"
+            )
+        self.path = path
 
     def logits_of(self, pixels: Tensor) -> Tensor:
-        return torch.from_numpy(self.session.run(None, {self.input_name: pixels.numpy()})[0])
+        try:
+            logits = torch.from_numpy(self.session.run(None, {self.input_name: pixels.numpy()})[0])
+        except Exception as error:  # onnxruntime's own error types: a graph that does not take the input
+            raise CheckpointError(f"{self.path}: onnxruntime cannot run it: {str(error).splitlines()[0]}") from None
+        if logits.dim() != 2 or logits.shape[1] != len(self.classes):
+            raise CheckpointError(
+                f"{self.path}: the graph gives logits of shape {tuple(logits.shape)} but its metadata names "
+                f"{len(self.classes)} classes"
+            )
+        return logits
 
 
 def safetensors_facts(path: Path) -> tuple[dict[str, Tensor], RunFacts]:
@@ -296,26 +470,33 @@ def safetensors_facts(path: Path) -> tuple[dict[str, Tensor], RunFacts]:
             f"{path}: no hasten metadata (not written by hasten export); it holds bare weights, which do not say "
             "which model, classes or preprocessing they are for"
         )
-    try:
-        raw = decode_metadata(meta)
-        recipe = validate(raw["recipe"], f"the recipe in {path}")
-        pre = Preprocessing.from_dict(raw["preprocessing"], str(path)) if raw.get("preprocessing") else None
-        shape = tuple(raw["input_shape"])
-        facts = RunFacts(recipe, list(raw["classes"]), shape, tuple(raw["mean"]), tuple(raw["std"]), pre,
-                         raw.get("test_accuracy"), raw)  # fmt: skip
-    except (KeyError, TypeError, ValueError) as error:
-        raise CheckpointError(f"{path}: its hasten metadata is incomplete ({error})") from None
+    raw, record = export_record(meta, path)
+    if record.recipe is None:
+        raise CheckpointError(f"{path}: its hasten metadata holds no recipe to rebuild the model from")
+    recipe = validate(record.recipe, f"the recipe in {path}")
+    pre = Preprocessing.from_dict(record.preprocessing.model_dump(), str(path)) if record.preprocessing else None
+    facts = RunFacts(recipe, list(record.classes), tuple(record.input_shape), tuple(record.mean), tuple(record.std),
+                     pre, record.test_accuracy, raw)  # fmt: skip
+    if facts.tta_translate * 2 >= min(facts.image_shape[1:]):
+        raise CheckpointError(f"{path}: the recipe's train.tta_translate is not below half the image side")
     return weights, facts
 
 
-def load(source: str | Path, device: str | torch.device = "cpu") -> Predictor | OnnxPredictor:
+def load(
+    source: str | Path, device: str | torch.device = "cpu", *, trust_code: bool = False, model: Any = None
+) -> Predictor | OnnxPredictor:
     """The model a run evaluated, ready to use: `hasten.load("runs/fashion-fast").predict(["shoe.png"])`.
 
     `source`: a run folder, a hasten checkpoint, a `hasten export` .safetensors or .onnx file. The result has
     `predict(images, top_k)`, `probabilities(images)`, `classes` and `preprocessing`; a torch source is also
     an `nn.Module` (normalised images in, logits out) whose bare network is `.model`.
+
+    A source is data: hasten's own models are rebuilt from its recipe, but a `model.target` or `data.target` it
+    names is not imported unless `trust_code=True`; or pass your model yourself, `model=` an nn.Module or the
+    class or function that makes it (called as in training).
     """
     path = Path(source)
+    trust = Trust(code=trust_code)
     if path.suffix == ".onnx" and path.is_file():
         return OnnxPredictor(path)
     if path.suffix == ".safetensors" and path.is_file():
@@ -324,8 +505,8 @@ def load(source: str | Path, device: str | torch.device = "cpu") -> Predictor | 
         if not path.exists():
             raise CheckpointError(f"not found: {path} (expected a run folder, checkpoint, .safetensors or .onnx)")
         path, state = checkpoint_of(path)
-        weights, facts = evaluated_state_dict(state), facts_from_checkpoint(path, state)
-    return Predictor(network(facts, weights, str(path)), facts).to(device)
+        weights, facts = evaluated_state_dict(state), facts_from_checkpoint(path, state, trust)
+    return Predictor(network(facts, weights, str(path), trust=trust, model=model), facts).to(device)
 
 
 def image_files(inputs: Sequence[str | Path]) -> list[Path]:

@@ -158,6 +158,18 @@ UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb":
 UNITS |= {"g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
 
 
+def available_memory_bytes() -> int:
+    """Physical memory available now (Linux: MemAvailable), else all physical memory."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # reported in KiB
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def parse_bytes(text: str) -> int:
     """'4GiB' -> 4294967296; accepts B, kB/KiB, MB/MiB, GB/GiB, TB/TiB (case-insensitive), e.g. '512MiB', '1.5GB'."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)

@@ -41,10 +41,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import TypeAdapter, ValidationError
 from torch import Tensor, nn
 
 import hasten
-from hasten.checkpoint import load_model_weights, prune, rng_state, save_checkpoint, set_rng_state
+from hasten.checkpoint import (
+    load_model_weights,
+    prune,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    training_checkpoint,
+)
 from hasten.data.loader import InMemoryLoader
 from hasten.distributed import all_reduce_sum, any_rank, gather_objects, rank, unwrap, world_size
 from hasten.errors import CheckpointError, HastenError
@@ -179,6 +187,40 @@ class State:
     accuracy_curve: list[list[float]] = field(default_factory=list)
 
 
+_POSITION = TypeAdapter(State)  # a checkpoint's `trainer` section, checked against State's field types
+
+
+def trainer_position(saved: Any, source: str) -> State:
+    """The loop's position stored in a checkpoint as a State, its fields of State's types and its counts not
+    negative; CheckpointError naming `source` and the field otherwise."""
+    try:
+        position = _POSITION.validate_python(dict(saved) if isinstance(saved, dict) else saved)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise CheckpointError(f"{source}: trainer.{field}: {first['msg']} (got {first.get('input')!r})") from None
+    counts = ("epoch", "batch", "step", "skipped_steps", "nonfinite_steps", "epoch_seen")
+    negative = [name for name in counts if getattr(position, name) < 0]
+    if negative or position.train_seconds < 0 or not math.isfinite(position.train_seconds):
+        name = negative[0] if negative else "train_seconds"
+        raise CheckpointError(f"{source}: trainer.{name}: {getattr(position, name)!r} is not a count of the run")
+    return position
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, source: str) -> None:
+    """After loading a checkpoint's optimizer state: each per-parameter tensor (momentum, Adam's moments) has as
+    many elements as its parameter (Muon keeps filters' momentum flattened), so a mismatch is named now rather than
+    failing inside the first step."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for name, value in optimizer.state.get(param, {}).items():
+                if isinstance(value, Tensor) and value.dim() > 0 and value.numel() != param.numel():
+                    raise CheckpointError(
+                        f"{source}: optimizer state {name!r} of shape {tuple(value.shape)} does not fit its parameter "
+                        f"of shape {tuple(param.shape)}"
+                    )
+
+
 def _abort_on_second_sigint(read_end: int, stderr_fd: int) -> None:
     """Watcher thread: read signal numbers from the wakeup pipe until it closes; on the second SIGINT, end the
     process at once with 130 (the last checkpoint stays; the step in progress is lost). The message goes to
@@ -273,10 +315,13 @@ class Trainer:
             missing.append("ranks")
         if missing:
             raise CheckpointError(f"{source} is not a hasten training checkpoint: it lacks {', '.join(missing)}")
+        training_checkpoint(state, source)  # every section of the types the trainer writes, before any is used
+        trainer_position(state["trainer"], source)  # its types, before anything is loaded
         mine = self._own_rank_state(state, source)
         load_model_weights(unwrap(self.model), state["model"], source)
         try:
             self.optimizer.load_state_dict(state["optimizer"])
+            check_optimizer_state(self.optimizer, source)
             self.scheduler.load_state_dict(state["scheduler"])
             self._load_precision(state, source)
             for name, hook in self.hooks.stateful.items():
@@ -286,7 +331,7 @@ class Trainer:
                 hook.load_state_dict(saved[name])
         except (ValueError, KeyError, RuntimeError) as error:
             raise CheckpointError(f"{source} does not fit this run's optimizer or schedule: {error}") from None
-        self.state = State(**(state["trainer"] | mine.get("epoch_sums", {})))
+        self.state = trainer_position(dict(state["trainer"]) | mine.get("epoch_sums", {}), source)
         set_rng_state(mine["rng"])
         self.resumed = True
 
@@ -385,7 +430,7 @@ class Trainer:
         """Examples in the `group`-th optimizer step of an epoch: k micro-batches, fewer in the epoch's last."""
         loader, k = self.train_loader, self.plan.accumulate
         first, end = group * k, min((group + 1) * k, len(loader))  # micro-batch indices [first, end)
-        return min(end * loader.batch_size, loader.shard_size) - first * loader.batch_size
+        return loader.batch_span(end - 1)[1] - loader.batch_span(first)[0]
 
     def train_step(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """One optimizer step on one batch (hasten.step, then the schedule and `after_step` hooks); returns the

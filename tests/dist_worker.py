@@ -8,6 +8,7 @@ each worker then runs `hasten.cli.main(ARGS)`. The environment says what to inje
 
     HASTEN_TEST_FAULT=raise:R:S     rank R raises after its S-th optimizer step
     HASTEN_TEST_FAULT=sigterm:R:S   rank R alone gets SIGTERM after its S-th optimizer step
+    HASTEN_TEST_FAULT=kill:R:S      rank R is SIGKILLed after its S-th optimizer step (a crash, an OOM kill)
     HASTEN_TEST_RESTARTS=K          torchrun's --max-restarts
     HASTEN_TEST_AUDIT=DIR           each rank lists every file it opened for writing, renamed, created or
                                     removed in DIR/rank-R.txt (Python's audit hooks see every such call)
@@ -56,7 +57,7 @@ def inject(fault: str, rank: int) -> None:
         if self.state.step == int(fault_step):
             if kind == "raise":
                 raise RuntimeError(f"injected failure on rank {rank} at step {fault_step}")
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGKILL if kind == "kill" else signal.SIGTERM)
 
     Trainer.optimizer_step = optimizer_step
 

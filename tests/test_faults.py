@@ -1,10 +1,13 @@
-"""The fault table (issue 17): each row is one hostile-user scenario, run through `hasten` in-process, with what
-must happen: exit 2 with a message naming the key or file and nothing written, or a run that keeps every file
-it had. Then a fuzz test of the checkpoint loader over a few hundred malformed files (fixed seed)."""
+"""The fault table: each row is one hostile-user scenario, run through `hasten` in-process, with what must happen:
+exit 2 with a message naming the key or file and nothing written, or a run that keeps every file it had. Rows
+are grouped: run folders, resume, input errors, then trust (a file from elsewhere names code to run), overwrite
+(commands that write), resources (sizes, processes, downloads), tracebacks (inputs that once ended in one) and
+messages (what the error says). Then a fuzz test of the checkpoint loader over a few hundred malformed files."""
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import pathlib
@@ -22,10 +25,11 @@ import pytest
 import torch
 from PIL import Image
 
+import hasten
 import hasten.build
 import hasten.checkpoint
 from hasten.build import build, trainer_for
-from hasten.checkpoint import checkpoints_in, load_checkpoint, read_weights
+from hasten.checkpoint import checkpoints_in, load_checkpoint, read_weights, save_checkpoint
 from hasten.cli import main
 from hasten.config import MAX_YAML_NODES, load_recipe
 from hasten.errors import CheckpointError
@@ -91,6 +95,11 @@ class Ctx:
 
 def snapshot(folder: Path) -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def digests(folder: Path) -> dict[Path, str]:
+    """SHA-256 of every file under `folder`: what a row asserts did not change."""
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def expect_refusal(code: int, err: str, *needles: str) -> None:
@@ -476,6 +485,962 @@ FAULTS: list[Callable[[Ctx], None]] = [
 @pytest.mark.parametrize("fault", FAULTS, ids=[f.__name__ for f in FAULTS])
 def test_fault(fault, finished, tmp_path, capsys, monkeypatch):
     fault(Ctx(tmp_path, finished, capsys, monkeypatch))
+
+
+# ----- trust: a run folder, checkpoint or export is data; nothing it names is imported -----
+
+PAYLOAD = """
+import pathlib
+MARKER = pathlib.Path({marker!r})
+MARKER.write_text("imported")
+
+
+def make(num_classes=10, in_channels=1, image_size=None, **kwargs):
+    MARKER.write_text("called")
+    from hasten.models import ResNet
+
+    return ResNet(in_channels, num_classes, width=4, blocks=[1])
+
+
+def data(**kwargs):
+    MARKER.write_text("called")
+    raise SystemExit("the payload ran")
+"""
+
+
+@pytest.fixture
+def payload(tmp_path, monkeypatch) -> Path:
+    """`evilmod.py` in a folder on sys.path and the current folder: importing it or calling make/data writes
+    the marker file returned (which must not exist)."""
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    marker = tmp_path / "marker"
+    (folder / "evilmod.py").write_text(PAYLOAD.format(marker=str(marker)))
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.chdir(folder)
+    sys.modules.pop("evilmod", None)
+    yield marker
+    sys.modules.pop("evilmod", None)
+
+
+def naming_the_payload(c: Ctx, model: bool = True, data: bool = False) -> Path:
+    """A copy of the finished run whose checkpoints' recipe names evilmod (model.target, data.target); with
+    data, summary.json says other data, so the run's facts must come from its data.target."""
+    run = c.copy_of_finished()
+    for path in checkpoints_in(run / "checkpoints"):
+        state = load_checkpoint(path)
+        recipe = state["recipe"]
+        if model:
+            recipe["model"] |= {"name": "import", "target": "evilmod:make", "args": {}}
+        if data:
+            recipe["data"] |= {"name": "import", "target": "evilmod:data", "args": {}}
+        save_checkpoint(state, path)
+    if data:
+        summary = json.loads((run / "summary.json").read_text())
+        summary["dataset"]["name"] = "someone-else"
+        (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def picture(c: Ctx) -> Path:
+    path = c.tmp / "shoe.png"
+    Image.new("L", (8, 8), 200).save(path)
+    return path
+
+
+def expect_untrusted(code: int, err: str, marker: Path, target: str = "evilmod:make") -> None:
+    expect_refusal(code, err, target, "--trust-code")
+    assert not marker.exists(), "the payload ran"
+
+
+def trust_every_command_refuses_a_model_target(c: Ctx, marker: Path) -> None:
+    run = naming_the_payload(c)
+    before = digests(run)
+    for command in (
+        ["evaluate", str(run)],
+        ["evaluate", str(run / "checkpoints" / "step-8.pt"), "--out", str(c.tmp / "ev")],
+        ["predict", str(run), str(picture(c))],
+        ["export", str(run), str(c.tmp / "out.safetensors")],
+        ["export", str(run), str(c.tmp / "out.onnx")],
+    ):
+        code, err = c.hasten(*command)
+        expect_untrusted(code, err, marker)
+    assert not (c.tmp / "out.safetensors").exists() and not (c.tmp / "out.onnx").exists()
+    assert not (c.tmp / "ev").exists() and not (run / "evaluation").exists()
+    assert digests(run) == before
+
+
+def trust_python_load_refuses_unless_trusted(c: Ctx, marker: Path) -> None:
+    from hasten.own import UntrustedCode
+
+    run = naming_the_payload(c)
+    with pytest.raises(UntrustedCode, match=r"evilmod:make.*trust_code=True"):
+        hasten.load(run)
+    assert not marker.exists()
+
+    def mine(num_classes: int, in_channels: int) -> torch.nn.Module:  # the user's own model: no import at all
+        from hasten.models import ResNet
+
+        return ResNet(in_channels, num_classes, width=4, blocks=[1])
+
+    assert hasten.load(run, model=mine).predict([picture(c)])[0].label
+    assert not marker.exists()
+    assert hasten.load(run, trust_code=True).predict([picture(c)])[0].label
+    assert marker.read_text() == "called"
+
+
+def trust_flag_and_naming_the_target_let_it_run(c: Ctx, marker: Path) -> None:
+    run = naming_the_payload(c)
+    code, err = c.hasten("predict", str(run), str(picture(c)), "--trust-code")
+    assert code == 0, err
+    assert marker.exists()
+    marker.unlink()
+    code, err = c.hasten("evaluate", str(run), "model.target=evilmod:make", "--out", str(c.tmp / "ev"))
+    assert code == 0, err
+    assert marker.exists() and (c.tmp / "ev" / "evaluation.json").is_file()
+    code, err = c.hasten("evaluate", str(run), "model.target=othermod:make")
+    expect_refusal(code, err, "model.target=othermod:make", "same target")
+
+
+def trust_a_data_target_is_not_imported_either(c: Ctx, marker: Path) -> None:
+    run = naming_the_payload(c, model=False, data=True)
+    before = digests(run)
+    for command in (["evaluate", str(run)], ["predict", str(run), str(picture(c))],
+                    ["export", str(run), str(c.tmp / "out.safetensors")]):  # fmt: skip
+        code, err = c.hasten(*command)
+        expect_untrusted(code, err, marker, "data.target=evilmod:data")
+    assert digests(run) == before
+
+
+def trust_resume_never_runs_the_checkpoint_s_target(c: Ctx, marker: Path) -> None:
+    run = naming_the_payload(c)
+    before = digests(run)
+    code, err = c.train(run, "resume=auto", "train.epochs=3")
+    expect_refusal(code, err, "model.name: 'import' -> 'resnet'")  # the checkpoint's recipe is compared, not run
+    assert not marker.exists() and digests(run) == before
+    code, err = c.train(c.tmp / "other", f"resume={checkpoints_in(run / 'checkpoints')[0]}", "train.epochs=3",
+                        "resume.allow_changes=[model]")  # fmt: skip
+    assert code == 0, err  # the user's own recipe builds the model; the weights fit it
+    assert not marker.exists()
+
+
+def trust_an_export_that_names_a_target(c: Ctx, marker: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    export = c.tmp / "model.safetensors"
+    code, err = c.hasten("export", str(c.finished), str(export))
+    assert code == 0, err
+    from safetensors import safe_open
+
+    with safe_open(str(export), framework="pt") as f:
+        meta = f.metadata()
+    recipe = json.loads(meta["hasten_recipe"])
+    recipe["model"] |= {"name": "import", "target": "evilmod:make", "args": {}}
+    meta["hasten_recipe"] = json.dumps(recipe)
+    save_file(load_file(str(export)), str(export), metadata=meta)
+    image = picture(c)
+    before = digests(c.tmp)
+    for command in (["predict", str(export), str(image)], ["export", str(export), str(c.tmp / "again.onnx")]):
+        code, err = c.hasten(*command)
+        expect_untrusted(code, err, marker)
+    with pytest.raises(hasten.own.UntrustedCode):
+        hasten.load(export)
+    assert not marker.exists() and digests(c.tmp) == before
+
+
+def trust_a_gan_classifier_file(c: Ctx, marker: Path) -> None:
+    run = naming_the_payload(c)
+    classifier = checkpoints_in(run / "checkpoints")[0]
+    code, err = c.hasten("gan", "data.name=synthetic", "data.synthetic_size=64", "model.latent=8", "model.width=4",
+                         "train.batch_size=16", "train.threads=1", "run.progress=false", "run.tensorboard=false",
+                         f"quality.classifier={classifier}", f"run.dir={c.tmp / 'gan'}")  # fmt: skip
+    expect_untrusted(code, err, marker)
+
+
+TRUST: list[Callable[[Ctx, Path], None]] = [
+    trust_every_command_refuses_a_model_target,
+    trust_python_load_refuses_unless_trusted,
+    trust_flag_and_naming_the_target_let_it_run,
+    trust_a_data_target_is_not_imported_either,
+    trust_resume_never_runs_the_checkpoint_s_target,
+    trust_an_export_that_names_a_target,
+    trust_a_gan_classifier_file,
+]
+
+
+@pytest.mark.parametrize("row", TRUST, ids=[f.__name__ for f in TRUST])
+def test_trust(row, finished, tmp_path, capsys, monkeypatch, payload):
+    row(Ctx(tmp_path, finished, capsys, monkeypatch), payload)
+
+
+# ----- overwrite: every command that writes keeps what the user had -----
+
+GAN_TINY = ["data.name=synthetic", "data.synthetic_size=64", "model.latent=8", "model.width=4", "train.batch_size=16",
+            "train.epochs=1", "train.threads=1", "quality.enabled=false", "run.progress=false",
+            "run.tensorboard=false"]  # fmt: skip
+
+
+def gan_into_a_finished_runs_folder(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    before = digests(run)
+    code, err = c.hasten("gan", *GAN_TINY, f"run.dir={run}")
+    expect_refusal(code, err, "another run's files", "summary.json", "run.overwrite=true")
+    assert digests(run) == before
+    code, err = c.hasten("gan", *GAN_TINY, f"run.dir={run}", "run.overwrite=true")
+    assert code == 0, err
+    (aside,) = run.glob("replaced-*")
+    assert {p.relative_to(aside): h for p, h in digests(aside).items()} == {
+        p.relative_to(run): h for p, h in before.items()
+    }
+
+
+def gan_beside_a_running_train(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    (run / LOCK_NAME).write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname(), "started": "now"}))
+    before = digests(run)
+    code, err = c.hasten("gan", *GAN_TINY, f"run.dir={run}", "run.overwrite=true")
+    expect_refusal(code, err, "in use by another run", f"pid {os.getppid()}")
+    assert digests(run) == before
+
+
+def export_onto_a_runs_own_files(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    before = digests(run)
+    newest = checkpoints_in(run / "checkpoints")[0]
+    for out, fmt, needle in (
+        (newest, ["--format", "safetensors"], "must end in .safetensors"),
+        (run / "checkpoints" / "w.safetensors", [], "own checkpoints"),
+        (run / "model.safetensors", ["--overwrite"], "own model.safetensors"),
+        (run / "tensorboard" / "w.onnx", [], "own tensorboard"),
+        (run / "summary.json", [], "must end in"),
+    ):
+        code, err = c.hasten("export", str(run), str(out), *fmt)
+        expect_refusal(code, err, str(out.name), needle)
+    assert digests(run) == before
+
+
+def export_over_an_existing_file(c: Ctx) -> None:
+    mine = c.file("mine.safetensors", b"the user's own file")
+    code, err = c.hasten("export", str(c.finished), str(mine))
+    expect_refusal(code, err, "mine.safetensors", "exists", "--overwrite")
+    assert mine.read_bytes() == b"the user's own file"
+    code, err = c.hasten("export", str(c.finished), str(mine), "--overwrite")
+    assert code == 0, err
+    assert read_weights(mine)
+
+
+def evaluate_into_a_runs_own_files(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    before = digests(run)
+    code, err = c.hasten("evaluate", str(run), "--out", str(run / "checkpoints"))
+    expect_refusal(code, err, "checkpoints")
+    theirs = c.tmp / "theirs"
+    theirs.mkdir()
+    (theirs / "confusion.csv").write_text("the user's own table")
+    code, err = c.hasten("evaluate", str(run), "--out", str(theirs))
+    expect_refusal(code, err, "confusion.csv", "no evaluation wrote")
+    assert (theirs / "confusion.csv").read_text() == "the user's own table" and digests(run) == before
+
+
+def experiments_into_a_runs_folder(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    before = digests(run)
+    for command in (["sweep", *TINY, "--vary", "model.width=2,4", "--out", str(run)],
+                    ["bench", *TINY, "--repeats", "1", "--no-naive", "--out", str(run)],
+                    ["transfer", *TINY, "model.pretrained=x.safetensors", "--out", str(run)]):  # fmt: skip
+        code, err = c.hasten(*command)
+        expect_refusal(code, err, f"{command[0]}: {run}", "holds a run's files", "--out")
+    assert digests(run) == before
+
+
+def _take_the_lock(folder: str, barrier: object, results: object) -> None:
+    from hasten.runfolder import RunFolderError, RunLock
+
+    lock = RunLock(folder)
+    barrier.wait()  # every process tries at once
+    try:
+        lock.__enter__()
+    except RunFolderError:
+        results.put("refused")
+        barrier.wait()
+        return
+    results.put("held")
+    barrier.wait()  # held until every process has tried
+    lock.__exit__(None, None, None)
+
+
+def stale_lock_taken_over_by_exactly_one_of_many(c: Ctx) -> None:
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    for trial in range(8):  # read-then-unlink, as before, let two of twelve in on about one trial in six
+        run = c.tmp / f"stale-{trial}"
+        run.mkdir()
+        (run / LOCK_NAME).write_text(json.dumps({"pid": gone.pid, "host": socket.gethostname()}))
+        barrier, results = context.Barrier(12), context.Queue()
+        workers = [context.Process(target=_take_the_lock, args=(str(run), barrier, results)) for _ in range(12)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+        outcomes = sorted(results.get(timeout=5) for _ in workers)
+        assert outcomes == ["held"] + ["refused"] * 11, outcomes
+        assert not (run / LOCK_NAME).exists()  # released by its one holder
+
+
+def lock_naming_an_impossible_pid(c: Ctx) -> None:
+    for pid in (10**30, 0, -5, "many"):
+        run = c.tmp / f"odd-{pid}"
+        run.mkdir()
+        (run / LOCK_NAME).write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
+        code, err = c.train(run, "train.epochs=1")
+        assert code == 0 and "Traceback" not in err, err
+        assert "stale lock" in err
+
+
+def lock_file_that_points_at_the_users_file(c: Ctx) -> None:
+    precious = c.file("precious.txt", b"the user's own notes\n")
+    for how in ("symlink", "hardlink"):
+        run = c.tmp / how
+        run.mkdir()
+        (run / LOCK_NAME).symlink_to(precious) if how == "symlink" else os.link(precious, run / LOCK_NAME)
+        code, err = c.train(run, "train.epochs=1")
+        if how == "symlink":
+            expect_refusal(code, err, LOCK_NAME, "not a lock file")
+        else:  # a stale lock by its content: replaced, never written into
+            assert code == 0, err
+        assert precious.read_bytes() == b"the user's own notes\n"
+
+
+OVERWRITE: list[Callable[[Ctx], None]] = [
+    gan_into_a_finished_runs_folder,
+    gan_beside_a_running_train,
+    export_onto_a_runs_own_files,
+    export_over_an_existing_file,
+    evaluate_into_a_runs_own_files,
+    experiments_into_a_runs_folder,
+    stale_lock_taken_over_by_exactly_one_of_many,
+    lock_naming_an_impossible_pid,
+    lock_file_that_points_at_the_users_file,
+]
+
+
+@pytest.mark.parametrize("row", OVERWRITE, ids=[f.__name__ for f in OVERWRITE])
+def test_overwrite(row, finished, tmp_path, capsys, monkeypatch):
+    row(Ctx(tmp_path, finished, capsys, monkeypatch))
+
+
+# ----- resources: sizes, processes and downloads are bounded before anything is spent -----
+
+
+def edit_summary(run: Path, **preprocessing: object) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    summary["preprocessing"] |= preprocessing
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def devices_above_the_machine(c: Ctx) -> None:
+    code, err = c.hasten("train", "--devices", "64", *TINY, "device=cpu", f"run.dir={c.tmp / 'never'}")
+    expect_refusal(code, err, "--devices 64", "CPU core")
+    assert not (c.tmp / "never").exists()
+
+
+LAUNCHER = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import os, time\\n"
+                          "from hasten.distributed import die_with_launcher\\n"
+                          "die_with_launcher(os.getppid())\\n"
+                          "print('ready', flush=True)\\n"
+                          "time.sleep(300)"], stdout=subprocess.PIPE, text=True)
+child.stdout.readline()
+print(child.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return True
+    return state in ("Z", "X")  # a zombie has ended; only its parent's reaping is left
+
+
+def workers_die_with_their_launcher(c: Ctx) -> None:
+    import time
+
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True)
+    worker = int(launcher.stdout.readline())
+    assert not _gone(worker)
+    launcher.kill()  # SIGKILL: no handler of the launcher runs
+    launcher.wait()
+    for _ in range(300):  # the worker must end on its own; 30 s at most
+        if _gone(worker):
+            break
+        time.sleep(0.1)
+    assert _gone(worker), "the worker outlived its launcher"
+
+
+def sizes_in_summary_json_are_checked(c: Ctx) -> None:
+    image = picture(c)
+    for changes, needle in (({"height": 6000, "width": 6000}, "preprocessing.height"), ({"height": 1e6}, "height"),
+                            ({"width": -5}, "preprocessing.width"), ({"std": [0.0]}, "preprocessing.std")):  # fmt: skip
+        run = c.copy_of_finished()
+        edit_summary(run, **changes)
+        before = digests(run)
+        for command in (["predict", str(run), str(image)], ["export", str(run), str(c.tmp / "w.safetensors")]):
+            code, err = c.hasten(*command)
+            expect_refusal(code, err, "summary.json", needle)
+        assert digests(run) == before
+        shutil.rmtree(run)
+
+
+def stride_zero_tensor_in_a_checkpoint(c: Ctx) -> None:
+    run = c.copy_of_finished()
+    for path in checkpoints_in(run / "checkpoints"):  # every one: a run folder falls back to the next usable
+        state = load_checkpoint(path)
+        key = next(k for k, v in state["model"].items() if v.is_floating_point())
+        state["model"][key] = torch.zeros(1).expand(40_000, 40_000)  # 4 bytes stored, 6.4 GB if ever copied
+        save_checkpoint(state, path)
+    newest = checkpoints_in(run / "checkpoints")[0]
+    assert newest.stat().st_size < 1_000_000
+    before = digests(run)
+    for command in (["evaluate", str(run)], ["predict", str(run), str(picture(c))],
+                    ["export", str(newest), str(c.tmp / "w.safetensors")]):  # fmt: skip
+        code, err = c.hasten(*command)
+        expect_refusal(code, err, newest.name, "(40000, 40000)", "stride 0")
+    code, err = c.train(c.tmp / "other", f"model.pretrained={newest}")
+    expect_refusal(code, err, newest.name, "stride 0")
+    code, err = c.train(run, "resume=auto", "train.epochs=3")
+    expect_refusal(code, err, newest.name, "stride 0")
+    assert digests(run) == before
+
+
+def checkpoint_that_unpacks_to_more_than_it_holds(c: Ctx) -> None:
+    import zipfile
+
+    state = load_checkpoint(checkpoints_in(c.finished / "checkpoints")[0])
+    state["model"]["padding"] = torch.zeros(5_000_000)  # 20 MB of zeros: a few KB once deflated
+    plain = c.tmp / "plain.pt"
+    torch.save(state, plain)
+    bomb = c.tmp / "bomb.pt"
+    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as packed:
+        for record in source.infolist():
+            packed.writestr(record.filename, source.read(record.filename))
+    assert bomb.stat().st_size < 1_000_000
+    for command in (["evaluate", str(bomb)], ["export", str(bomb), str(c.tmp / "w.safetensors")]):
+        code, err = c.hasten(*command)
+        expect_refusal(code, err, "bomb.pt", "unpack to")
+    code, err = c.train(c.tmp / "r", f"model.pretrained={bomb}")
+    expect_refusal(code, err, "bomb.pt", "unpack to")
+
+
+class Server:
+    """A local HTTP server that misbehaves: /endless never stops sending, /trickle sends a byte every 2 s,
+    /huge announces a terabyte."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+        import time
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.send_response(200)
+                if self.path == "/huge":
+                    self.send_header("Content-Length", str(10**12))
+                elif self.path == "/trickle":
+                    self.send_header("Content-Length", "1000")
+                self.end_headers()
+                try:
+                    if self.path == "/endless":
+                        while True:
+                            self.wfile.write(b"\0" * 65536)
+                    elif self.path == "/trickle":
+                        for _ in range(1000):
+                            self.wfile.write(b"x")
+                            self.wfile.flush()
+                            time.sleep(2)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads, self.server.block_on_close = True, False
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def downloads_are_capped_in_size_and_time(c: Ctx) -> None:
+    from hasten.data import download as downloads
+    from hasten.errors import DataError
+
+    server = Server()
+    try:
+        sha = "ab" * 32
+        for path, limits, needle in (("/endless", {"max_bytes": 2 << 20}, "more than the 2,097,152"),
+                                     ("/trickle", {"deadline": 3}, "stopped after 3 s"),
+                                     ("/huge", {}, "announces 1,000,000,000,000 bytes")):  # fmt: skip
+            dest = c.tmp / "dl" / "file.bin"
+            with pytest.raises(DataError, match=needle):
+                downloads.download(server.url + path, dest, sha, **limits)
+            assert not dest.parent.exists() or list(dest.parent.iterdir()) == []  # nothing partial left
+        # the same through model.pretrained from the command line, with the limits lowered for the test
+        c.monkeypatch.setenv("XDG_CACHE_HOME", str(c.tmp / "cache"))
+        c.monkeypatch.setattr(downloads, "MAX_DOWNLOAD_BYTES", 2 << 20)
+        code, err = c.train(c.tmp / "r", f"model.pretrained={server.url}/endless", f"model.pretrained_sha256={sha}")
+        expect_refusal(code, err, "model.pretrained", "/endless", "more than the 2,097,152")
+        assert not (c.tmp / "r" / "summary.json").exists()
+        assert [p for p in (c.tmp / "cache").rglob("*") if p.is_file()] == []
+    finally:
+        server.close()
+
+
+def bomb_png(path: Path, side: int = 12000) -> Path:
+    """A PNG header that claims side x side pixels (Pillow's bomb check reads only the header)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
+    body = zlib.compress(b"\0" * 64)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", body) + chunk(b"IEND", b""))
+    return path
+
+
+def decompression_bomb_images(c: Ctx) -> None:
+    bomb = bomb_png(c.tmp / "bomb.png")
+    code, err = c.hasten("predict", str(c.finished), str(bomb))
+    expect_refusal(code, err, "bomb.png", "decompression-bomb", "144000000 pixels")
+    root = c.tmp / "folder"
+    for split, cls in (("train", "a"), ("train", "b"), ("val", "a"), ("val", "b")):
+        (root / split / cls).mkdir(parents=True)
+        Image.new("L", (8, 8), 128).save(root / split / cls / "1.png")
+    bomb_png(root / "train" / "a" / "0.png")
+    code, err = c.hasten("train", *TINY, "data.name=imagefolder", f"data.root={root}", "data.workers=0",
+                         f"run.dir={c.tmp / 'r'}")  # fmt: skip
+    expect_refusal(code, err, "0.png", "decompression-bomb")
+
+
+def sizes_in_the_recipe_are_bounded(c: Ctx) -> None:
+    for override, needle in (("data.size=100000", "data.size"), ("data.synthetic_size=10000000000", "synthetic_size"),
+                             ("data.size=-5", "data.size")):  # fmt: skip
+        code, err = c.train(c.tmp / "never", override)
+        expect_refusal(code, err, needle)
+    assert not (c.tmp / "never").exists()
+
+
+def a_dataset_of_a_trillion_items(c: Ctx) -> None:
+    from hasten.errors import DataError
+
+    class Endless(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 10**12
+
+        def __getitem__(self, index: int) -> tuple:
+            return torch.zeros(1, 8, 8), 0
+
+    recipe = load_recipe(None, [*TINY, f"run.dir={c.tmp / 'r'}", "data.val_fraction=0.2"])
+    with pytest.raises(DataError, match=r"len\(\) is 1,000,000,000,000"):
+        hasten.train(recipe, data=Endless())
+
+
+def a_model_larger_than_the_machine(c: Ctx) -> None:
+    for override in ("model.width=1000000", "model.layers=[flatten, {dense: 10000000000}, {dense: classes}]"):
+        extra = ["model.name=sequential"] if "layers" in override else []
+        code, err = c.train(c.tmp / "never", *extra, override)
+        expect_refusal(code, err, "parameters", "more than", "this machine has free")
+    assert not (c.tmp / "never" / "summary.json").exists()
+
+
+def memory_that_cannot_be_had(c: Ctx) -> None:
+    def refused(*args: object, **kwargs: object) -> None:  # what torch's allocator raises (a real one is unsafe here)
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you "
+                           "tried to allocate 720000000000 bytes. Error code 12 (Cannot allocate memory)")  # fmt: skip
+
+    c.monkeypatch.setattr(hasten.build, "build_model", refused)
+    code, err = c.train(c.tmp / "r", "model.width=300000")
+    expect_refusal(code, err, "out of memory", "720000000000 bytes", "model.width")
+
+
+RESOURCES: list[Callable[[Ctx], None]] = [
+    devices_above_the_machine,
+    workers_die_with_their_launcher,
+    sizes_in_summary_json_are_checked,
+    stride_zero_tensor_in_a_checkpoint,
+    checkpoint_that_unpacks_to_more_than_it_holds,
+    downloads_are_capped_in_size_and_time,
+    decompression_bomb_images,
+    sizes_in_the_recipe_are_bounded,
+    a_dataset_of_a_trillion_items,
+    a_model_larger_than_the_machine,
+    memory_that_cannot_be_had,
+]
+
+
+@pytest.mark.parametrize("row", RESOURCES, ids=[f.__name__ for f in RESOURCES])
+def test_resources(row, finished, tmp_path, capsys, monkeypatch):
+    row(Ctx(tmp_path, finished, capsys, monkeypatch))
+
+
+# ----- tracebacks: inputs that once ended in one -----
+
+QUICK = [o for o in TINY if not o.startswith(("data.name", "data.synthetic_size"))]  # TINY without its data
+
+
+def last_batch_of_one_image(c: Ctx) -> None:
+    # 1425 = 89 x 16 + 1: the last image joins the 89th batch (batch norm cannot train on one example)
+    code, err = c.hasten("train", "fashion-fast", "data.name=digits", "data.subset=1425", "model.width=8",
+                         "train.epochs=1", "precision=bf16", "train.channels_last=false", "train.threads=1",
+                         "run.progress=false", "run.tensorboard=false", f"run.dir={c.tmp / 'r'}")  # fmt: skip
+    assert code == 0 and "Traceback" not in err, err
+    assert json.loads((c.tmp / "r" / "summary.json").read_text())["steps"] == 89
+
+
+def own_arrays_with_a_last_batch_of_one(c: Ctx) -> None:
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (17, 8, 8), dtype=torch.uint8, generator=generator)
+    labels = torch.arange(17) % 2
+    recipe = load_recipe(None, [*QUICK, "train.epochs=1", "train.min_steps_per_epoch=0", f"run.dir={c.tmp / 'r'}"])
+    summary = hasten.train(recipe, data=((images, labels), (images[:4], labels[:4])))
+    assert summary["steps"] == 1  # 17 images, batch 16: one batch of 17
+    from hasten.errors import DataError
+
+    for count, needle in ((1, "only class"), (2, None)):
+        recipe = load_recipe(None, [*QUICK, "train.epochs=1", f"run.dir={c.tmp / f'n{count}'}"])
+        two = (images[:count], labels[:count])
+        if needle:
+            with pytest.raises(DataError, match=needle):
+                hasten.train(recipe, data=(two, two))
+        else:
+            assert hasten.train(recipe, data=(two, two))["steps"] == 1
+
+
+def non_utf8_class_folder_names(c: Ctx) -> None:
+    root = c.tmp / "folder"
+    name = os.fsdecode(b"caf\xe9")  # a folder named in latin-1 on another system
+    for split in ("train", "val"):
+        for cls in ("plain", name):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(3):
+                Image.new("L", (8, 8), 60 * i + (100 if cls == name else 0)).save(root / split / cls / f"{i}.png")
+    run = c.tmp / "r"
+    code, err = c.hasten("train", *QUICK, "data.name=imagefolder", f"data.root={root}", "data.workers=0",
+                         "train.min_steps_per_epoch=0", f"run.dir={run}")  # fmt: skip
+    assert code == 0, err
+    code, err = c.hasten("evaluate", str(run))
+    assert code == 0 and "Traceback" not in err, err
+    assert "caf\\xe9" in (run / "evaluation" / "confusion.csv").read_text(encoding="utf-8")
+    code, err = c.hasten("predict", str(run), str(root / "val"))
+    assert code == 0 and "Traceback" not in err, err
+
+
+def full_disk_during_evaluate(c: Ctx) -> None:
+    import matplotlib.figure
+
+    run = c.copy_of_finished()
+    before = digests(run)
+
+    def no_space(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    c.monkeypatch.setattr(matplotlib.figure.Figure, "savefig", no_space)
+    code, err = c.hasten("evaluate", str(run))
+    expect_refusal(code, err, "evaluation", "No space left on device", "free")
+    assert not (run / "evaluation").exists() and not list(run.glob(".evaluation*"))
+    assert digests(run) == before
+
+
+def a_rank_killed_mid_run(c: Ctx) -> None:
+    worker = Path(__file__).with_name("dist_worker.py")
+    args = ["train", *TINY, "device=cpu", "train.epochs=3", "model.name=sequential",
+            "model.layers=[{conv: {out: 4, kernel: 3, padding: 1}}, relu, flatten, {dense: classes}]",
+            f"run.dir={c.tmp / 'r'}"]  # fmt: skip
+    result = subprocess.run([sys.executable, str(worker), *args], env=os.environ | {"HASTEN_TEST_FAULT": "kill:1:3"},
+                            capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert result.returncode == 128 + 9, result.stderr[-3000:]
+    reported = [line for line in result.stderr.splitlines() if "rank" in line]
+    assert reported == ["hasten: worker rank 1 was killed by signal 9 (SIGKILL); rank 0 was stopped with it"], reported
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    code, err = c.hasten(*args, "resume=auto")  # one process goes on from the last epoch's checkpoint
+    assert code == 0, err
+    assert json.loads((c.tmp / "r" / "summary.json").read_text())["epochs"] == 3
+
+
+def checkpoint_sections_of_the_wrong_type(c: Ctx) -> None:
+    for section, change, needle in (
+        ("trainer", {"epoch": "two"}, "trainer.epoch"),
+        ("trainer", {"step": -3}, "trainer.step"),
+        ("trainer", {"time_to_accuracy": [1, 2]}, "trainer.time_to_accuracy"),
+        ("hooks", {"ema": {"n_averaged": torch.tensor([1, 2])}}, "n_averaged"),
+        ("model", "weights", "model"),
+    ):
+        run = c.copy_of_finished()
+        for path in checkpoints_in(run / "checkpoints"):
+            state = load_checkpoint(path)
+            state["recipe"]["tricks"]["ema"] = 0.9
+            state[section] = (state.get(section) or {}) | change if isinstance(change, dict) else change
+            save_checkpoint(state, path)
+        before = digests(run)
+        newest = checkpoints_in(run / "checkpoints")[0]
+        for command in (["evaluate", str(newest)], ["export", str(newest), str(c.tmp / "w.safetensors")]):
+            code, err = c.hasten(*command)
+            expect_refusal(code, err, newest.name, needle)
+        code, err = c.train(run, f"resume={newest}", "train.epochs=3", "tricks.ema=0.9")
+        expect_refusal(code, err, newest.name, needle)
+        assert digests(run) == before
+        shutil.rmtree(run)
+
+
+def exports_with_metadata_that_does_not_fit(c: Ctx) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    export = c.tmp / "model.safetensors"
+    code, err = c.hasten("export", str(c.finished), str(export))
+    assert code == 0, err
+    with safe_open(str(export), framework="pt") as f:
+        meta = f.metadata()
+    image = picture(c)
+    for key, value, needle in (
+        ("hasten_preprocessing", {"height": 1e6}, "preprocessing.height"),
+        ("hasten_preprocessing", {"width": -5}, "preprocessing.width"),
+        ("hasten_std", [0.0], "std"),
+        ("hasten_input_shape", [1, 6000, 6000], "input_shape"),
+        ("hasten_classes", [], "classes"),
+        ("hasten_tta_translate", 99, "tta_translate"),
+    ):
+        edited = dict(meta)
+        old = json.loads(meta[key])
+        edited[key] = json.dumps(old | value if isinstance(value, dict) else value)
+        bad = c.tmp / f"bad-{key}.safetensors"
+        save_file(load_file(str(export)), str(bad), metadata=edited)
+        code, err = c.hasten("predict", str(bad), str(image))
+        expect_refusal(code, err, bad.name, needle)
+
+
+def onnx_exports_that_do_not_fit(c: Ctx) -> None:
+    import onnx
+
+    export = c.tmp / "model.onnx"
+    code, err = c.hasten("export", str(c.finished), str(export))
+    assert code == 0, err
+    proto = onnx.load(str(export))
+    for prop in proto.metadata_props:
+        if prop.key == "hasten_classes":
+            prop.value = json.dumps(json.loads(prop.value)[:3])
+    onnx.save(proto, str(export))
+    code, err = c.hasten("predict", str(export), str(picture(c)))
+    expect_refusal(code, err, "model.onnx", "3 classes")
+    # weights kept in a file the export names (hasten's never are): not read
+    outside = c.tmp / "outside"
+    outside.mkdir()
+    external = outside / "external.onnx"
+    onnx.save(proto, str(external), save_as_external_data=True, location="weights.bin", size_threshold=0)
+    code, err = c.hasten("predict", str(external), str(picture(c)))
+    expect_refusal(code, err, "external.onnx", "other files it names")
+
+
+TRACEBACKS: list[Callable[[Ctx], None]] = [
+    last_batch_of_one_image,
+    own_arrays_with_a_last_batch_of_one,
+    non_utf8_class_folder_names,
+    full_disk_during_evaluate,
+    a_rank_killed_mid_run,
+    checkpoint_sections_of_the_wrong_type,
+    exports_with_metadata_that_does_not_fit,
+    onnx_exports_that_do_not_fit,
+]
+
+
+@pytest.mark.parametrize("row", TRACEBACKS, ids=[f.__name__ for f in TRACEBACKS])
+def test_tracebacks(row, finished, tmp_path, capsys, monkeypatch):
+    row(Ctx(tmp_path, finished, capsys, monkeypatch))
+
+
+# ----- messages: the error says what is wrong, and points the right way -----
+
+
+def image_folder(root: Path, classes: dict[str, int], splits: tuple[str, ...] = ("train", "val")) -> Path:
+    """root/<split>/<class>/<i>.png: `classes` maps each class to its image count (0: an empty folder)."""
+    for split in splits:
+        for cls, count in classes.items():
+            (root / split / cls).mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                Image.new("L", (8, 8), (37 * i + 80 * len(cls)) % 256).save(root / split / cls / f"{i}.png")
+    return root
+
+
+def nan_or_inf_in_float_data(c: Ctx) -> None:
+    from hasten.errors import DataError
+
+    images, labels = torch.rand(40, 1, 8, 8), torch.arange(40) % 2
+    recipe = load_recipe(None, [*QUICK, f"run.dir={c.tmp / 'r'}"])
+    poisoned = images.clone()
+    poisoned[7, 0, 2, 2] = float("nan")
+    with pytest.raises(DataError, match=r"data: train images: 1 pixel value\(s\) are NaN \(first in image 7\)"):
+        hasten.train(recipe, data=((poisoned, labels), (images[:8], labels[:8])))
+    poisoned[7, 0, 2, 2] = float("inf")
+    with pytest.raises(DataError, match="data: test images: .* inf"):
+        hasten.train(recipe, data=((images, labels), (poisoned, labels)))
+    assert not (c.tmp / "r").exists()
+
+
+def learning_rates_that_are_not_finite(c: Ctx) -> None:
+    for value in ("inf", "nan", "-inf", "1e999"):
+        code, err = c.train(c.tmp / "never", f"optim.lr={value}")
+        expect_refusal(code, err, "optim.lr", "finite")
+    code, err = c.train(c.tmp / "never", "tricks.ema=nan")
+    expect_refusal(code, err, "tricks.ema", "finite")
+    assert not (c.tmp / "never").exists()
+
+
+def class_names_that_do_not_match_the_data(c: Ctx) -> None:
+    code, err = c.hasten("train", *QUICK, "data.name=digits", "data.classes=[a,b,c]", f"run.dir={c.tmp / 'never'}")
+    expect_refusal(code, err, "data.classes", "['a', 'b', 'c']", "digits")
+    assert not (c.tmp / "never").exists()
+
+
+def empty_and_single_class_folders(c: Ctx) -> None:
+    root = image_folder(c.tmp / "folder", {"a": 3, "b": 3, "empty": 0})
+    common = [*QUICK, "data.name=imagefolder", "data.workers=0", "train.min_steps_per_epoch=0"]
+    code, err = c.hasten("train", *common, f"data.root={root}", f"run.dir={c.tmp / 'r'}")
+    assert code == 0, err
+    assert "warning:" in err and "train/empty" in err and "never sees an example" in err
+    one = image_folder(c.tmp / "one", {"only": 4})
+    code, err = c.hasten("train", *common, f"data.root={one}", f"run.dir={c.tmp / 'r1'}")
+    expect_refusal(code, err, "only class 'only'", "at least 2 classes")
+    assert not (c.tmp / "r1" / "summary.json").exists()
+
+
+def extends_from_the_recipe_s_own_folder(c: Ctx) -> None:
+    folder = c.tmp / "recipes"
+    folder.mkdir()
+    (folder / "base.yaml").write_text("train:\n  epochs: 7\n")
+    (folder / "child.yaml").write_text("extends: base.yaml\nseed: 3\n")
+    elsewhere = c.tmp / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "base.yaml").write_text("train:\n  epochs: 1\n")  # a file of the same name where the user stands
+    c.monkeypatch.chdir(elsewhere)
+    recipe = load_recipe(str(folder / "child.yaml"))
+    assert recipe.train.epochs == 7 and recipe.seed == 3
+    secret = c.file("shadow", b"root:$6$secret-hash:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n")
+    for target in (str(secret), "../shadow"):
+        (folder / "evil.yaml").write_text(f"extends: {target}\n")
+        code, err = c.hasten("train", str(folder / "evil.yaml"))
+        expect_refusal(code, err, "extends", "not a recipe file")
+        assert "secret-hash" not in err and "daemon" not in err
+    code, err = c.hasten("train", str(secret))
+    expect_refusal(code, err, "shadow", "not a recipe file")
+    assert "secret-hash" not in err
+
+
+def export_to_an_unknown_suffix(c: Ctx) -> None:
+    for out, fmt in (("out.xyz", []), ("out", []), ("out.onnx", ["--format", "safetensors"])):
+        code, err = c.hasten("export", str(c.finished), str(c.tmp / out), *fmt)
+        expect_refusal(code, err, out, "must end in")
+        assert not (c.tmp / out).exists()
+
+
+def duplicate_keys_in_a_recipe(c: Ctx) -> None:
+    recipe = c.file("twice.yaml", b"train:\n  epochs: 3\n  batch_size: 16\n  epochs: 30\n")
+    code, err = c.hasten("train", str(recipe))
+    expect_refusal(code, err, "twice.yaml", "duplicate key 'epochs'", "line 2")
+    code, err = c.train(c.tmp / "never", "data.args={a: 1, a: 2}")
+    expect_refusal(code, err, "duplicate key 'a'")
+
+
+def run_dir_at_the_root_or_home(c: Ctx) -> None:
+    for folder, needle in (("/", "filesystem root"), ("~/", "home folder"), (str(Path.home()), "home folder"),
+                           (str(Path.home().parent), "above your home")):  # fmt: skip
+        if needle == "above your home" and Path.home().parent == Path("/"):
+            continue
+        code, err = c.hasten("train", *TINY, f"run.dir={folder}")
+        expect_refusal(code, err, "run.dir", needle)
+    code, err = c.hasten("sweep", *TINY, "--vary", "model.width=2,4", "--out", "/")
+    expect_refusal(code, err, "sweep", "filesystem root")
+
+
+def unknown_keys_get_the_closest_valid_one(c: Ctx) -> None:
+    code, err = c.hasten("train", "fashion-fast", "train.epoch=3")
+    expect_refusal(code, err, "train.epoch: unknown key", "did you mean train.epochs?", "the command line")
+    for typo, meant in (("optim.lrr=0.1", "optim.lr"), ("lr=0.1", "optim.lr"), ("trian.epochs=2", "train"),
+                        ("data.augment.flp=true", "data.augment.flip")):  # fmt: skip
+        code, err = c.hasten("train", *TINY, typo)
+        expect_refusal(code, err, typo.partition("=")[0], f"did you mean {meant}?")
+
+
+def an_override_s_error_is_the_command_line_s(c: Ctx) -> None:
+    code, err = c.hasten("train", "fashion-fast", "train.epochs=0")
+    expect_refusal(code, err, "the command line", "train.epochs")
+    assert "shipped recipe 'fashion-fast': 1 problem" not in err
+    bad = c.file("bad.yaml", b"train:\n  epochs: 0\n")
+    code, err = c.hasten("train", str(bad), "seed=2")
+    expect_refusal(code, err, "bad.yaml: 1 problem(s)", "train.epochs")
+    assert "command line" not in err
+
+
+def data_root_that_does_not_exist(c: Ctx) -> None:
+    missing = c.tmp / "no-such-folder"
+    for extra in (["data.name=imagefolder"], ["data.name=fashion-mnist"]):
+        code, err = c.hasten("train", *QUICK, *extra, f"data.root={missing}", f"run.dir={c.tmp / 'never'}")
+        expect_refusal(code, err, f"data.root={missing}: no such folder")
+        assert "make-folder" not in err
+    assert not (c.tmp / "never").exists()
+
+
+def a_folder_without_data_name_imagefolder(c: Ctx) -> None:
+    root = image_folder(c.tmp / "photos", {"cat": 3, "dog": 3})
+    code, err = c.hasten("train", *QUICK, f"data.root={root}", f"run.dir={c.tmp / 'never'}")
+    expect_refusal(code, err, "holds an image folder", "data.name=imagefolder")
+    assert "How to get" not in err and not (c.tmp / "never").exists()
+    code, err = c.hasten("train", str(root), *QUICK, "data.workers=0", "train.min_steps_per_epoch=0",
+                         f"run.dir={c.tmp / 'r'}")  # fmt: skip
+    assert code == 0, err
+    assert json.loads((c.tmp / "r" / "summary.json").read_text())["classes"] == ["cat", "dog"]
+    code, err = c.hasten("train", str(c.tmp))
+    expect_refusal(code, err, "is a folder, not a recipe")
+
+
+def valid_values_without_internal_ones(c: Ctx) -> None:
+    code, err = c.hasten("train", *TINY, "model.name=resnet50")
+    expect_refusal(code, err, "model.name", "'resnet50'", "did you mean resnet?", "model.name=import")
+    assert "object" not in err
+    code, err = c.hasten("train", *TINY, "data.name=fashion")
+    expect_refusal(code, err, "data.name", "did you mean fashion-mnist?", "data.name=import", "imagefolder")
+    assert "object" not in err
+
+
+MESSAGES: list[Callable[[Ctx], None]] = [
+    nan_or_inf_in_float_data,
+    learning_rates_that_are_not_finite,
+    class_names_that_do_not_match_the_data,
+    empty_and_single_class_folders,
+    extends_from_the_recipe_s_own_folder,
+    export_to_an_unknown_suffix,
+    duplicate_keys_in_a_recipe,
+    run_dir_at_the_root_or_home,
+    unknown_keys_get_the_closest_valid_one,
+    an_override_s_error_is_the_command_line_s,
+    data_root_that_does_not_exist,
+    a_folder_without_data_name_imagefolder,
+    valid_values_without_internal_ones,
+]
+
+
+@pytest.mark.parametrize("row", MESSAGES, ids=[f.__name__ for f in MESSAGES])
+def test_messages(row, finished, tmp_path, capsys, monkeypatch):
+    row(Ctx(tmp_path, finished, capsys, monkeypatch))
 
 
 # ----- the checkpoint loader fails closed -----

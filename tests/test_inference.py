@@ -252,7 +252,8 @@ def test_bad_sources_exit_2_naming_the_file(ema_run, tmp_path, capsys):
     save_file({k: v.contiguous() for k, v in state["model"].items()}, str(bare))
     for source, why in ((text, "not a checkpoint"), (picture, "not a checkpoint"), (other, "another model"),
                         (bare, "no hasten metadata"), (tmp_path / "missing", "not found")):  # fmt: skip
-        for command in (["predict", str(source), str(picture)], ["export", str(source), str(tmp_path / "x.st")],
+        out = str(tmp_path / "x.safetensors")
+        for command in (["predict", str(source), str(picture)], ["export", str(source), out],
                         ["evaluate", str(source)]):  # fmt: skip
             if command[0] == "evaluate" and source == bare:
                 continue  # evaluate takes runs and checkpoints only

@@ -4,6 +4,10 @@ The bytes stream into a temporary file beside the destination while they are has
 fsynced and renamed onto the destination only when the hash matches. Any failure (hash mismatch,
 connection cut, short read, timeout) removes the temporary file, so the destination is either the
 verified file or whatever good file was there before: never a partial one.
+
+Every download is bounded: at most `max_bytes` (a server that announces more, or never stops sending, is cut
+off there) and at most `deadline` seconds in all (a server that trickles a byte at a time cannot hold the run
+for ever), besides the per-operation socket timeout.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import http.client
 import os
 import re
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +28,8 @@ from hasten import __version__
 from hasten.errors import DataError
 
 CHUNK_BYTES = 1 << 20
+MAX_DOWNLOAD_BYTES = 4 << 30  # no file hasten fetches is near this (CIFAR-100: 169 MB); a larger one is refused
+DOWNLOAD_DEADLINE_SECONDS = 3600.0  # one file's whole transfer
 _SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
 
 
@@ -61,11 +68,24 @@ def _fsync_folder(folder: Path) -> None:
             os.close(fd)
 
 
-def download(url: str, dest: Path, sha256: str, *, timeout: float = 60, progress: bool = False) -> Path:
+def download(
+    url: str,
+    dest: Path,
+    sha256: str,
+    *,
+    timeout: float = 60,
+    progress: bool = False,
+    max_bytes: int | None = None,
+    deadline: float | None = None,
+) -> Path:
     """Fetch `url` to `dest` if its SHA-256 is `sha256`; returns `dest`, raises DataError on any failure.
 
-    `timeout` is in seconds per socket operation (connect or read), not for the whole transfer.
+    `timeout` is in seconds per socket operation (connect or read); `deadline` (default
+    DOWNLOAD_DEADLINE_SECONDS) for the whole transfer; `max_bytes` (default MAX_DOWNLOAD_BYTES) the most it takes.
     """
+    max_bytes = MAX_DOWNLOAD_BYTES if max_bytes is None else max_bytes
+    deadline = DOWNLOAD_DEADLINE_SECONDS if deadline is None else deadline
+    started = time.monotonic()
     dest = Path(dest)
     expected = (sha256 or "").lower()
     if not _SHA256_PATTERN.fullmatch(expected):
@@ -82,15 +102,31 @@ def download(url: str, dest: Path, sha256: str, *, timeout: float = 60, progress
             received = 0
             request = urllib.request.Request(url, headers={"User-Agent": f"hasten/{__version__}"})
             try:
-                with urllib.request.urlopen(request, timeout=timeout) as response:
+                with urllib.request.urlopen(request, timeout=min(timeout, deadline)) as response:
                     length_header = response.headers.get("Content-Length")
                     announced = int(length_header) if length_header and length_header.isdigit() else None
+                    if announced is not None and announced > max_bytes:
+                        raise DataError(
+                            f"download of {url} refused: the server announces {announced:,} bytes, more than the "
+                            f"{max_bytes:,} a download may take"
+                        )
                     with _progress_bar(dest.name, announced, progress) as advance:
-                        while chunk := response.read(CHUNK_BYTES):
+                        # read1: what has arrived (one read of the socket), so the deadline is checked as bytes trickle
+                        while chunk := response.read1(CHUNK_BYTES):
                             digest.update(chunk)
                             partial.write(chunk)
                             received += len(chunk)
                             advance(len(chunk))
+                            if received > max_bytes:
+                                raise DataError(
+                                    f"download of {url} stopped at {received:,} bytes: more than the {max_bytes:,} a "
+                                    "download may take (a server that does not stop sending?)"
+                                )
+                            if time.monotonic() - started > deadline:
+                                raise DataError(
+                                    f"download of {url} stopped after {deadline:g} s with {received:,} bytes: it took "
+                                    "longer than a download may (a server that sends too slowly?)"
+                                )
             # URLError covers HTTP errors and refused connections; OSError covers resets and timeouts
             except (http.client.HTTPException, urllib.error.URLError, OSError, ValueError) as exc:
                 raise DataError(f"download of {url} failed after {received} bytes: {exc}") from exc

@@ -15,6 +15,7 @@ make-folder` (makefolder.py) prefixes them with their label index to keep a data
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from torch import Tensor
 
 from hasten.data.datasets import ImageDataset
 from hasten.data.loader import Augment, ShardedEpochs, channel_stats
+from hasten.data.preprocessing import open_image
 from hasten.data.transforms import class_interleaved, first_per_class, flip_labels, noise_generator
 from hasten.errors import DataError
 
@@ -77,24 +79,31 @@ def _class_folders(split: Path) -> list[Path]:
     return sorted(p for p in split.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+def class_name(folder: Path) -> str:
+    """A class folder's name as text: bytes that are not UTF-8 (a folder named on another system) become \\xNN
+    escapes, so the name prints, writes to CSV and JSON, and still tells the folders apart."""
+    return os.fsencode(folder.name).decode("utf-8", "backslashreplace")
+
+
 def scan_split(split: Path, classes: list[str]) -> FolderSplit:
     """The images under `split/<class>/`; a class folder that is not in `classes` is an error naming it."""
     index = {name: i for i, name in enumerate(classes)}
     paths: list[str] = []
     labels: list[int] = []
     for folder in _class_folders(split):
-        if folder.name not in index:
-            raise DataError(f"{folder}: class {folder.name!r} is not among the training classes (train/ folders)")
+        name = class_name(folder)
+        if name not in index:
+            raise DataError(f"{split / name}: class {name!r} is not among the training classes (train/ folders)")
         files = _images_in(folder)
         paths += [str(p) for p in files]
-        labels += [index[folder.name]] * len(files)
+        labels += [index[name]] * len(files)
     return FolderSplit(paths, torch.tensor(labels, dtype=torch.int64))
 
 
 def decode(path: str, mode: str, size: tuple[int, int], resize: bool) -> numpy.ndarray:
     """One image file as uint8 (C, H, W) in `mode`, brought to `size` (width, height); DataError naming the file."""
     try:
-        with Image.open(path) as image:
+        with open_image(path) as image:
             if image.size != size and not resize:
                 raise DataError(
                     f"{path}: {image.size[0]}x{image.size[1]} pixels, but the folder's first training image is "
@@ -216,13 +225,13 @@ class ImageFolderLoader(ShardedEpochs):
     def batches(self, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
         """The batches of the current epoch from batch index `start` on (a resumed run starts mid-epoch)."""
         order = self.indices(self.epoch)
-        batch = self.batch_size
-        self._plan.batches = [order[b * batch : (b + 1) * batch].tolist() for b in range(start, len(self))]
+        spans = {b: self.batch_span(b) for b in range(start, len(self))}
+        self._plan.batches = [order[first:stop].tolist() for first, stop in spans.values()]
         for b, item in enumerate(self._dataloader(), start):
             if isinstance(item, str):
                 raise DataError(item)
             images, labels = item
-            idx = order[b * batch : (b + 1) * batch]
+            idx = order[spans[b][0] : spans[b][1]]
             images = self.augmented(images.to(self.device, non_blocking=True), idx, b)
             yield self.normalise(images), labels.to(self.device, non_blocking=True)
 
@@ -231,8 +240,10 @@ def _header(path: str) -> tuple[tuple[int, int], str]:
     """An image file's size and mode from its header (Pillow reads no pixels); DataError naming a file that is
     not an image."""
     try:
-        with Image.open(path) as image:
+        with open_image(path) as image:
             return image.size, image.mode
+    except DataError:
+        raise
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise DataError(f"{path}: cannot decode as an image ({type(exc).__name__}: {exc})") from None
 
@@ -260,10 +271,24 @@ def open_image_folder(
     """
     root = Path(root).expanduser()
     train_dir = root / "train"
+    if not root.exists():
+        raise DataError(f"data.root={root}: no such folder")
+    if not root.is_dir():
+        raise DataError(f"data.root={root}: a file, not a folder of images (train/<class>/*.png and val/<class>/...)")
     if not train_dir.is_dir():
+        inside = sorted(p.name for p in root.iterdir() if not p.name.startswith("."))
+        images = [p for p in _class_folders(root) if any(q.suffix.lower() in IMAGE_SUFFIXES for q in p.iterdir())]
+        hint = (
+            "; its subfolders hold images, so it looks like a split folder itself: give the folder above it and "
+            "name this one train/"
+            if images
+            else f" (it holds: {', '.join(inside[:8]) + (', ...' if len(inside) > 8 else '')})"
+            if inside
+            else "; it is empty: to make one from a dataset, hasten data make-folder fashion-mnist DIR --size 32 --rgb"
+        )
         raise DataError(
-            f"data.root={root}: no train/ folder (expected train/<class>/*.png and val/<class>/...); to make one "
-            "from a dataset: hasten data make-folder fashion-mnist DIR --size 32 --rgb"
+            f"data.root={root}: no train/ folder in it (an image folder holds train/<class>/*.png and "
+            f"val/<class>/...){hint}"
         )
     test_dir = next((root / s for s in TEST_SPLITS if (root / s).is_dir()), None)
     if test_dir is None and not val_fraction:
@@ -271,10 +296,17 @@ def open_image_folder(
             f"data.root={root}: no val/ or test/ folder next to train/; or hold out part of train/ with "
             "data.val_fraction=0.1"
         )
-    classes = [p.name for p in _class_folders(train_dir)]
+    classes = [class_name(p) for p in _class_folders(train_dir)]
     if not classes:
         raise DataError(f"{train_dir}: no class folders (expected train/<class>/*.png)")
+    if len(set(classes)) < len(classes):
+        raise DataError(f"{train_dir}: two class folders have the same name once shown as text: {classes}")
     train = scan_split(train_dir, classes)
+    empty = [name for i, name in enumerate(classes) if not bool((train.labels == i).any())]
+    if empty and len(empty) < len(classes):
+        print(f"warning: data.root={root}: train/{', train/'.join(empty)} hold(s) no images; kept as class(es) "
+              f"{', '.join(str(classes.index(n)) for n in empty)} so the labels match val/, but the model never "
+              "sees an example of them", file=sys.stderr)  # fmt: skip
     if val_fraction:
         from hasten.data.own import stratified_holdout
 

@@ -17,6 +17,12 @@ What happens to the samples left over when the set does not divide by the ranks 
 the first ones so every rank gets the same count (DistributedSampler's default), "drop" leaves them out of the
 epoch (DistributedSampler's drop_last), "split" gives each sample to exactly one rank, so shards differ by one
 (evaluation: no collective runs per batch there, and every test image counts exactly once).
+
+A training loader (`shuffle=True`) never yields a batch of one image: batch norm cannot normalise a single
+example in training mode, and a set of 1,425 images in batches of 16 would otherwise end each epoch with one. Such
+an image is merged into the batch before it (a last batch of B + 1), so every image is still seen every epoch and
+the epoch has one step fewer; a shard of a single image has no batch at all (the run refuses it). Evaluation
+loaders keep their batches as they fall.
 """
 
 from __future__ import annotations
@@ -194,7 +200,17 @@ class ShardedEpochs:
 
     def __len__(self) -> int:
         full, rest = divmod(self.shard_size, self.batch_size)
+        if self.shuffle and rest == 1 and not self.drop_last:
+            return full  # the single image joins the last full batch (module docstring)
         return full + (1 if rest and not self.drop_last else 0)
+
+    def batch_span(self, batch: int) -> tuple[int, int]:
+        """[start, stop) of batch `batch` within this rank's order of the epoch: the last batch runs to the end of
+        the shard (short, or one longer when a single image was merged into it), unless `drop_last`."""
+        start, stop = batch * self.batch_size, (batch + 1) * self.batch_size
+        if batch == len(self) - 1 and not self.drop_last:
+            stop = self.shard_size
+        return start, stop
 
     def indices(self, epoch: int) -> Tensor:
         """This rank's sample indices for `epoch`, in the order its batches take them."""
@@ -244,5 +260,6 @@ class InMemoryLoader(ShardedEpochs):
         """The batches of the current epoch from batch index `start` on (a resumed run starts mid-epoch)."""
         order = self.indices(self.epoch).to(self.device)
         for b in range(start, len(self)):
-            idx = order[b * self.batch_size : (b + 1) * self.batch_size]
+            first, stop = self.batch_span(b)
+            idx = order[first:stop]
             yield self.normalise(self.augmented(self.images[idx], idx, b)), self.labels[idx]

@@ -32,6 +32,7 @@ from hasten.data.datasets import ImageDataset
 from hasten.errors import DataError
 
 STATS_SAMPLE = 1000  # streamed items read to estimate the per-channel mean and std
+MAX_ITEMS = 100_000_000  # items of a Dataset hasten indexes (an int64 index of them is 800 MB)
 
 
 def _is_array(value: object) -> bool:
@@ -71,6 +72,7 @@ def as_images(images: Any, where: str) -> Tensor:
     (normalised by their own statistics, whatever their scale)."""
     array = torch.as_tensor(images) if not isinstance(images, Tensor) else images.detach().cpu()
     if array.dtype.is_floating_point:
+        _check_finite(array, where)
         return _channels_first(array, where).float().contiguous()
     if array.dtype == torch.bool:
         raise DataError(f"{where}: images are bool; give uint8 pixels 0..255 or floats")
@@ -97,6 +99,19 @@ def as_labels(labels: Any, count: int, where: str) -> Tensor:
     return values
 
 
+def _check_finite(pixels: Tensor, where: str) -> None:
+    """DataError naming `where` when float pixels hold NaN or infinity (they would surface as a diverged loss)."""
+    finite = torch.isfinite(pixels)
+    if not bool(finite.all()):
+        bad = ~finite
+        kinds = [name for name, hit in (("NaN", torch.isnan(pixels).any()), ("inf", torch.isinf(pixels).any())) if hit]
+        first = int(bad.reshape(len(pixels), -1).any(1).nonzero()[0]) if pixels.dim() > 1 and len(pixels) else 0
+        raise DataError(
+            f"{where}: {int(bad.sum()):,} pixel value(s) are {' and '.join(kinds)} (first in image {first}); "
+            "replace them (e.g. numpy.nan_to_num) before training"
+        )
+
+
 def _sample_to_tensor(image: Any, where: str) -> Tensor:
     """One streamed image as (C, H, W): tensors are C x H x W (torchvision's layout); PIL images and numpy arrays
     are H x W or H x W x C. uint8 stays uint8 (normalised like the in-memory path); other types become float32."""
@@ -113,6 +128,8 @@ def _sample_to_tensor(image: Any, where: str) -> Tensor:
     if pixels.ndim != 3:
         raise DataError(f"{where}: an image must be H x W, H x W x C (arrays, PIL) or C x H x W (tensors), got "
                         f"{tuple(pixels.shape)}")  # fmt: skip
+    if pixels.dtype.is_floating_point and not bool(torch.isfinite(pixels).all()):
+        raise DataError(f"{where}: the image holds NaN or inf pixel values; replace them before training")
     return pixels if pixels.dtype == torch.uint8 else pixels.float()
 
 
@@ -288,8 +305,14 @@ def _part(value: Any, where: str, workers: int) -> tuple[Tensor, Tensor] | Strea
         return images, labels
     if is_dataset(value):
         name = f"{where} ({type(value).__name__})"
-        if len(value) == 0:
+        try:
+            count = len(value)
+        except (TypeError, ValueError, OverflowError) as error:  # len() above sys.maxsize, or not an int
+            raise DataError(f"{name}: len() fails: {error}") from None
+        if count == 0:
             raise DataError(f"{name}: the Dataset is empty")
+        if count > MAX_ITEMS:
+            raise DataError(f"{name}: len() is {count:,}; hasten indexes at most {MAX_ITEMS:,} items of a Dataset")
         return StreamSplit(value, torch.arange(len(value)), dataset_labels(value, name, workers), name)
     raise DataError(
         f"{where}: expected an (images, labels) pair of arrays or a Dataset of (image, label), "
@@ -326,8 +349,13 @@ def own_data(
     """The user's data (module docstring) as an in-memory `ImageDataset` when every part is held in memory, else
     as `StreamedData`. `val_fraction` > 0 holds out that share of the training part (seeded, stratified) as the
     evaluation split; it is required when no evaluation part is given. `classes` names the labels (the data's
-    own names win when it brings them); without names they are "0".."K-1", K = the largest label + 1."""
+    own names, when it brings them, must be the same); without names they are "0".."K-1", K = the largest label + 1."""
     train_value, test_value, names = split_parts(data)
+    if names is not None and classes and list(classes) != list(names):
+        raise DataError(
+            f"data.classes: {list(classes)} are not the class names the data brings ({list(names)}); give one of "
+            "the two"
+        )
     names = names or (list(classes) if classes else None)
     train = _part(train_value, "data: train", workers)
     if test_value is not None and not val_fraction:

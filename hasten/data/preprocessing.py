@@ -15,19 +15,66 @@ an image file of any size and mode into the model's input the same way:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy
 import torch
 from PIL import Image
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import Tensor
 
-from hasten.errors import DataError
+from hasten.errors import DataError, schema_problems
 
 RESIZERS = ("torch", "pillow")  # which bilinear resize training used (module docstring, step 2)
+# the largest image side hasten trains on or converts images to (data.size, a run's recorded input size): a
+# 2048 x 2048 RGB image is 50 MB as floats; a size read from a file beyond this is refused before any allocation
+MAX_IMAGE_SIDE = 2048
+PREDICT_BYTES = 1 << 28  # float bytes of images per forward pass in predict (at most PREDICT_BATCH images too)
+
+
+@contextlib.contextmanager
+def open_image(path: str | Path) -> Iterator[Image.Image]:
+    """`Image.open(path)`, where an image larger than Pillow's decompression-bomb limit (`Image.MAX_IMAGE_PIXELS`,
+    read from the header before any pixel is decoded) is a DataError naming the file, not a warning and gigabytes
+    of pixels."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            image = Image.open(path)
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+            raise DataError(
+                f"{path}: refusing to decode it: {str(error).rstrip('.')} (Pillow's decompression-bomb limit, "
+                f"{Image.MAX_IMAGE_PIXELS:,} pixels); resize it first"
+            ) from None
+    with image:
+        yield image
+
+
+class PreprocessingRecord(BaseModel):
+    """The preprocessing as summary.json and export metadata store it (`Preprocessing.to_dict`), checked before
+    use: sides within MAX_IMAGE_SIDE, one finite mean and one finite, positive std per channel."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    mode: Literal["L", "RGB"]
+    height: Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)]
+    width: Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)]
+    mean: list[float]
+    std: list[Annotated[float, Field(gt=0)]]
+    resize: Literal[RESIZERS] = "torch"
+
+    @model_validator(mode="after")
+    def _one_per_channel(self) -> PreprocessingRecord:
+        channels = 1 if self.mode == "L" else 3
+        if len(self.mean) != channels or len(self.std) != channels:
+            raise ValueError(f"mean and std: one value per channel of mode {self.mode} ({channels}), got "
+                             f"{len(self.mean)} and {len(self.std)}")  # fmt: skip
+        return self
 
 
 @dataclass(frozen=True)
@@ -50,21 +97,13 @@ class Preprocessing:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "metadata") -> Preprocessing:
-        """The preprocessing saved by `to_dict`; ValueError naming `source` and the key when it does not fit."""
+        """The preprocessing saved by `to_dict`, checked by PreprocessingRecord; ValueError naming `source` and the
+        field when it does not fit (a size out of range, a std of 0, a count of means that is not the channels')."""
         try:
-            made = cls(
-                mode=str(raw["mode"]),
-                height=int(raw["height"]),
-                width=int(raw["width"]),
-                mean=tuple(float(m) for m in raw["mean"]),
-                std=tuple(float(s) for s in raw["std"]),
-                resize=str(raw.get("resize", "torch")),
-            )
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"{source}: preprocessing is incomplete or malformed ({error!r})") from None
-        if made.mode not in ("L", "RGB") or made.resize not in RESIZERS or len(made.mean) != made.channels:
-            raise ValueError(f"{source}: preprocessing {raw!r} is not one hasten writes")
-        return made
+            record = PreprocessingRecord.model_validate(raw)
+        except ValidationError as error:
+            raise ValueError(f"{source}: {schema_problems(error, 'preprocessing.')}") from None
+        return cls(record.mode, record.height, record.width, tuple(record.mean), tuple(record.std), record.resize)
 
     def describe(self) -> str:
         """The exact steps, in words, for code that is not hasten (an ONNX runtime, another language)."""
@@ -94,7 +133,7 @@ class Preprocessing:
     def read(self, path: str | Path) -> Tensor:
         """An image file as uint8 (C, H, W); DataError naming the file when it is not an image."""
         try:
-            with Image.open(path) as image:
+            with open_image(path) as image:
                 return self.image(image)
         # Pillow reports undecodable files as OSError, ValueError, SyntaxError or DecompressionBombError
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:

@@ -118,6 +118,14 @@ def resolve(
         raise DataError(f"{name} has no files to fetch ({spec.install_hint})")
     if root is not None:
         root = Path(root).expanduser()
+        if not root.exists():
+            raise DataError(f"data.root={root}: no such folder (data.name={name} reads its files from there)\n"
+                            + how_to_get(spec, mirror))  # fmt: skip
+        if (root / "train").is_dir() and any(p.is_dir() for p in (root / "train").iterdir()):
+            raise DataError(
+                f"data.root={root} holds an image folder (train/<class>/...), not {name}'s files: add "
+                "data.name=imagefolder to train on it"
+            )
         tried = []
         for folder in (root, root / name):
             missing = spec.missing_in(folder)

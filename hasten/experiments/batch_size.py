@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import gc
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +34,7 @@ from hasten.memory import (
     NothingFits,
     Search,
     agree_on_min,
+    available_memory_bytes,
     format_bytes,
     measure_peak,
     search_batch_size,
@@ -46,18 +46,6 @@ from hasten.trainer import Plan, Trainer
 RULES = ("linear", "sqrt", "accumulate")
 PREDICTION_MARGIN = 1.25  # CPU: skip sizes predicted to need more than this x the budget
 TOLERANCE = 1 / 32  # bisection stops within ~3% of the largest size that fits
-
-
-def available_memory_bytes() -> int:
-    """Physical memory available now (Linux: MemAvailable), else all physical memory."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # reported in KiB
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 @dataclass

@@ -49,6 +49,7 @@ from hasten.experiments.variants import (  # re-exported: the sweep and transfer
 )
 from hasten.models import build_model
 from hasten.precision import compute_dtype
+from hasten.runfolder import owned_output
 from hasten.runlog import environment, write_atomic
 
 __all__ = [
@@ -429,8 +430,9 @@ def bench(
     from hasten.report import write_bench_report
 
     out = Path(out or Path("bench") / recipe.name)
-    results = run_grid(recipe, variants, repeats, out, **options)
-    return results, write_results(results, out) + write_bench_report(results, out)
+    with owned_output(out, recipe.run.overwrite, "bench"):  # locked, and never a training run's folder
+        results = run_grid(recipe, variants, repeats, out, **options)
+        return results, write_results(results, out) + write_bench_report(results, out)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ the dataset's (uniform for Fashion-MNIST); mode collapse shows as a few classes 
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,19 +23,19 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from torch import Tensor, nn
 
 from hasten.checkpoint import load_checkpoint, read_weights
-from hasten.config import ModelConfig, apply_overrides, load_raw, load_recipe, validate
+from hasten.config import ModelConfig, apply_overrides, load_raw, load_recipe, load_yaml, read_text_file, validate
 from hasten.data import ImageDataset
 from hasten.data.loader import channel_stats
-from hasten.errors import CheckpointError
+from hasten.errors import CheckpointError, HastenError
 from hasten.experiments.gan_recipe import GanRecipe
 from hasten.models import build_model
 from hasten.models.dcgan import SIZE, padded, signed
+from hasten.own import Trust, embedded_recipe
 
 NAME = "Fréchet distance on hasten classifier features; not Inception FID"
 
@@ -120,6 +119,12 @@ class ClassifierFeatures:
         return torch.cat(features), torch.cat(logits)
 
 
+def read_summary(path: Path) -> Any:
+    from hasten.inference import read_summary as read  # here: inference needs the model stack
+
+    return read(path)
+
+
 def classifier_model_config(path: Path, recipe: str, overrides: list[str]) -> tuple[ModelConfig, str]:
     """The `model` section the weights in `path` were trained with, and where it came from: the recipe saved
     in a hasten checkpoint, else the recipe.yaml beside the file (as `hasten train` leaves next to
@@ -127,7 +132,7 @@ def classifier_model_config(path: Path, recipe: str, overrides: list[str]) -> tu
     beside = path.parent / "recipe.yaml"
     candidates = [
         (load_checkpoint(path).get("recipe") if path.suffix != ".safetensors" else None, f"the recipe in {path}"),
-        (yaml.safe_load(beside.read_text(encoding="utf-8")) if beside.is_file() else None, str(beside)),
+        (load_yaml(read_text_file(beside, "recipe"), str(beside)) if beside.is_file() else None, str(beside)),
     ]
     for saved, source in candidates:
         if isinstance(saved, dict) and isinstance(saved.get("model"), dict):
@@ -138,13 +143,21 @@ def classifier_model_config(path: Path, recipe: str, overrides: list[str]) -> tu
     return load_recipe(recipe, overrides).model, f"recipe {recipe!r}"
 
 
-def load_classifier(path: str | Path, recipe: str, overrides: list[str], data: ImageDataset) -> nn.Module:
+def load_classifier(
+    path: str | Path, recipe: str, overrides: list[str], data: ImageDataset, trust_code: bool = False
+) -> nn.Module:
     """The classifier whose weights are in `path` (a hasten checkpoint, .safetensors or a plain state dict),
-    for `data`'s image shape and classes, in eval mode."""
+    for `data`'s image shape and classes, in eval mode. A model section read from a file is data: a model.target it
+    names is imported only with `trust_code`, or when the classifier recipe the user gives names the same one."""
     path = Path(path)
     weights = read_weights(path)
     config, source = classifier_model_config(path, recipe, overrides)
-    model = build_model(config, data.image_shape, data.num_classes)
+    try:
+        own = load_recipe(recipe, overrides).model.target
+    except HastenError:
+        own = None
+    with embedded_recipe(source, Trust(code=trust_code, named={"model.target": own} if own else {})):
+        model = build_model(config, data.image_shape, data.num_classes)
     try:
         model.load_state_dict(weights)
     except RuntimeError as error:
@@ -169,8 +182,15 @@ def train_classifier(recipe: str, overrides: list[str], folder: Path) -> tuple[P
     weights, saved_recipe, summary = folder / "model.safetensors", folder / "recipe.yaml", folder / "summary.json"
     if weights.is_file() and saved_recipe.is_file() and summary.is_file():
         fresh = weights.stat().st_mtime >= saved_recipe.stat().st_mtime  # not left from an earlier recipe
-        if fresh and yaml.safe_load(saved_recipe.read_text(encoding="utf-8")) == wanted.model_dump(mode="json"):
-            return weights, float(json.loads(summary.read_text())["test_accuracy"]), True
+        try:  # what the folder holds is checked before it is trusted; anything unreadable is trained again
+            same = load_yaml(read_text_file(saved_recipe, "recipe"), str(saved_recipe)) == wanted.model_dump(
+                mode="json"
+            )
+            accuracy = read_summary(summary).test_accuracy if fresh and same else None
+        except HastenError:
+            accuracy = None
+        if accuracy is not None:
+            return weights, accuracy, True
     result = train(wanted)
     return weights, float(result["test_accuracy"]), False
 
@@ -192,7 +212,12 @@ class QualityProbe:
 
 
 def quality_probe(
-    recipe: GanRecipe, data: ImageDataset, device: torch.device, folder: Path, console: Console
+    recipe: GanRecipe,
+    data: ImageDataset,
+    device: torch.device,
+    folder: Path,
+    console: Console,
+    trust_code: bool = False,
 ) -> QualityProbe:
     """The Fréchet distance and class-mix probe, with `quality.classifier`, or a classifier trained here with
     `quality.classifier_recipe` on the same dataset (kept in run.dir/classifier and reused from there)."""
@@ -218,7 +243,8 @@ def quality_probe(
             f"{'reused' if reused else 'trained here'}: {quality.classifier_recipe}, {quality.classifier_epochs} epochs"
         )
         console.print(f"quality: classifier {weights} ({source}), test accuracy {accuracy:.4f}", highlight=False)
-    model = load_classifier(weights, quality.classifier_recipe, quality.classifier_overrides, data).to(device)
+    model = load_classifier(weights, quality.classifier_recipe, quality.classifier_overrides, data, trust_code)
+    model = model.to(device)
     mean, std = channel_stats(data.train_images)  # what the classifier was normalised with: the whole training set
     features = ClassifierFeatures(model, mean, std, data.image_shape[1], SIZE)
     n = min(quality.samples, len(data.test_images), len(data.train_images))

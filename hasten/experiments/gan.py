@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.markup import escape
 from torch import Tensor, nn
@@ -46,7 +47,7 @@ from hasten.checkpoint import (
 from hasten.data import ImageDataset, load_dataset
 from hasten.data.loader import InMemoryLoader
 from hasten.distributed import resolve_device
-from hasten.errors import CheckpointError, RecipeError
+from hasten.errors import CheckpointError, RecipeError, schema_problems
 from hasten.experiments.frechet import QualityProbe, quality_probe
 from hasten.experiments.gan_recipe import GanRecipe, gan_recipe_yaml
 from hasten.experiments.gan_report import (
@@ -61,6 +62,7 @@ from hasten.experiments.gan_report import (
 from hasten.memory import peak_memory_bytes, reset_peak
 from hasten.models.dcgan import SIZE, Discriminator, Generator, dcgan, padded
 from hasten.precision import Precision, make_precision
+from hasten.runfolder import RunLock, claim_fresh
 from hasten.runlog import RunLog
 
 METRICS = [
@@ -221,16 +223,27 @@ def check_resumable(recipe: GanRecipe, saved: dict[str, Any], path: Path) -> Non
 
 
 def restore(parts: GanParts, saved: dict[str, Any], path: Path) -> GanState:
-    """Load a checkpoint into `parts` (networks, optimizers, scalers, RNG); returns the run's position."""
+    """Load a checkpoint into `parts` (networks, optimizers, scalers, RNG); returns the run's position, its fields
+    checked against GanState's types. Fails closed: whatever a malformed checkpoint makes loading raise is a
+    CheckpointError naming the file."""
     check_resumable(parts.recipe, saved, path)
-    parts.generator.load_state_dict(saved["generator"])
-    parts.discriminator.load_state_dict(saved["discriminator"])
-    parts.optimizer_g.load_state_dict(saved["optimizer_g"])
-    parts.optimizer_d.load_state_dict(saved["optimizer_d"])
-    parts.precision_g.load_state_dict(saved["scaler_g"])
-    parts.precision_d.load_state_dict(saved["scaler_d"])
-    set_rng_state(saved["rng"])
-    return GanState(**saved["state"])
+    try:
+        state = TypeAdapter(GanState).validate_python(saved["state"])
+    except ValidationError as error:
+        raise CheckpointError(f"resume: {path}: state: {schema_problems(error)}") from None
+    if min(state.epoch, state.batch, state.step, state.skipped_d, state.skipped_g) < 0:
+        raise CheckpointError(f"resume: {path}: state: negative counts ({state.epoch}, {state.batch}, {state.step})")
+    try:
+        parts.generator.load_state_dict(saved["generator"])
+        parts.discriminator.load_state_dict(saved["discriminator"])
+        parts.optimizer_g.load_state_dict(saved["optimizer_g"])
+        parts.optimizer_d.load_state_dict(saved["optimizer_d"])
+        parts.precision_g.load_state_dict(saved["scaler_g"])
+        parts.precision_d.load_state_dict(saved["scaler_d"])
+        set_rng_state(saved["rng"])
+    except Exception as error:  # noqa: BLE001 - a malformed checkpoint can break any step of the loading
+        raise CheckpointError(f"resume: {path} does not fit this run: {type(error).__name__}: {error}") from None
+    return state
 
 
 def resume_point(recipe: GanRecipe, folder: Path) -> tuple[Path, dict[str, Any]] | None:
@@ -324,20 +337,31 @@ def end_epoch(
     return row, measured
 
 
-def train_gan(recipe: GanRecipe) -> dict[str, Any]:
-    """Train the GAN recipe; writes the run folder (module docstring) and returns the summary."""
+def train_gan(recipe: GanRecipe, trust_code: bool = False) -> dict[str, Any]:
+    """Train the GAN recipe; writes the run folder (module docstring) and returns the summary. The folder is
+    locked while the run writes it and obeys the fresh-folder rule, as `hasten train`'s (hasten/runfolder.py).
+    `trust_code`: a classifier file's recipe may name a model.target to import (hasten/own.py)."""
     console = Console(stderr=True)
     parts = build_gan(recipe)
     folder = Path(recipe.run.dir or Path("runs") / recipe.name)
+    with RunLock(folder):
+        return _train_gan_locked(recipe, parts, folder, console, trust_code)
+
+
+def _train_gan_locked(
+    recipe: GanRecipe, parts: GanParts, folder: Path, console: Console, trust_code: bool
+) -> dict[str, Any]:
     checkpoints = folder / "checkpoints"
     state, found = GanState(), resume_point(recipe, checkpoints)
     if found:
         check_resumable(recipe, found[1], found[0])  # before anything in the run folder is overwritten
+    else:  # a fresh run never mixes with another run's files (a classifier's, an earlier GAN's)
+        claim_fresh(folder, recipe.run.overwrite, resuming=recipe.resume == "auto")
     log = RunLog(folder, tensorboard=recipe.run.tensorboard)
     log.write_recipe(gan_recipe_yaml(recipe))
     remove_stale_temporaries(checkpoints)
     probe: QualityProbe | None = (
-        quality_probe(recipe, parts.data, parts.device, folder, console) if recipe.quality.enabled else None
+        quality_probe(recipe, parts.data, parts.device, folder, console, trust_code) if recipe.quality.enabled else None
     )
     if found:
         state = restore(parts, found[1], found[0])

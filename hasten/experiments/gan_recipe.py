@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from hasten.config import (
+    MAX_SYNTHETIC,
     DataConfig,
     Fraction,
     LossScaleConfig,
@@ -22,6 +23,7 @@ from hasten.config import (
     apply_overrides,
     load_raw,
     recipe_error,
+    unsafe_folder,
 )
 
 DEFAULT_GAN_RECIPE = "dcgan-fashion"
@@ -33,7 +35,7 @@ class GanData(Section):
     root: str | None = None  # a folder holding the dataset's files under their official names
     download: bool = True  # allow fetching from the official address (checked against a pinned SHA-256)
     subset: Annotated[int, Field(ge=1)] | None = None  # first N training images
-    synthetic_size: Annotated[int, Field(ge=8)] = 512  # training images of the synthetic set
+    synthetic_size: Annotated[int, Field(ge=8, le=MAX_SYNTHETIC)] = 512  # training images of the synthetic set
 
 
 class GanModel(Section):
@@ -72,6 +74,18 @@ class GanQuality(Section):
 
 class GanRun(Section):
     dir: str | None = None  # default: runs/<recipe name>
+    # a fresh run into a run.dir holding another run's files: move those into run.dir/replaced-<UTC time>/ (never
+    # deleted) instead of refusing, as `hasten train` does
+    overwrite: bool = False
+
+    @field_validator("dir")
+    @classmethod
+    def _own_folder(cls, folder: str | None) -> str | None:
+        reason = unsafe_folder(folder) if folder else None
+        if reason:
+            raise ValueError(f"run.dir: {folder!r} is {reason}; a run needs a folder of its own, e.g. runs/NAME")
+        return folder
+
     progress: bool = True  # rich progress bar; false: the summary is printed as JSON
     tensorboard: bool = True
     keep: Annotated[int, Field(ge=1)] = 2  # checkpoints kept (one per epoch, the newest)
@@ -99,7 +113,7 @@ def load_gan_recipe(source: str | None = None, overrides: list[str] | None = Non
     try:
         return GanRecipe.model_validate(apply_overrides(raw, overrides or []))
     except ValidationError as exc:
-        raise recipe_error(exc, origin) from None
+        raise recipe_error(exc, origin, overrides, GanRecipe) from None
 
 
 def gan_recipe_yaml(recipe: GanRecipe) -> str:

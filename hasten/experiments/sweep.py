@@ -27,6 +27,7 @@ from hasten.errors import RecipeError
 from hasten.experiments.bench import Variant, grid_variants, parse_vary, run_grid, variant_recipe, write_results
 from hasten.models import build_model
 from hasten.report import DASH, markdown_table, plot_curves, read_metrics
+from hasten.runfolder import owned_output
 from hasten.runlog import write_atomic
 
 INTERPOLATED = 0.01  # train error at or below this counts as fitting the (noisy) training set
@@ -189,27 +190,28 @@ def sweep(
         raise RecipeError("sweep: nothing to vary; give --vary KEY=V1,V2 (or sweep.vary in the recipe)")
     parsed = parse_vary(items)
     out = Path(out or run_dir(recipe))
-    variants = grid_variants(parsed)
-    results = run_grid(
-        recipe, variants, 1, out, warmup=False, isolate=isolate, measure_peak=False, command=command, log=log
-    )
-    rows = sweep_rows(results, recipe)
-    keys = [k for k, _ in parsed]
-    text = [f"# hasten sweep: {recipe.name}", ""]
-    text += [f"`{command}`", ""] if command else []
-    where = "each in its own process" if isolate else "in one process"
-    text += [
-        f"{len(rows)} runs, one per grid point, {where} ({results['started']} to {results['finished']}). "
-        "Errors are 1 - accuracy after the last epoch; train error is on the training labels as trained "
-        "(label noise included), averaged over the last epoch as the model learned; best test error is the "
-        "lowest after any epoch.",
-        "",
-        sweep_table(rows, keys),
-        "",
-        *[f"- {line}" for line in findings(rows, keys[0])],
-        "",
-    ]
-    files = write_results(results, out) + sweep_plots(rows, parsed, out, recipe.name)
-    text += [f"![{p.stem.replace('_', ' ')}]({p.name})\n" for p in files if p.suffix == ".png"]
-    write_atomic(out / "sweep.md", "\n".join(text))
-    return rows, [out / "sweep.md", *files]
+    with owned_output(out, recipe.run.overwrite, "sweep"):  # locked, and never a training run's folder
+        variants = grid_variants(parsed)
+        results = run_grid(
+            recipe, variants, 1, out, warmup=False, isolate=isolate, measure_peak=False, command=command, log=log
+        )
+        rows = sweep_rows(results, recipe)
+        keys = [k for k, _ in parsed]
+        text = [f"# hasten sweep: {recipe.name}", ""]
+        text += [f"`{command}`", ""] if command else []
+        where = "each in its own process" if isolate else "in one process"
+        text += [
+            f"{len(rows)} runs, one per grid point, {where} ({results['started']} to {results['finished']}). "
+            "Errors are 1 - accuracy after the last epoch; train error is on the training labels as trained "
+            "(label noise included), averaged over the last epoch as the model learned; best test error is the "
+            "lowest after any epoch.",
+            "",
+            sweep_table(rows, keys),
+            "",
+            *[f"- {line}" for line in findings(rows, keys[0])],
+            "",
+        ]
+        files = write_results(results, out) + sweep_plots(rows, parsed, out, recipe.name)
+        text += [f"![{p.stem.replace('_', ' ')}]({p.name})\n" for p in files if p.suffix == ".png"]
+        write_atomic(out / "sweep.md", "\n".join(text))
+        return rows, [out / "sweep.md", *files]

@@ -27,10 +27,11 @@ from typing import Any
 from hasten.build import dataset, run_dir
 from hasten.config import Recipe, apply_overrides, validate
 from hasten.data.imagefolder import ImageFolder
-from hasten.errors import RecipeError
+from hasten.errors import HastenError, RecipeError
 from hasten.experiments.bench import Variant, run_grid, run_in_process, run_isolated, variant_recipe, write_results
 from hasten.finetune import WEIGHTS_FILE
 from hasten.report import DASH, markdown_table, plot_curves
+from hasten.runfolder import owned_output
 from hasten.runlog import write_atomic
 
 # what the scratch arm turns off: it starts from random weights, so there is no head to train first
@@ -62,9 +63,16 @@ def pretrain(recipe: Recipe, out: Path, *, isolate: bool = True, log: Log = _std
     stamped = pre.model_dump(mode="json")
     stamped["run"].pop("dir")  # the same pretraining copied to another output folder still counts
     wanted = json.dumps(stamped, sort_keys=True)
-    if weights.is_file() and stamp.is_file() and stamp.read_text() == wanted and (folder / "summary.json").is_file():
-        log(f"pretraining: reusing {weights}")
-        return weights, json.loads((folder / "summary.json").read_text())
+    if weights.is_file() and stamp.is_file() and stamp.read_text(errors="replace") == wanted:
+        from hasten.inference import read_summary
+
+        try:  # checked before it is reused; an unreadable summary means pretraining again
+            summary = read_summary(folder / "summary.json")
+        except HastenError:
+            summary = None
+        if summary is not None and summary.test_accuracy is not None and "train_seconds" in (summary.model_extra or {}):
+            log(f"pretraining: reusing {weights}")
+            return weights, summary.model_dump()
     log(f"pretraining on {pre.data.name}, {pre.train.epochs} epochs -> {weights}")
     summary = run_isolated(pre, "recipe", None, folder) if isolate else run_in_process(pre, "recipe")
     write_atomic(stamp, wanted)
@@ -184,24 +192,25 @@ def transfer(
     weights, once per seed, and write transfer.md, transfer.png, results.json and results.csv into `out`
     (default: the recipe's run folder). Returns the results and those files, in that order."""
     out = Path(out or run_dir(recipe))
-    seeds = list(seeds) if seeds else [recipe.seed]
-    if recipe.model.pretrained:
-        weights, pretrained = recipe.model.pretrained, None
-        log(f"using the recipe's model.pretrained={weights}; no pretraining run")
-    elif recipe.transfer.pretrain:
-        path, pretrained = pretrain(recipe, out, isolate=isolate, log=log)
-        weights = str(path)
-        pretrained = pretrained | {"dataset": pretrain_recipe(recipe, out).data.name}
-    else:
-        raise RecipeError("transfer: the recipe names no model.pretrained weights and no transfer.pretrain run")
-    per_class = recipe.transfer.per_class
-    variants = transfer_variants(per_class, weights, seeds)
-    counts = {}
-    for n in per_class:
-        size = "all" if n is None else str(n)
-        counts[size] = training_images(variant_recipe(recipe, Variant(size, (f"data.per_class={n or 'null'}",))))
-    results = run_grid(
-        recipe, variants, 1, out, warmup=False, isolate=isolate, measure_peak=False, command=command, log=log
-    )
-    files = transfer_report(recipe, results, pretrained, counts, out) + write_results(results, out)
-    return results, files
+    with owned_output(out, recipe.run.overwrite, "transfer"):  # locked, and never a training run's folder
+        seeds = list(seeds) if seeds else [recipe.seed]
+        if recipe.model.pretrained:
+            weights, pretrained = recipe.model.pretrained, None
+            log(f"using the recipe's model.pretrained={weights}; no pretraining run")
+        elif recipe.transfer.pretrain:
+            path, pretrained = pretrain(recipe, out, isolate=isolate, log=log)
+            weights = str(path)
+            pretrained = pretrained | {"dataset": pretrain_recipe(recipe, out).data.name}
+        else:
+            raise RecipeError("transfer: the recipe names no model.pretrained weights and no transfer.pretrain run")
+        per_class = recipe.transfer.per_class
+        variants = transfer_variants(per_class, weights, seeds)
+        counts = {}
+        for n in per_class:
+            size = "all" if n is None else str(n)
+            counts[size] = training_images(variant_recipe(recipe, Variant(size, (f"data.per_class={n or 'null'}",))))
+        results = run_grid(
+            recipe, variants, 1, out, warmup=False, isolate=isolate, measure_peak=False, command=command, log=log
+        )
+        files = transfer_report(recipe, results, pretrained, counts, out) + write_results(results, out)
+        return results, files
