@@ -24,9 +24,17 @@ from torch.optim.swa_utils import update_bn
 from hasten import autotune, distributed, rules, step
 from hasten.checkpoint import checkpoints_in, latest_usable, load_checkpoint, remove_stale_temporaries
 from hasten.compiling import compile_model
-from hasten.config import OptimConfig, Recipe, to_yaml
+from hasten.config import OptimConfig, Recipe, apply_overrides, to_yaml, validate
 from hasten.data import ImageDataset, load_dataset
-from hasten.data.imagefolder import ImageFolder, ImageFolderLoader, image_folder_loaders, open_image_folder
+from hasten.data.imagefolder import (
+    ImageFolder,
+    ImageFolderLoader,
+    default_workers,
+    fits_in_memory,
+    image_folder_loaders,
+    open_image_folder,
+    read_into_memory,
+)
 from hasten.data.loader import Augment, InMemoryLoader, channel_stats
 from hasten.data.own import StreamedData
 from hasten.data.preprocessing import dataset_summary
@@ -35,7 +43,7 @@ from hasten.data.transforms import prepare
 from hasten.distributed import DistEnv, world_size
 from hasten.errors import CheckpointError, DataError, HastenError, RecipeError
 from hasten.finetune import discriminative_groups, pretrained_from_config, save_weights  # Freeze registers here
-from hasten.memory import checkpoint_activations
+from hasten.memory import available_memory_bytes, checkpoint_activations
 from hasten.models import build_model
 from hasten.optimizers import Muon, muon_groups
 from hasten.own import (
@@ -84,8 +92,12 @@ def _dataset(recipe: Recipe) -> ImageDataset | ImageFolder:
         return load_data(recipe)
     if cfg.name == "imagefolder":
         options = dict(subset=cfg.subset, test_subset=cfg.test_subset, per_class=cfg.per_class, seed=recipe.seed)
-        return open_image_folder(cfg.root, size=cfg.size, rgb=cfg.rgb, label_noise=cfg.label_noise,
-                                 val_fraction=cfg.val_fraction, **options)  # fmt: skip
+        folder = open_image_folder(cfg.root, size=cfg.size, rgb=cfg.rgb, label_noise=cfg.label_noise,
+                                   val_fraction=cfg.val_fraction, **options)  # fmt: skip
+        if cfg.in_memory is True or (cfg.in_memory == "auto" and fits_in_memory(folder, available_memory_bytes())):
+            workers = default_workers() if cfg.workers is None else cfg.workers
+            return read_into_memory(folder, workers)  # decoded once: the in-memory loader's fast path
+        return folder
     data = load_dataset(cfg.name, cfg.root, download=cfg.download, synthetic_size=cfg.synthetic_size, seed=recipe.seed)
     if cfg.subset:
         data.train_images, data.train_labels = data.train_images[: cfg.subset], data.train_labels[: cfg.subset]
@@ -182,8 +194,6 @@ def check_model_size(recipe: Recipe, image_shape: tuple[int, ...], num_classes: 
     if device.type == "cuda":
         have = torch.cuda.get_device_properties(device).total_memory
     else:
-        from hasten.memory import available_memory_bytes
-
         have = available_memory_bytes()
     if count * BYTES_PER_PARAMETER > have:
         from hasten.memory import format_bytes
@@ -372,7 +382,10 @@ def optimizer(config: OptimConfig, groups: list[dict[str, Any]], lr: float) -> t
             groups, lr=lr, momentum=config.momentum, nesterov=config.nesterov and config.momentum > 0
         )
     cls = torch.optim.AdamW if config.name == "adamw" else torch.optim.Adam
-    return cls(groups, lr=lr, betas=config.betas)
+    try:  # torch's fused kernel: one pass over all the parameters (on CPU ~4x less step time than the loop)
+        return cls(groups, lr=lr, betas=config.betas, fused=True)
+    except (RuntimeError, ValueError):  # parameters on a device or in a dtype it does not serve
+        return cls(groups, lr=lr, betas=config.betas)
 
 
 @dataclass
@@ -709,6 +722,27 @@ def risky_settings(recipe: Recipe, parts: Parts) -> list[str]:
     return found
 
 
+def divergence_advice(recipe: Recipe) -> list[str]:
+    """What a run that diverged or does not learn is told to try, as overrides its own recipe accepts (each is
+    validated against it: optim.lr=auto is offered only where the optimizer takes it): half the LR, the LR range
+    test, a warm-up twice as long, half the batch."""
+    lr = recipe.optim.lr
+    advice = [f"optim.lr={lr / 2:.3g}"] if isinstance(lr, float) else []
+    advice += ["optim.lr=auto", f"schedule.min_warmup_steps={max(2 * recipe.schedule.min_warmup_steps, 50)}"]
+    batch = recipe.train.batch_size
+    if isinstance(batch, int) and batch >= 2 * rules.MIN_BATCH:
+        advice.append(f"train.batch_size={batch // 2}")
+    raw = recipe.model_dump(mode="json")
+    accepted = []
+    for override in advice:
+        try:
+            validate(apply_overrides(raw, [override]))
+        except RecipeError:
+            continue
+        accepted.append(override)
+    return accepted
+
+
 def evaluated_on(recipe: Recipe) -> str:
     """Which split every test_* metric of the run is measured on."""
     fraction = recipe.data.val_fraction
@@ -768,6 +802,7 @@ def _train_locked(
         rise_steps=rise_steps(recipe.schedule, optimizer_steps(recipe, parts.train_loader), lr_scale(recipe)),
         clip_grad_norm=recipe.train.clip_grad_norm,
         eval_every_steps=recipe.train.eval_every_steps,
+        divergence_advice=divergence_advice(recipe),
     )
     if loss is not None:
         plan.loss = loss

@@ -63,6 +63,9 @@ class DataConfig(Section):
     size: Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)] | None = None
     rgb: bool | None = None  # true: 3 channels (grey repeated); false: 1 (luma); None: as stored
     workers: Annotated[int, Field(ge=0)] | None = None  # imagefolder: DataLoader worker processes; None: auto
+    # imagefolder: decode every image once and train from memory (no decoding per epoch); auto: when the decoded
+    # images take at most a quarter of the memory available (and 4 GiB); false: decode each epoch, in workers
+    in_memory: bool | Literal["auto"] = "auto"
     per_class: Annotated[int, Field(ge=1)] | None = None  # at most the first N training images of each class
     # fraction of training labels moved to another class, seeded (Nakkiran et al., 2019); test labels stay
     label_noise: Annotated[float, Field(ge=0, lt=1)] = 0.0
@@ -415,7 +418,7 @@ class Recipe(Section):
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
-DEFAULT_RECIPE = "fashion-fast"
+DEFAULT_RECIPE = "default"
 
 
 def shipped_recipes() -> list[str]:
@@ -750,9 +753,20 @@ def load_recipe(source: str | None = None, overrides: list[str] | None = None) -
     recipe = validate(apply_overrides(raw, overrides or []), origin, overrides)
     section = raw.get("data")
     own_data = section.get("name", DataConfig().name) if isinstance(section, dict) else DataConfig().name
-    if recipe.run.dir is None and recipe.data.name != own_data:  # never in the folder of the recipe's own data
+    if recipe.run.dir is None and recipe.name == DEFAULT_RECIPE:  # the default recipe's run is named by its data
+        recipe.run.dir = str(Path("runs") / data_label(recipe.data))
+    elif recipe.run.dir is None and recipe.data.name != own_data:  # never in the folder of the recipe's own data
         recipe.run.dir = str(Path("runs") / f"{recipe.name}-{recipe.data.name}")
     return recipe
+
+
+def data_label(data: DataConfig) -> str:
+    """A folder name for the data a recipe trains on: an image folder's own name, else the dataset's."""
+    if data.name == "imagefolder" and data.root:
+        name = Path(data.root).expanduser().resolve().name
+        if name and name not in (".", "..") and not name.startswith("."):
+            return name
+    return data.name
 
 
 def to_yaml(recipe: Recipe) -> str:

@@ -102,6 +102,8 @@ class Plan:
     loss: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy  # (logits, soft targets) -> mean loss
     clip_grad_norm: float | None = None  # clip the global gradient norm to this before each update; None/0: off
     eval_every_steps: int = 0  # also evaluate every N optimizer steps (0: only at epoch ends)
+    # what the divergence warning advises: overrides the run's own recipe accepts (build.divergence_advice)
+    divergence_advice: Sequence[str] = ("optim.lr=...",)
 
 
 @dataclass
@@ -557,8 +559,8 @@ class Trainer:
             shown = row["train_loss"] if late is None or not math.isfinite(row["train_loss"]) else late
             self.warn(
                 f"epoch {epoch}: training loss {shown:.3f} (its last steps) is above ln({self.plan.num_classes}) = "
-                f"{uniform:.3f}, a uniform guess: the run diverged or is not learning; lower optim.lr (or try "
-                "optim.lr=auto), lengthen schedule.min_warmup_steps, or use a smaller batch"
+                f"{uniform:.3f}, a uniform guess: the run diverged or is not learning; try "
+                f"{', '.join(self.plan.divergence_advice)}"
             )
 
     def check_result(self, test_accuracy: float) -> None:

@@ -17,8 +17,11 @@ from hasten.checkpoint import checkpoints_in
 from hasten.errors import RecipeError
 
 
-def test_candidates_are_the_auto_keys_combinations():
+def test_candidates_are_the_auto_keys_combinations(monkeypatch):
     cpu = torch.device("cpu")
+    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: False)  # AVX2 alone: bf16 is emulated, never timed
+    assert autotune.candidates("auto", "auto", cpu) == [Candidate("fp32", False), Candidate("fp32", True)]
+    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)  # AVX512-BF16 or AMX
     assert autotune.candidates("auto", "auto", cpu) == [
         Candidate("fp32", False), Candidate("fp32", True), Candidate("bf16", False), Candidate("bf16", True)
     ]  # fmt: skip
@@ -55,6 +58,7 @@ def _net() -> nn.Module:
 
 
 def test_probe_takes_the_fastest_and_drops_a_16_bit_mode_whose_loss_strays(monkeypatch):
+    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)
     options = autotune.candidates("auto", "auto", torch.device("cpu"))
     seconds = {options[0]: 4.0, options[1]: 3.0, options[2]: 2.0, options[3]: 1.0}
     batch = (torch.randn(8, 2, 8, 8), torch.randint(0, 3, (8,)))
@@ -74,7 +78,8 @@ def test_probe_takes_the_fastest_and_drops_a_16_bit_mode_whose_loss_strays(monke
     assert autotune.probe(_net(), batch, 3, options).choice == Candidate("fp32", False)
 
 
-def test_probe_leaves_the_model_as_it_was():
+def test_probe_leaves_the_model_as_it_was(monkeypatch):
+    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)  # every candidate timed, on any CPU
     model = _net()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     batch = (torch.randn(8, 2, 8, 8), torch.randint(0, 3, (8,)))

@@ -343,16 +343,45 @@ def folder_stats(data: ImageFolder, sample: int = STATS_SAMPLE, seed: int = 0) -
     return channel_stats(images[0])
 
 
-def read_into_memory(data: ImageFolder) -> ImageDataset:
-    """Every image of the folder decoded once into an in-memory `ImageDataset` (for code that needs the
-    tensors, such as the naive baseline loop or the in-memory side of benchmarks/imagefolder.py)."""
+DECODE_CHUNK = 256  # files a worker decodes into one tensor when a folder is read into memory
+
+
+def read_into_memory(data: ImageFolder, workers: int = 0) -> ImageDataset:
+    """Every image of the folder decoded once into an in-memory `ImageDataset`: what `data.in_memory` trains
+    from, the naive baseline loop and the in-memory side of benchmarks/imagefolder.py. With `workers`, chunks of
+    files are decoded in that many DataLoader worker processes."""
     splits = []
     for split in (data.train, data.test):
-        decoded = BatchDecoder(split, data.mode, data.size, data.resize)[list(range(len(split.paths)))]
-        if isinstance(decoded, str):
-            raise DataError(decoded)
-        splits += decoded
+        decoder = BatchDecoder(split, data.mode, data.size, data.resize)
+        count = len(split.paths)
+        chunks = [list(range(i, min(i + DECODE_CHUNK, count))) for i in range(0, count, DECODE_CHUNK)]
+        if workers and len(chunks) > 1:
+            parts = list(torch.utils.data.DataLoader(decoder, batch_size=None, sampler=chunks, num_workers=workers,
+                                                     collate_fn=_whole_batch))  # fmt: skip
+        else:
+            parts = [decoder[chunk] for chunk in chunks]
+        failed = next((part for part in parts if isinstance(part, str)), None)
+        if failed is not None:
+            raise DataError(failed)
+        if not parts:  # an empty split: no files to decode
+            parts = [(torch.empty((0, *decoder.shape), dtype=torch.uint8), split.labels[:0])]
+        splits += [torch.cat([part[0] for part in parts]), torch.cat([part[1] for part in parts])]
     return ImageDataset(data.name, *splits, list(data.classes))
+
+
+IN_MEMORY_SHARE = 0.25  # data.in_memory=auto: a folder is read into memory when its decoded images take at most
+IN_MEMORY_BYTES = 4 * 2**30  # this share of the memory available, and at most this many bytes
+
+
+def decoded_bytes(data: ImageFolder) -> int:
+    """Bytes the folder's images take decoded as uint8 at the run's size, both splits."""
+    channels = 3 if data.mode == "RGB" else 1
+    return (len(data.train.paths) + len(data.test.paths)) * channels * data.size[0] * data.size[1]
+
+
+def fits_in_memory(data: ImageFolder, available: int) -> bool:
+    """data.in_memory=auto: whether the decoded folder is small enough to hold (IN_MEMORY_SHARE, IN_MEMORY_BYTES)."""
+    return decoded_bytes(data) <= min(IN_MEMORY_BYTES, IN_MEMORY_SHARE * available)
 
 
 def image_folder_loaders(

@@ -1,0 +1,135 @@
+"""The default recipe's rules (hasten/rules.py): the batch of least predicted time to the result, the budget, and
+what a run decides and records when they are `auto`. Step times are faked where a rule's choice is asserted, so the
+tests hold on any machine; no timing is asserted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+import hasten
+from hasten import autotune, rules
+from hasten.build import divergence_advice
+from hasten.config import load_recipe, shipped_recipes
+
+
+def test_the_time_rule_weighs_steps_needed_against_step_time():
+    # a step time that grows almost in proportion to the batch (a CPU): a small batch, where the fixed cost of a
+    # step stops paying for the steps a small batch needs more of: (1 + 64/B) t(B) = 0.10, 0.09, 0.11, 0.165
+    cpu_like = {16: 0.020, 32: 0.030, 64: 0.055, 128: 0.110}
+    assert rules.choose_batch(cpu_like, noise_batch=64) == 32
+    assert rules.choose_batch({16: 0.016, 32: 0.030, 64: 0.060}, noise_batch=64) == 16  # no fixed cost: the smallest
+    # a step time that hardly grows (a GPU below its capacity): the largest batch takes the fewest seconds
+    gpu_like = {16: 0.010, 32: 0.010, 64: 0.011, 128: 0.012, 256: 0.014}
+    assert rules.choose_batch(gpu_like, noise_batch=64) == 256
+    # (1 + 64/B) x t(B), exactly
+    assert rules.predicted_cost(32, 0.03, noise_batch=64) == pytest.approx(0.09)
+    assert rules.choose_batch({16: float("inf"), 32: 1.0}) == 32  # a batch that could not be timed is never chosen
+    with pytest.raises(ValueError):
+        rules.choose_batch({})
+
+
+def test_candidates_keep_the_run_long_enough():
+    assert rules.batch_candidates(400, epochs=1) == [16]  # 25 steps at 16: nothing larger keeps 64 steps
+    assert rules.batch_candidates(60_000, epochs=1) == [16, 32, 64, 128, 256, 512]
+    assert rules.batch_candidates(1200, epochs=1) == [16]  # 32 would leave 38 steps
+    assert rules.batch_candidates(1200, epochs=10) == [16, 32, 64, 128]  # 128: 10 x 10 steps
+    assert rules.batch_candidates(60_000, epochs=1, world=2) == [16, 32, 64, 128, 256]  # 512 x 2: 59 steps
+    for images in (50, 400, 1200, 5000, 60_000):  # epochs=auto: each candidate's own budget
+        for batch in rules.batch_candidates(images, epochs=None)[1:]:
+            epochs = rules.auto_epochs(images, batch)
+            assert epochs * rules.steps_per_epoch(images, batch) >= rules.MIN_RUN_STEPS
+
+
+def test_auto_epochs_take_enough_steps_within_bounds():
+    assert rules.auto_epochs(60_000, 32) == rules.MIN_EPOCHS  # a large set: its minimum passes
+    small = rules.auto_epochs(1200, 16)
+    assert small * rules.steps_per_epoch(1200, 16) >= rules.RUN_STEPS and small < rules.MAX_EPOCHS
+    assert rules.auto_epochs(20, 16) == rules.MAX_EPOCHS  # two steps an epoch: capped
+
+
+def _fake_step_times(monkeypatch, seconds: dict[int, float]) -> list[list[int]]:
+    timed = []
+
+    def time_batches(model, batch, num_classes, option, sizes):
+        timed.append(list(sizes))
+        assert len(batch[0]) >= max(sizes)  # real images for the largest candidate
+        return {size: seconds[size] for size in sizes}
+
+    monkeypatch.setattr(autotune, "time_batches", time_batches)
+    return timed
+
+
+QUIET = ["run.progress=false", "run.tensorboard=false", "train.threads=1", "precision=fp32", "model.width=4"]
+
+
+def test_a_run_takes_the_batch_the_rule_picks_and_records_it(tmp_path, monkeypatch, capsys):
+    seconds = {16: 0.016, 32: 0.020, 64: 0.060, 128: 0.120, 256: 0.240, 512: 0.480}
+    timed = _fake_step_times(monkeypatch, seconds)
+    overrides = [*QUIET, "data.name=synthetic", "data.synthetic_size=2048", "train.epochs=1", f"run.dir={tmp_path}"]
+    summary = hasten.train(None, overrides)
+    expected = rules.choose_batch({b: seconds[b] for b in rules.batch_candidates(2048, 1)})
+    assert timed == [rules.batch_candidates(2048, 1)] and expected == 32
+    assert summary["global_batch"] == expected
+    recorded = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
+    assert recorded["train"]["batch_size"] == expected and recorded["train"]["epochs"] == 1
+    assert "train.batch_size=auto -> 32" in capsys.readouterr().err
+
+
+def test_small_data_gets_the_smallest_batch_without_timing_any(tmp_path, monkeypatch, capsys):
+    timed = _fake_step_times(monkeypatch, {})
+    overrides = [*QUIET, "data.name=synthetic", "data.synthetic_size=256", "train.epochs=2", f"run.dir={tmp_path}"]
+    summary = hasten.train(None, overrides)
+    assert timed == [] and summary["global_batch"] == rules.MIN_BATCH
+    assert f"train.batch_size=auto -> {rules.MIN_BATCH}: the smallest batch" in capsys.readouterr().err
+
+
+def test_the_budget_is_decided_from_the_data_and_recorded(tmp_path, capsys):
+    overrides = [*QUIET, "data.name=synthetic", "data.synthetic_size=64", "train.batch_size=16", f"run.dir={tmp_path}"]
+    summary = hasten.train(None, overrides)
+    epochs = rules.auto_epochs(64, 16)
+    assert summary["epochs"] == epochs and summary["steps"] == epochs * 4
+    assert yaml.safe_load((tmp_path / "recipe.yaml").read_text())["train"]["epochs"] == epochs
+    assert f"train.epochs=auto -> {epochs}" in capsys.readouterr().err
+
+
+def test_a_resume_keeps_the_batch_and_budget_its_run_chose(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    base = [*QUIET, "data.name=synthetic", "data.synthetic_size=1024", f"run.dir={run}"]
+    _fake_step_times(monkeypatch, {16: 1.0, 32: 0.1, 64: 1.0, 128: 1.0, 256: 1.0, 512: 1.0})
+    first = hasten.train(None, [*base, "train.epochs=4"])
+    assert first["global_batch"] == 32
+    _fake_step_times(monkeypatch, {16: 0.1, 32: 1.0, 64: 1.0, 128: 1.0, 256: 1.0, 512: 1.0})  # would now pick 16
+    summary = hasten.train(None, [*base, "train.epochs=4", "resume=auto"])  # (nothing left to train: the summary)
+    assert summary["global_batch"] == 32
+
+
+def test_lr_auto_works_with_the_default_optimizer(tmp_path, capsys):
+    recipe = load_recipe(None, [*QUIET, "data.name=synthetic", "data.synthetic_size=512", "train.epochs=1",
+                                "optim.lr=auto", f"run.dir={tmp_path}"])  # fmt: skip
+    assert recipe.optim.name == "adamw"
+    summary = hasten.train(recipe)
+    assert "optim.lr=auto: peak LR" in capsys.readouterr().err
+    recorded = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
+    assert isinstance(recorded["optim"]["lr"], float) and recorded["optim"]["lr"] > 0
+    assert summary["lr"] == pytest.approx(recorded["optim"]["lr"] * (summary["global_batch"] / 32) ** 0.5)
+
+
+@pytest.mark.parametrize("name", [n for n in shipped_recipes() if not n.startswith("dcgan")])
+def test_every_piece_of_divergence_advice_is_accepted_by_its_recipe(name):
+    recipe = load_recipe(name, ["train.batch_size=64", "train.epochs=3"])  # as resolved: fixed values
+    advice = divergence_advice(recipe)
+    assert advice and any(a.startswith("optim.lr=") for a in advice)
+    for override in advice:
+        load_recipe(name, ["train.batch_size=64", "train.epochs=3", override])  # raises when refused
+    if recipe.optim.name == "muon":
+        assert "optim.lr=auto" not in advice  # the one the Muon recipes refuse
+
+
+def test_bf16_is_timed_only_where_the_cpu_computes_in_it(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: False)
+    assert autotune.precision_candidates(cpu) == ["fp32"]
+    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)
+    assert autotune.precision_candidates(cpu) == ["fp32", "bf16"]
