@@ -261,7 +261,7 @@ def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: in
             f"{data.name} images; use at most {(side - 1) // 2}, e.g. 2, or 0 for off"
         )
     most = int(side * aug.translate_max_fraction)
-    if aug.translate > most:
+    if aug.translate != "auto" and aug.translate > most:
         notes.append(
             f"translate {aug.translate} -> {most} pixels: at most {aug.translate_max_fraction:g} of the {side}-pixel "
             "images (data.augment.translate_max_fraction)"
@@ -467,20 +467,30 @@ def resolve_budget(
     recipe: Recipe, data: Any, world: int, resumed: dict[str, Any] | None = None
 ) -> tuple[Recipe, list[str]]:
     """`train.epochs: auto` decided from the training set and the batch (hasten/rules.py), or as the run being
-    resumed decided it."""
-    if recipe.train.epochs != "auto":
+    resumed decided it; then `data.augment.translate: auto` from the images' side and the epochs."""
+    if "auto" not in (recipe.train.epochs, recipe.data.augment.translate):
         return recipe, []
-    recipe = recipe.model_copy(deep=True)
-    if resumed and "train.epochs" in resumed:
+    recipe, notes = recipe.model_copy(deep=True), []
+    if recipe.train.epochs == "auto" and resumed and "train.epochs" in resumed:
         recipe.train.epochs = resumed["train.epochs"]
-        return recipe, [f"train.epochs=auto -> {recipe.train.epochs}, as the run being resumed chose"]
-    images, batch = train_size(data), recipe.train.batch_size
-    recipe.train.epochs = rules.auto_epochs(images, batch, world, recipe.train.accumulate)
-    steps = recipe.train.epochs * -(-images // (batch * world * recipe.train.accumulate))
-    return recipe, [
-        f"train.epochs=auto -> {recipe.train.epochs}: {steps:,} optimizer steps over {images:,} images "
-        f"(at least {rules.RUN_STEPS} steps, {rules.MIN_EPOCHS}-{rules.MAX_EPOCHS} epochs)"
-    ]
+        notes.append(f"train.epochs=auto -> {recipe.train.epochs}, as the run being resumed chose")
+    elif recipe.train.epochs == "auto":
+        images, batch = train_size(data), recipe.train.batch_size
+        recipe.train.epochs = rules.auto_epochs(images, batch, world, recipe.train.accumulate)
+        steps = recipe.train.epochs * rules.steps_per_epoch(images, batch, world, recipe.train.accumulate)
+        notes.append(
+            f"train.epochs=auto -> {recipe.train.epochs}: {steps:,} optimizer steps over {images:,} images "
+            f"(at least {rules.RUN_STEPS} steps, {rules.MIN_EPOCHS}-{rules.MAX_EPOCHS} epochs)"
+        )
+    aug = recipe.data.augment
+    if aug.translate == "auto":
+        side = min(data.image_shape[1:])
+        aug.translate = min(rules.auto_translate(side, recipe.train.epochs), int(side * aug.translate_max_fraction))
+        notes.append(
+            f"data.augment.translate=auto -> {aug.translate} pixel(s): {side}-pixel images, {recipe.train.epochs} "
+            f"epochs (shifts in runs of {rules.AUTO_TRANSLATE_EPOCHS} epochs or more)"
+        )
+    return recipe, notes
 
 
 def assemble(recipe: Recipe, data: Any, model: nn.Module, device: torch.device, machine_keys: tuple[str, ...] = ()
@@ -590,6 +600,8 @@ def probe_batch(recipe: Recipe, data: Any, device: torch.device, size: int) -> t
     run's seeded order, augmented, normalised): what the start-up probe times."""
     trial = recipe.model_copy(deep=True)
     trial.train.batch_size = size
+    if trial.data.augment.translate == "auto":  # decided with the budget, after the probe; no part of the step
+        trial.data.augment.translate = 0
     train_loader, _ = loaders(trial, data, device, distributed.rank(), world_size())
     images, labels = next(iter(train_loader))
     return images.contiguous(), labels
@@ -629,9 +641,10 @@ def choose_on_machine(
             asked_here = [key for key in ("precision", "train.channels_last") if key in asked and key not in kept]
             notes.append(f"{', '.join(asked_here)}=auto -> {choice}; {result.describe(at)}")
         if len(sizes) > 1:
-            seconds = autotune.time_batches(model, batch, len(data.classes), choice, sizes)
+            measured = autotune.time_batches(model, batch, len(data.classes), choice, rules.timed_sizes(sizes))
+            seconds = rules.step_time_line(measured, sizes)
             values["train.batch_size"] = rules.choose_batch(seconds)
-            notes.append(rules.describe_batch_choice(seconds, values["train.batch_size"], images, world, accumulate))
+            notes.append(rules.describe_batch_choice(seconds, values["train.batch_size"], measured))
         elif values["train.batch_size"] == "auto":
             values["train.batch_size"] = sizes[0]
             notes.append(

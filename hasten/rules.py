@@ -56,6 +56,28 @@ def batch_candidates(images: int, epochs: int | None, world: int = 1, accumulate
     return candidates
 
 
+def timed_sizes(candidates: list[int]) -> list[int]:
+    """The candidates the probe times: the smallest, the largest and one between (the others are read off the line
+    through them, `step_time_line`): a step's time is close to linear in the batch, a + b B."""
+    if len(candidates) <= 3:
+        return list(candidates)
+    return [candidates[0], candidates[len(candidates) // 2], candidates[-1]]
+
+
+def step_time_line(seconds: Mapping[int, float], candidates: list[int]) -> dict[int, float]:
+    """Each candidate's step time from the timed ones: measured where measured, else on the least-squares line
+    t(B) = a + b B through them (a and b not below 0)."""
+    points = [(batch, t) for batch, t in seconds.items() if math.isfinite(t)]
+    if len(points) < 2:
+        return {batch: seconds.get(batch, math.inf) for batch in candidates}
+    mean_b = sum(b for b, _ in points) / len(points)
+    mean_t = sum(t for _, t in points) / len(points)
+    spread = sum((b - mean_b) ** 2 for b, _ in points)
+    slope = max(0.0, sum((b - mean_b) * (t - mean_t) for b, t in points) / spread)
+    intercept = max(0.0, mean_t - slope * mean_b)
+    return {batch: seconds.get(batch, intercept + slope * batch) for batch in candidates}
+
+
 def predicted_cost(batch: int, step_seconds: float, noise_batch: float = NOISE_BATCH) -> float:
     """Seconds to the result, up to a factor the batch does not change: S(B) t(B) / S_min."""
     return (1 + noise_batch / batch) * step_seconds
@@ -77,12 +99,22 @@ def auto_epochs(images: int, batch: int, world: int = 1, accumulate: int = 1) ->
     return max(MIN_EPOCHS, min(MAX_EPOCHS, -(-RUN_STEPS // steps_per_epoch(images, batch, world, accumulate))))
 
 
-def describe_batch_choice(seconds: Mapping[int, float], chosen: int, images: int, world: int, accumulate: int) -> str:
-    """The line `hasten train` prints for `train.batch_size: auto`: each candidate's images/s and predicted cost
-    relative to the chosen one, and why the largest one stops where it does."""
+AUTO_TRANSLATE_FRACTION = 1 / 16  # data.augment.translate=auto: shifts of up to this share of the image side
+AUTO_TRANSLATE_EPOCHS = 5  # ... in runs of at least this many epochs (docs/defaults.md)
+
+
+def auto_translate(side: int, epochs: int) -> int:
+    """data.augment.translate=auto: pixels of random shift for images of `side` pixels trained `epochs` epochs."""
+    return round(side * AUTO_TRANSLATE_FRACTION) if epochs >= AUTO_TRANSLATE_EPOCHS else 0
+
+
+def describe_batch_choice(seconds: Mapping[int, float], chosen: int, measured: Mapping[int, float]) -> str:
+    """The line `hasten train` prints for `train.batch_size: auto`: each candidate's images/s (measured ones
+    marked) and predicted time to the result relative to the chosen batch's."""
     cost = {batch: predicted_cost(batch, t) for batch, t in seconds.items()}
-    shown = ", ".join(f"{batch} {batch / seconds[batch]:,.0f}/s x{cost[batch] / cost[chosen]:.2f}" for batch in seconds)
+    shown = ", ".join(f"{batch}{'*' if batch in measured else ''} {batch / seconds[batch]:,.0f}/s "
+                      f"x{cost[batch] / cost[chosen]:.2f}" for batch in seconds)  # fmt: skip
     return (
         f"train.batch_size=auto -> {chosen}: least predicted time to the result, (1 + {NOISE_BATCH}/B) x step time "
-        f"(images/s, time relative: {shown})"
+        f"(batch images/s time; *: timed): {shown}"
     )

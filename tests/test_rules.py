@@ -133,3 +133,12 @@ def test_bf16_is_timed_only_where_the_cpu_computes_in_it(monkeypatch):
     assert autotune.precision_candidates(cpu) == ["fp32"]
     monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)
     assert autotune.precision_candidates(cpu) == ["fp32", "bf16"]
+
+
+def test_three_batches_are_timed_and_the_rest_read_off_their_line():
+    candidates = [16, 32, 64, 128, 256, 512]
+    assert rules.timed_sizes(candidates) == [16, 128, 512] and rules.timed_sizes([16, 32]) == [16, 32]
+    measured = {16: 0.005 + 0.001 * 16, 128: 0.005 + 0.001 * 128, 512: 0.005 + 0.001 * 512}  # t = a + b B
+    line = rules.step_time_line(measured, candidates)
+    assert line[64] == pytest.approx(0.069) and line[16] == measured[16]  # measured values kept as measured
+    assert rules.step_time_line({16: 0.02, 512: 0.01}, [16, 64, 512])[64] >= 0  # a falling line: slope 0
