@@ -4,9 +4,10 @@ on, written in the layout `data.name=imagefolder` reads (`ROOT/train/<class>/*.p
 Every set is drawn with Pillow and numpy from one seed: a seed writes the same bytes every time on one machine
 (Pillow's rasteriser and encoders and numpy's generator make the bytes; ROOT/dataset.json records their versions
 and a SHA-256 of every file, so runs on two machines can tell whether they saw the same data). Each class and
-split draws from its own generator (`numpy.random.default_rng([seed, split, class])`), so a class's images do not
-depend on the other classes or on the counts of the others. Fonts are the DejaVu, STIX and Computer Modern faces
-that matplotlib (a hasten dependency) ships, so every machine with hasten installed has the same font files.
+split draws from its own generator (`numpy.random.default_rng([seed, split, class, stream])`, the stream the
+set's own), so a class's images depend neither on the other classes nor on the counts, and no two sets share
+images. Fonts are the DejaVu, STIX and Computer Modern faces that matplotlib (a hasten dependency) ships, so every
+machine with hasten installed has the same font files.
 
 `REGISTRY` maps each name to its generator (docs/generalization.md shows a contact sheet of each):
 
@@ -33,6 +34,7 @@ that matplotlib (a hasten dependency) ships, so every machine with hasten instal
 
     .venv/bin/python -m benchmarks.datasets letters DIR          # write one set under DIR/letters
     .venv/bin/python -m benchmarks.datasets all DIR --sheets     # every set, and a contact sheet of each
+    .venv/bin/python -m benchmarks.datasets all DIR --overview docs/generalization-datasets.png  # the docs' sheet
 """
 
 from __future__ import annotations
@@ -103,10 +105,12 @@ def _write(
     seed: int,
     suffix: str = ".png",
     save: Save = _save_png,
+    stream: int = 0,
 ) -> dict[str, int]:
-    """Draw each class's images (one generator per class and split, derived from `seed`) into a staging folder,
-    then move train/ and val/ into `root`. A count is one number for every class or one per class. An existing
-    train/ or val/ under `root` is an error: nothing the user had is overwritten."""
+    """Draw each class's images (one generator per class and split, derived from `seed` and the set's own
+    `stream`, so two sets drawn alike never share images) into a staging folder, then move train/ and val/ into
+    `root`. A count is one number for every class or one per class. An existing train/ or val/ under `root` is
+    an error: nothing the user had is overwritten."""
     root = Path(root).expanduser()
     existing = [str(root / s) for s in ("train", "val") if (root / s).exists()]
     if existing:
@@ -116,7 +120,7 @@ def _write(
     try:
         for split_index, (split, per_class) in enumerate((("train", train_per_class), ("val", val_per_class))):
             for class_index, (name, draw) in enumerate(classes.items()):
-                rng = numpy.random.default_rng([seed, split_index, class_index])
+                rng = numpy.random.default_rng([seed, split_index, class_index] + ([stream] if stream else []))
                 folder = staging / split / name
                 folder.mkdir(parents=True)
                 count = per_class if isinstance(per_class, int) else per_class[class_index]
@@ -174,7 +178,7 @@ def _glyph_classes(chars: str, draw: Callable[[str, numpy.random.Generator], Ima
 
 def letters(root: str | Path, seed: int = 0, train_per_class: int = 120, val_per_class: int = 40) -> dict[str, int]:
     """LETTERS in LETTER_FONTS, 32x32 RGB PNG (`draw_glyph`); default 1,200 train, 400 val."""
-    return _write(root, _glyph_classes(LETTERS, draw_glyph), train_per_class, val_per_class, seed)
+    return _write(root, _glyph_classes(LETTERS, draw_glyph), train_per_class, val_per_class, seed, stream=1)
 
 
 def letters_jpeg(
@@ -182,13 +186,14 @@ def letters_jpeg(
 ) -> dict[str, int]:
     """LETTERS as JPEGs of 48-96 px a side, quality 60-95 (`draw_glyph_photo`); default 2,500 train, 500 val."""
     classes = _glyph_classes(LETTERS, draw_glyph_photo)
-    return _write(root, classes, train_per_class, val_per_class, seed, suffix=".jpg", save=_save_jpeg)
+    return _write(root, classes, train_per_class, val_per_class, seed, suffix=".jpg", save=_save_jpeg, stream=2)
 
 
 def glyphs_100(root: str | Path, seed: int = 0, train_per_class: int = 40, val_per_class: int = 10) -> dict[str, int]:
     """GLYPHS_100 in SYMBOL_FONTS, rotated +-15 degrees, 32 px RGB; default 4,000 train, 1,000 val."""
     draw = functools.partial(draw_glyph, fonts=SYMBOL_FONTS, rotate=15.0)
-    return _write(root, _glyph_classes(GLYPHS_100, lambda c, rng: draw(c, rng)), train_per_class, val_per_class, seed)
+    classes = _glyph_classes(GLYPHS_100, lambda c, rng: draw(c, rng))
+    return _write(root, classes, train_per_class, val_per_class, seed, stream=3)
 
 
 def geometric_counts(largest: int, smallest: int, classes: int) -> list[int]:
@@ -201,12 +206,12 @@ def imbalanced(
 ) -> dict[str, int]:
     """The letters with training counts from `largest` (b) down to `smallest` (S), geometrically; val balanced."""
     counts = geometric_counts(largest, smallest, len(LETTERS))
-    return _write(root, _glyph_classes(LETTERS, draw_glyph), counts, val_per_class, seed)
+    return _write(root, _glyph_classes(LETTERS, draw_glyph), counts, val_per_class, seed, stream=4)
 
 
 def few_shot(root: str | Path, seed: int = 0, train_per_class: int = 20, val_per_class: int = 40) -> dict[str, int]:
     """DIGITS drawn like the letters, 20 training images a class; default 200 train, 400 val."""
-    return _write(root, _glyph_classes(DIGITS, draw_glyph), train_per_class, val_per_class, seed)
+    return _write(root, _glyph_classes(DIGITS, draw_glyph), train_per_class, val_per_class, seed, stream=5)
 
 
 def textures_grey(
@@ -214,7 +219,7 @@ def textures_grey(
 ) -> dict[str, int]:
     """GREY_TEXTURES, 32 px greyscale PNG; default 1,200 train, 400 val."""
     classes = {name: (lambda rng, k=k, a=a: draw_grey_texture(k, a, rng)) for name, (k, a) in GREY_TEXTURES.items()}
-    return _write(root, classes, train_per_class, val_per_class, seed)
+    return _write(root, classes, train_per_class, val_per_class, seed, stream=6)
 
 
 def textures_colour(
@@ -226,13 +231,13 @@ def textures_colour(
         for i, kind in enumerate(COLOUR_PATTERNS)
         for j, pairing in enumerate(PAIRINGS)
     }
-    return _write(root, classes, train_per_class, val_per_class, seed)
+    return _write(root, classes, train_per_class, val_per_class, seed, stream=7)
 
 
 def scenes(root: str | Path, seed: int = 0, train_per_class: int = 120, val_per_class: int = 40) -> dict[str, int]:
     """SCENE_OBJECTS in scenes (`draw_scene`), 40 px RGB PNG; default 1,200 train, 400 val."""
     classes = {f"{i}_{kind}": (lambda rng, k=kind: draw_scene(k, rng)) for i, kind in enumerate(SCENE_OBJECTS)}
-    return _write(root, classes, train_per_class, val_per_class, seed)
+    return _write(root, classes, train_per_class, val_per_class, seed, stream=8)
 
 
 def contact_sheet(root: str | Path, path: str | Path, per_class: int = 10, split: str = "train", cell: int = 40,
@@ -253,6 +258,31 @@ def contact_sheet(root: str | Path, path: str | Path, per_class: int = 10, split
             sheet.paste(tile, (label_width + column * (cell + 2), y))
     path = Path(path)
     sheet.save(path, optimize=True)
+    return path
+
+
+def overview(roots: dict[str, Path], path: str | Path, columns: int = 14, cell: int = 40) -> Path:
+    """One PNG row per set (name -> folder): its training images taking the classes in turn, `cell` pixels each,
+    the set's name on the left; saved with a 256-colour palette, small enough for the docs."""
+    label_width = 120
+    sheet = Image.new("RGB", (label_width + columns * (cell + 2), len(roots) * (cell + 2)), (255, 255, 255))
+    draw = ImageDraw.Draw(sheet)
+    label = ImageFont.truetype(str(FONT_DIR / "DejaVuSans.ttf"), 12)
+    for row, (name, root) in enumerate(roots.items()):
+        y = row * (cell + 2)
+        draw.text((2, y + cell // 2 - 7), name, font=label, fill=(0, 0, 0))
+        folders = sorted(p for p in (Path(root) / "train").iterdir() if p.is_dir())
+        for column in range(columns):
+            if len(folders) > columns:  # spread over all the classes
+                folder, index = folders[column * len(folders) // columns], 0
+            else:
+                folder, index = folders[column % len(folders)], column // len(folders)
+            file = sorted(folder.iterdir())[index]
+            with Image.open(file) as image:
+                tile = image.convert("RGB").resize((cell, cell), Image.Resampling.NEAREST)
+            sheet.paste(tile, (label_width + column * (cell + 2), y))
+    path = Path(path)
+    sheet.quantize(256, dither=Image.Dither.NONE).save(path, optimize=True)
     return path
 
 
@@ -343,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", help="folder that receives one subfolder per set")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sheets", action="store_true", help="also OUT/<name>.png: a contact sheet of each set")
+    parser.add_argument("--overview", metavar="PNG", help="also one contact sheet of every set written, a row each")
     args = parser.parse_args(argv)
     names = list(REGISTRY) if args.names == "all" else [n for n in args.names.split(",") if n]
     try:
@@ -353,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             if args.sheets:
                 print(f"  {contact_sheet(Path(args.out) / name, Path(args.out) / f'{name}.png')}")
+        if args.overview:
+            print(overview({name: Path(args.out) / name for name in names}, args.overview))
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
