@@ -155,6 +155,15 @@ def source_digest() -> str:
     return sha.hexdigest()
 
 
+def folder_fingerprint(root: Path) -> str:
+    """A user's folder as its files' paths, sizes and modification times (cheap on any size): edited files rerun."""
+    sha = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        stat = path.stat()
+        sha.update(f"{path.relative_to(root)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return sha.hexdigest()
+
+
 def naive_view(resolved: dict[str, Any]) -> dict[str, Any]:
     """What of a resolved recipe the naive loop uses (its data, model, seed, budget): a naive run is made again
     only when that changes, not when the recipe's training settings do (hasten/experiments/naive.py)."""
@@ -201,8 +210,10 @@ class Suite:
         for name in args.only:
             if name in generated.REGISTRY:
                 self.data_digest[name] = generated.ensure(name, out / "data" / name)["sha256"]
+            elif name in args.folders:
+                self.data_digest[name] = folder_fingerprint(Path(args.folders[name]))
             else:
-                self.data_digest[name] = None
+                self.data_digest[name] = None  # hasten's registered datasets: files pinned by their SHA-256
             for budget in args.budgets:
                 for seed in args.seeds:
                     for arm in arm_order(seed, budget):
@@ -365,6 +376,7 @@ def read_run(run_dir: Path, code: int) -> dict[str, Any]:
     keep = ("test_accuracy", "train_loss", "train_accuracy", "test_loss", "epochs", "steps", "wall_seconds",
             "train_seconds", "images_per_second", "global_batch", "lr", "precision", "channels_last")  # fmt: skip
     record = {key: summary.get(key) for key in keep} | {"warnings": summary.get("warnings", [])}
+    record["seconds_to_93"] = (summary.get("time_to_accuracy") or {}).get("0.93")  # training seconds; None: never
     recorded = yaml.safe_load((run_dir / "recipe.yaml").read_text()) if (run_dir / "recipe.yaml").is_file() else {}
     train, optim = recorded.get("train", {}), recorded.get("optim", {})
     record["recorded_epochs"] = train.get("epochs", summary.get("epochs"))
