@@ -9,8 +9,7 @@ import contextlib
 import itertools
 import os
 import random
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from torch.optim.swa_utils import update_bn
 
 from hasten import autotune, distributed, step
 from hasten.checkpoint import checkpoints_in, latest_usable, load_checkpoint, remove_stale_temporaries
+from hasten.clock import Clock
 from hasten.compiling import compile_model
 from hasten.config import OptimConfig, Recipe, to_yaml
 from hasten.data import ImageDataset, load_dataset
@@ -49,6 +49,7 @@ from hasten.own import (
 )
 from hasten.precision import MODES as PRECISION_MODES
 from hasten.precision import Precision, make_precision
+from hasten.progress import say
 from hasten.runfolder import RunLock, check_resume_recipe, claim_fresh, recipe_changes
 from hasten.runlog import RunLog
 from hasten.schedules import Scheduler, asked_rise_steps, rise_steps, scale_lr, scheduler
@@ -235,20 +236,37 @@ def optimizer_steps(recipe: Recipe, train_loader: InMemoryLoader) -> int:
 
 
 def bn_calibration(
-    loader: InMemoryLoader, autocast: Callable[[], contextlib.AbstractContextManager], images: int
+    loader: InMemoryLoader,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+    images: int,
+    batch: int | None = None,
 ) -> Callable[[nn.Module], None]:
     """A function that recomputes a model's batch-norm statistics over the first `images` training images of the
-    current epoch (as augmented for training, never mixed), under the run's autocast; with several processes
-    the statistics are then averaged over the ranks, so every rank evaluates the same model."""
+    current epoch (as augmented for training, never mixed), under the run's autocast, in forward batches of
+    `batch` images (consecutive training batches joined; None: the training batches as they are); with several
+    processes the statistics are then averaged over the ranks, so every rank evaluates the same model."""
 
     def calibrate(module: nn.Module) -> None:
         count = max(1, -(-images // loader.batch_size))
+        batches = itertools.islice(loader.batches(0), count)
         with autocast():
-            update_bn(itertools.islice(loader.batches(0), count), module)
+            update_bn(joined(batches, batch) if batch and batch > loader.batch_size else batches, module)
         if world_size() > 1:
             distributed.average_batch_norm_statistics(module)
 
     return calibrate
+
+
+def joined(batches: Iterator[tuple[Tensor, Tensor]], size: int) -> Iterator[Tensor]:
+    """The images of consecutive `batches` joined into batches of at least `size` (the last may be smaller)."""
+    held: list[Tensor] = []
+    for images, _ in batches:
+        held.append(images)
+        if sum(len(x) for x in held) >= size:
+            yield torch.cat(held)
+            held = []
+    if held:
+        yield torch.cat(held)
 
 
 def first_train_images(loader: InMemoryLoader | ImageFolderLoader, count: int) -> Tensor:
@@ -286,8 +304,10 @@ def optimizer(config: OptimConfig, groups: list[dict[str, Any]], lr: float) -> t
         split = muon_groups(groups, lr, config.muon_lr, config.muon_momentum)
         if not any(group.get("orthogonalize") for group in split) and distributed.is_main():
             # a user's MLP, or every filter frozen (model.whiten): all of it is the Nesterov SGD part, said so
-            print("optim.name=muon: the model has no trainable convolution filters; every parameter takes "
-                  "Nesterov SGD at optim.lr", file=sys.stderr)  # fmt: skip
+            say(
+                "optim.name=muon: the model has no trainable convolution filters; every parameter takes Nesterov SGD "
+                "at optim.lr"
+            )
         return Muon(split, lr=lr, momentum=config.momentum, nesterov=config.nesterov and config.momentum > 0)
     if config.name == "sgd":
         return torch.optim.SGD(
@@ -317,7 +337,7 @@ class Parts:
     machine_keys: tuple[str, ...] = ()  # keys set to auto that the start-up probe decided (hasten/autotune.py)
 
 
-def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
+def build(recipe: Recipe, model: Any = None, data: Any = None, clock: Clock | None = None) -> Parts:
     """The run's parts. `model` and `data` are the user's own (hasten/own.py: an nn.Module or a callable making
     one; arrays, a Dataset, a folder path, or (train, test[, class_names])); None: the recipe's.
 
@@ -329,6 +349,7 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     device = distributed.device_for(env, recipe.device)
     distributed.init(env, device)
     rank, world = distributed.rank(), world_size()
+    clock = clock or Clock()  # marks where the start-up goes (hasten/clock.py)
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
     scale = recipe.loss_scale
@@ -338,10 +359,11 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     seed_everything(recipe.seed)
     given_model, given_data = model, data
     data = dataset(recipe) if data is None else load_data(recipe, data)
+    clock.mark("data")
     recipe, notes = resolve_for_data(recipe, data, world)
     if distributed.is_main():
         for note in notes:
-            print(note, file=sys.stderr)
+            say(note)
     train_loader, test_loader = loaders(recipe, data, device, rank, world)
     # the EMA's BN statistics, under the run's autocast (`precision` is decided below, after the probe)
     calibrate = bn_calibration(train_loader, lambda: precision.autocast(), recipe.tricks.ema_bn_images)
@@ -357,15 +379,17 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     for technique in _at(made, "on_model"):
         technique.on_model(model)
     if recipe.model.pretrained:
-        print(pretrained_from_config(model, recipe.model).describe(), file=sys.stderr)
+        say(pretrained_from_config(model, recipe.model).describe())
     model = model.to(device)
     if user_objects(recipe, given_model, given_data):  # before anything wraps it: fail before training starts
         check_model(model, data.image_shape, len(data.classes), device)
         recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)
     if recipe.train.checkpoint_activations or recipe.train.checkpoint_modules:
         model = checkpoint_activations(model, recipe.train.checkpoint_modules)
+    clock.mark("model")
     resumed = resumed_choices(recipe)  # a resume continues with what its run chose: exact, as resumes are
     recipe, machine_keys = choose_on_machine(recipe, model, (train_loader, test_loader), len(data.classes), resumed)
+    clock.mark("probe")
     if precision is None:
         precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)
     if recipe.train.channels_last:
@@ -405,11 +429,12 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
         model, failure = compile_model(model, next(iter(train_loader))[0], precision.autocast)
         compiled = failure is None
         if failure:
-            print(failure, file=sys.stderr)
+            say(failure)
     parts = Parts(
         recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks, hooks.stateful
     )
     parts.compiled, parts.machine_keys = compiled, machine_keys
+    clock.mark("optimizer and techniques")
     return parts
 
 
@@ -441,20 +466,17 @@ def choose_on_machine(
         return recipe, ()
     kept = {key: (resumed or {})[key] for key in asked if key in (resumed or {})}
     if kept and distributed.is_main():
-        print(f"{', '.join(f'{k}=auto -> {v}' for k, v in kept.items())}, as the run being resumed chose",
-              file=sys.stderr)  # fmt: skip
+        say(f"{', '.join(f'{k}=auto -> {v}' for k, v in kept.items())}, as the run being resumed chose")
     precision = kept.get("precision", recipe.precision)
     layout = kept.get("train.channels_last", recipe.train.channels_last)
     device = next(model.parameters()).device
     options = autotune.candidates(precision, layout, device)
     choice = options[0]
-    if len(options) > 1:
+    if len(options) > 1:  # timed here, or as timed before on this machine (the probe's cache)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout, DataLoader seeds
             images, labels = next(iter(loaders[0]))
-            result = autotune.probe(model, (images.contiguous(), labels), num_classes, options)
-        choice = result.choice
-        if distributed.is_main():
-            autotune.announce(result, len(labels), [key for key in asked if key not in kept])
+            probed = [key for key in asked if key not in kept]
+            choice = autotune.cached_probe(model, (images.contiguous(), labels), num_classes, options, probed).choice
     recipe = recipe.model_copy(deep=True)
     recipe.precision, recipe.train.channels_last = choice.precision, choice.channels_last
     for loader in loaders:
@@ -480,8 +502,7 @@ def pick_lr(parts: Parts) -> None:
     parts.scheduler = scheduler(parts.optimizer, recipe.schedule, steps, scale)
     if distributed.is_main():
         per = f" ({peak / scale:.4g} per {recipe.optim.base_batch})" if recipe.optim.base_batch else ""
-        print(f"optim.lr=auto: peak LR {peak:.4g}{per} from a {len(result.lrs)}-step range test ({AUTO_RULE})",
-              file=sys.stderr)  # fmt: skip
+        say(f"optim.lr=auto: peak LR {peak:.4g}{per} from a {len(result.lrs)}-step range test ({AUTO_RULE})")
 
 
 def trainer_for(parts: Parts, plan: Plan, log: RunLog, saving: Saving | None = None) -> Trainer:
@@ -516,7 +537,7 @@ def resume_from(recipe: Recipe, folder: Path, announce: bool = True) -> tuple[Pa
         raise CheckpointError(error)
     if chosen is None:
         if distributed.is_main() and announce:
-            print(f"resume=auto: no checkpoint in {folder} yet; starting afresh", file=sys.stderr)
+            say(f"resume=auto: no checkpoint in {folder} yet; starting afresh")
         return None
     return found if found is not None else (chosen, load_checkpoint(chosen, require_digest=True))
 
@@ -568,21 +589,30 @@ def claim_run_folder(
 
 
 def train(
-    recipe: Recipe, model: Any = None, data: Any = None, loss: Callable[[Tensor, Tensor], Tensor] | None = None
+    recipe: Recipe,
+    model: Any = None,
+    data: Any = None,
+    loss: Callable[[Tensor, Tensor], Tensor] | None = None,
+    clock: Clock | None = None,
 ) -> dict[str, Any]:
     """Train the recipe (with the user's `model` and `data`, see `build`; `loss(logits, soft targets)` in place
     of the soft cross-entropy); writes the run folder and returns the summary. The folder is locked while the run
-    writes it (hasten/runfolder.py): two runs never share one."""
-    parts = build(recipe, model, data)
+    writes it (hasten/runfolder.py): two runs never share one. Wall-clock times count from `clock`'s start (the
+    `hasten` command passes its process's start; by default, this call)."""
+    clock = clock or Clock()
+    clock.mark("start and imports")
+    if DistEnv.from_environ().is_main:  # (before the process group is up: from the environment)
+        say(f"run folder: {run_dir(recipe)}")
+    parts = build(recipe, model, data, clock)
     recipe = parts.recipe  # what was used: data-dependent settings decided, the user's model and data recorded
     folder = run_dir(recipe)
     lock = RunLock(folder) if distributed.is_main() else contextlib.nullcontext()
     with lock:
-        return _train_locked(recipe, parts, folder, loss)
+        return _train_locked(recipe, parts, folder, loss, clock)
 
 
 def _train_locked(
-    recipe: Recipe, parts: Parts, folder: Path, loss: Callable[[Tensor, Tensor], Tensor] | None
+    recipe: Recipe, parts: Parts, folder: Path, loss: Callable[[Tensor, Tensor], Tensor] | None, clock: Clock
 ) -> dict[str, Any]:
     checkpoint = resume_from(recipe, folder / "checkpoints")  # before anything in the run folder is written
     claim_run_folder(recipe, folder, checkpoint, parts.machine_keys)
@@ -599,6 +629,8 @@ def _train_locked(
         rise_steps=rise_steps(recipe.schedule, optimizer_steps(recipe, parts.train_loader), lr_scale(recipe)),
         clip_grad_norm=recipe.train.clip_grad_norm,
         eval_every_steps=recipe.train.eval_every_steps,
+        mid_eval=recipe.train.mid_eval,
+        clock=clock,
     )
     if loss is not None:
         plan.loss = loss
@@ -622,7 +654,7 @@ def _train_locked(
             log.close()
             raise
         if log.enabled:
-            print(f"resuming from {path} (epoch {trainer.state.epoch}, step {trainer.state.step})", file=sys.stderr)
+            say(f"resuming from {path} (epoch {trainer.state.epoch}, step {trainer.state.step})")
         saved = state.get("recipe")
         if isinstance(saved, dict) and recipe_changes(saved, recipe.model_dump(mode="json")):
             saving.protect = (path,)  # the run changes from here on (resume.allow_changes): keep where it began
@@ -636,7 +668,7 @@ def _train_locked(
         how = f"{recipe.train.batch_size} x {recipe.train.accumulate} accumulated x {world_size()} process(es)"
         o = recipe.optim
         rule = f"{o.scaling} rule from {o.lr:g} per {o.base_batch}" if o.base_batch else "no optim.base_batch: as given"
-        print(f"global batch {batch} ({how}); peak LR {parts.lr:.4g} ({rule})", file=sys.stderr)
+        say(f"global batch {batch} ({how}); peak LR {parts.lr:.4g} ({rule})")
     # signals stay caught until the run returns: a stop once the last epoch is done lets the summary be written
     # and the run end with 0 (its work is complete), instead of killing it mid-write
     try:
@@ -649,6 +681,7 @@ def _train_locked(
             summary |= {"precision": recipe.precision, "channels_last": recipe.train.channels_last}  # auto: chosen
             summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader)  # for evaluate/predict
             summary["evaluated_on"] = evaluated_on(recipe)
+            summary["wall_seconds"] = round(trainer.wall_seconds(), 3)  # everything, from the command's start
             log.summary(summary)
             distributed.barrier()  # the ranks end together, once rank 0 has written everything
     finally:

@@ -56,13 +56,14 @@ def _net() -> nn.Module:
 
 def test_probe_takes_the_fastest_and_drops_a_16_bit_mode_whose_loss_strays(monkeypatch):
     options = autotune.candidates("auto", "auto", torch.device("cpu"))
-    seconds = {options[0]: 4.0, options[1]: 3.0, options[2]: 2.0, options[3]: 1.0}
-    batch = (torch.randn(8, 2, 8, 8), torch.randint(0, 3, (8,)))
+    seconds = {options[0]: 1.4, options[1]: 1.3, options[2]: 1.2, options[3]: 1.0}  # none outpaced: all timed
+    batch = (torch.randn(16, 2, 8, 8), torch.randint(0, 3, (16,)))
     calls = _fake_timings(monkeypatch, seconds)
     result = autotune.probe(_net(), batch, 3, options)
     assert result.choice == Candidate("bf16", True) and result.seconds == seconds
-    assert len(calls) == len(options) * (autotune.ROUNDS + 1)  # a warm-up round, then the timed ones, interleaved
-    assert calls[: len(options)] == options
+    # a first look (two steps each on a small batch), a warm-up round, then the timed ones, interleaved
+    assert len(calls) == len(options) * (2 + autotune.ROUNDS + 1)
+    assert calls[: len(options)] == options and calls[2 * len(options) : 3 * len(options)] == options
     _fake_timings(monkeypatch, seconds, losses={"fp32": 2.3, "bf16": 2.9})  # bf16 far from fp32: not safe here
     result = autotune.probe(_net(), batch, 3, options)
     assert result.choice == Candidate("fp32", True)
@@ -72,6 +73,24 @@ def test_probe_takes_the_fastest_and_drops_a_16_bit_mode_whose_loss_strays(monke
     near_tie = {options[0]: 1.04, options[1]: 1.0, options[2]: 1.2, options[3]: 1.3}  # within 5%: the first wins
     _fake_timings(monkeypatch, near_tie)
     assert autotune.probe(_net(), batch, 3, options).choice == Candidate("fp32", False)
+
+
+def test_probe_spends_no_rounds_on_hopeless_candidates(monkeypatch):
+    """bf16 without bf16 instructions: far slower at a first look, left out of the full-batch rounds, said why; a
+    candidate outpaced by half in the first timed round is timed no more."""
+    options = autotune.candidates("auto", "auto", torch.device("cpu"))
+    seconds = {options[0]: 1.0, options[1]: 1.6, options[2]: 8.0, options[3]: 9.0}  # fp32, fp32 cl, bf16, bf16 cl
+    batch = (torch.randn(16, 2, 8, 8), torch.randint(0, 3, (16,)))
+    calls = _fake_timings(monkeypatch, seconds)
+    result = autotune.probe(_net(), batch, 3, options)
+    assert result.choice == options[0]
+    assert set(result.dropped) == {options[2], options[3]}
+    assert "8.0x slower than fp32 on a first look (2 images)" in result.dropped[options[2]]
+    assert all(math.isinf(result.seconds[o]) for o in options[2:]) and result.seconds[options[1]] == 1.6
+    full_rounds = calls[2 * len(options) :]
+    assert options[2] not in full_rounds and options[3] not in full_rounds
+    assert full_rounds.count(options[1]) == 2 and full_rounds.count(options[0]) == autotune.ROUNDS + 1
+    assert "left out: 8.0x slower" in result.describe(16)
 
 
 def test_probe_leaves_the_model_as_it_was():
