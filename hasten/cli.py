@@ -65,23 +65,31 @@ def results_table(summary: dict[str, Any]) -> Table:
     the time to 90% and 99% of the run's own best accuracy. Times to accuracy are on the wall clock, the training
     seconds beside them."""
     from hasten.memory import format_bytes
+    from hasten.progress import WIDTH
 
+    rows = [
+        ("test accuracy", f"{summary['test_accuracy']:.4f}"),
+        ("epochs", str(summary["epochs"])),
+        ("wall time", f"{summary['wall_seconds']:.1f} s from the command's start"),
+        ("  training", f"{summary['train_seconds']:.1f} s"),
+    ]
+    if summary.get("startup_seconds") is not None:
+        rows.append(("  start-up", f"{summary['startup_seconds']:.1f} s (to the first training step)"))
+    if summary.get("eval_seconds") is not None:
+        rows.append(("  evaluation", f"{summary['eval_seconds']:.1f} s"))
+    rows += [
+        ("throughput", f"{summary['images_per_second']:,.0f} images/s"),
+        ("peak memory", format_bytes(summary["peak_memory_bytes"])),
+    ]
+    rows += [(label, "not reached" if train is None else _two_clocks(wall, train))
+             for label, wall, train in times_to_accuracy(summary)]  # fmt: skip
+    rows.append(("run folder", summary.get("run_dir", "")))
+    labels = max(len(label) for label, _ in rows)
     table = Table(title="results", show_header=False)
     table.add_column(no_wrap=True)
-    table.add_column(overflow="fold")
-    table.add_row("test accuracy", f"{summary['test_accuracy']:.4f}")
-    table.add_row("epochs", str(summary["epochs"]))
-    table.add_row("wall time", f"{summary['wall_seconds']:.1f} s from the command's start")
-    table.add_row("  training", f"{summary['train_seconds']:.1f} s")
-    if summary.get("startup_seconds") is not None:
-        table.add_row("  start-up", f"{summary['startup_seconds']:.1f} s (to the first training step)")
-    if summary.get("eval_seconds") is not None:
-        table.add_row("  evaluation", f"{summary['eval_seconds']:.1f} s")
-    table.add_row("throughput", f"{summary['images_per_second']:,.0f} images/s")
-    table.add_row("peak memory", format_bytes(summary["peak_memory_bytes"]))
-    for label, wall, train in times_to_accuracy(summary):
-        table.add_row(label, "not reached" if train is None else _two_clocks(wall, train))
-    table.add_row("run folder", summary.get("run_dir", ""))
+    table.add_column(overflow="fold", max_width=WIDTH - 7 - labels)  # 7: the borders and padding of two columns
+    for label, value in rows:
+        table.add_row(label, value)
     return table
 
 

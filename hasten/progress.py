@@ -126,7 +126,7 @@ class EpochProgress(EpochBar):
     def columns(self) -> tuple[str | ProgressColumn, ...]:
         return (
             TextColumn("[bold]{task.description}"),
-            BarColumn(bar_width=16),
+            BarColumn(bar_width=12),  # the row fits 80 columns: 9 + 12 + 9 + 34 + 11, and the gaps
             MofNCompleteColumn(),
             TextColumn("{task.fields[text]}"),
             TextColumn("{task.fields[eta]}"),
@@ -145,7 +145,7 @@ class EpochProgress(EpochBar):
         if not self.enabled:
             yield lambda: None
             return
-        task = self.progress.add_task("test", total=max(batches, 1), text=text, eta="")
+        task = self.progress.add_task("evaluate", total=max(batches, 1), text=text, eta="")
         try:
             yield lambda: self.progress.advance(task)
         finally:

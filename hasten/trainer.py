@@ -488,9 +488,9 @@ class Trainer:
         flip, translate = (plan.tta_flip, plan.tta_translate) if tta else (False, 0)
         passes = views(flip, translate)
         started = time.perf_counter()
-        title = "checking the live weights" if live else "final evaluation" if tta else "evaluating"
-        detail = f"{loader.num_samples:,} test images" + (f" x {passes} views" if passes > 1 else "")
-        with self._showing(f"{title}: {detail}", len(loader)) as advance:
+        what = "live weights" if live else "final" if tta else "plain"
+        detail = f"{loader.num_samples:,} test images, {what}, {passes} view{'s' * (passes > 1)}"
+        with self._showing(detail, len(loader)) as advance:
             model = unwrap(self.model)  # the plain module: no DDP forward hooks or buffer broadcasts in evaluation
             model = self.hooks.eval_model(model) if self.hooks.eval_model and not live else model  # EMA: calibrated
             calibrated = time.perf_counter()
