@@ -3,8 +3,10 @@
 For the run's final checkpoint (its EMA weights where it had one), each way of evaluating is timed (median of
 `--repeats`, in this process, one after another, interleaved over the repeats) and its test accuracy noted:
 
-- the full evaluation: the run's test-time augmentation (flip x 3 shifts for fashion-fast: 6 views per image);
-- one view of every test image (`train.mid_eval=plain`), and one view of the first half / fifth of the test set;
+- the full evaluation: the run's test-time augmentation (flip x 3 shifts for fashion-fast: 6 views per image), in
+  batches of 256 and of 1,024; the image and its mirror alone (2 views);
+- one view of every test image (`train.mid_eval=plain`), in batches of 256 and 1,024, and one view of the first
+  half / fifth of the test set;
 - the EMA's batch-norm recalibration with 4,096, 2,048 and 1,024 images, at the training batch and in larger
   forward batches, and its effect on the accuracy (against the averaged running statistics, no recalibration).
 
@@ -74,27 +76,35 @@ def main() -> int:
     ema = parts.hooks.stateful.get("ema")
     rows: list[dict[str, Any]] = []
 
-    def evaluation(name: str, tta: bool, images: int | None = None) -> None:
+    def evaluation(name: str, tta: bool, images: int | None = None, batch: int | None = None,
+                   translate: int | None = None) -> None:  # fmt: skip
         loader = trainer.test_loader
-        full = loader.images, loader.labels
+        full, batch_size, shift = (loader.images, loader.labels), loader.batch_size, plan.tta_translate
         if images:
             loader.images, loader.labels = full[0][:images], full[1][:images]
+        loader.batch_size = batch or batch_size
+        plan.tta_translate = shift if translate is None else translate
         try:
             seconds, (_, accuracy, _) = timed(lambda: trainer._measure(live=False, tta=tta), ns.repeats)
         finally:
-            loader.images, loader.labels = full
-        rows.append({"what": name, "seconds": seconds, "accuracy": accuracy, "images": images or len(full[1])})
+            (loader.images, loader.labels), loader.batch_size, plan.tta_translate = full, batch_size, shift
+        rows.append({"what": f"{name}, in batches of {batch or batch_size}", "seconds": seconds, "accuracy": accuracy,
+                     "images": images or len(full[1])})  # fmt: skip
 
     # the EMA state as the checkpoint holds it: averaged running statistics, or calibrated ones where the checkpoint
     # was taken right after an evaluation (at an epoch's end)
     averaged = copy.deepcopy(ema.state_dict()) if ema is not None else None
     if ema is not None:
         ema.eval_model(trainer.model)  # calibrated once here, so the evaluations below time the evaluation alone
-    evaluation("full evaluation (the run's TTA)", tta=True)
-    evaluation("one view, every test image (train.mid_eval=plain)", tta=False)
+    views = (2 if plan.tta_flip else 1) * (3 if plan.tta_translate else 1)
+    for batch in (256, 1024):
+        evaluation(f"full evaluation: the run's TTA, {views} views (TTA)", tta=True, batch=batch)
+        evaluation("one view, every test image (train.mid_eval=plain)", tta=False, batch=batch)
+    if plan.tta_flip and plan.tta_translate:
+        evaluation("the image and its mirror, 2 views (TTA)", tta=True, batch=256, translate=0)
     half = trainer.test_loader.num_samples // 2
-    evaluation("one view, the first half of the test set", tta=False, images=half)
-    evaluation("one view, the first fifth of the test set", tta=False, images=half * 2 // 5)
+    evaluation("one view, the first half of the test set", tta=False, images=half, batch=256)
+    evaluation("one view, the first fifth of the test set", tta=False, images=half * 2 // 5, batch=256)
     if ema is not None:
         for images in (4096, 2048, 1024):
             for batch in (None, 1024):

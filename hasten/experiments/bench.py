@@ -54,6 +54,7 @@ from hasten.experiments.variants import (  # re-exported: the sweep and transfer
 )
 from hasten.models import build_model
 from hasten.precision import compute_dtype
+from hasten.progress import say
 from hasten.runlog import environment, write_atomic
 
 __all__ = [
@@ -258,7 +259,7 @@ def run_grid(
     measure_peak: bool = True,
     peak_seconds: float = 1.0,
     command: str | None = None,
-    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    log: Callable[[str], None] = say,  # stderr, wrapped to 80 columns
 ) -> dict[str, Any]:
     """Train every variant `repeats` times (after one warm-up run), interleaved, and return the results
     (what results.json holds). Run folders go to `out/runs/<variant>/r<k>`. Every variant's recipe is
