@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import shlex
 import statistics
@@ -29,12 +30,35 @@ from typing import Any
 
 import torch
 import yaml
+from torch.optim.swa_utils import update_bn
 
 from hasten.build import bn_calibration, build, trainer_for
 from hasten.checkpoint import checkpoints_in, load_checkpoint
 from hasten.config import Recipe
 from hasten.runlog import RunLog, write_atomic
 from hasten.trainer import Plan
+
+
+def joined_calibration(loader: Any, autocast: Any, images: int, batch: int) -> Any:
+    """hasten.build.bn_calibration's pass, with consecutive training batches joined into forward batches of
+    `batch` images."""
+
+    def calibrate(module: torch.nn.Module) -> None:
+        held: list[torch.Tensor] = []
+
+        def joined() -> Any:
+            for x, _ in itertools.islice(loader.batches(0), max(1, -(-images // loader.batch_size))):
+                held.append(x)
+                if sum(len(h) for h in held) >= batch:
+                    yield torch.cat(held)
+                    held.clear()
+            if held:
+                yield torch.cat(held)
+
+        with autocast():
+            update_bn(joined(), module)
+
+    return calibrate
 
 
 def timed(function: Any, repeats: int) -> tuple[float, Any]:
@@ -108,7 +132,11 @@ def main() -> int:
     if ema is not None:
         for images in (4096, 2048, 1024):
             for batch in (None, 1024):
-                calibrate = bn_calibration(parts.train_loader, parts.precision.autocast, images, batch=batch)
+                calibrate = (
+                    bn_calibration(parts.train_loader, parts.precision.autocast, images)
+                    if batch is None
+                    else joined_calibration(parts.train_loader, parts.precision.autocast, images, batch)
+                )
 
                 def recalibrated(calibrate: Any = calibrate) -> None:
                     ema.load_state_dict(averaged)

@@ -9,7 +9,7 @@ import contextlib
 import itertools
 import os
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -236,37 +236,20 @@ def optimizer_steps(recipe: Recipe, train_loader: InMemoryLoader) -> int:
 
 
 def bn_calibration(
-    loader: InMemoryLoader,
-    autocast: Callable[[], contextlib.AbstractContextManager],
-    images: int,
-    batch: int | None = None,
+    loader: InMemoryLoader, autocast: Callable[[], contextlib.AbstractContextManager], images: int
 ) -> Callable[[nn.Module], None]:
     """A function that recomputes a model's batch-norm statistics over the first `images` training images of the
-    current epoch (as augmented for training, never mixed), under the run's autocast, in forward batches of
-    `batch` images (consecutive training batches joined; None: the training batches as they are); with several
-    processes the statistics are then averaged over the ranks, so every rank evaluates the same model."""
+    current epoch (as augmented for training, never mixed), under the run's autocast; with several processes
+    the statistics are then averaged over the ranks, so every rank evaluates the same model."""
 
     def calibrate(module: nn.Module) -> None:
         count = max(1, -(-images // loader.batch_size))
-        batches = itertools.islice(loader.batches(0), count)
         with autocast():
-            update_bn(joined(batches, batch) if batch and batch > loader.batch_size else batches, module)
+            update_bn(itertools.islice(loader.batches(0), count), module)
         if world_size() > 1:
             distributed.average_batch_norm_statistics(module)
 
     return calibrate
-
-
-def joined(batches: Iterator[tuple[Tensor, Tensor]], size: int) -> Iterator[Tensor]:
-    """The images of consecutive `batches` joined into batches of at least `size` (the last may be smaller)."""
-    held: list[Tensor] = []
-    for images, _ in batches:
-        held.append(images)
-        if sum(len(x) for x in held) >= size:
-            yield torch.cat(held)
-            held = []
-    if held:
-        yield torch.cat(held)
 
 
 def first_train_images(loader: InMemoryLoader | ImageFolderLoader, count: int) -> Tensor:
