@@ -65,7 +65,7 @@ def section() -> str:
             COMMANDS["headline"],
             "```",
             "",
-            bench_table(headline),
+            bench_table(headline, "train"),
             "",
             f"Machine: {machine_line(headline)}. Times are training seconds until the test accuracy (checked "
             "after each epoch, on all 10,000 test images) first reached the threshold; (Nx) is the speed-up "
@@ -80,7 +80,7 @@ def section() -> str:
     if f94 is not None:
         shutil.copy(BENCH / "fashion-94" / "report.md", DOCS / "fashion-94.md")
         parts += ["94% needs a wider network and longer training (`fashion-94`):", "", "```", COMMANDS["fashion-94"]]
-        parts += ["```", "", bench_table(f94), ""]
+        parts += ["```", "", bench_table(f94, "train"), ""]
     peers = BENCH / "peers" / "report.md"
     if peers.is_file():
         shutil.copy(peers, DOCS / "peers.md")

@@ -178,14 +178,14 @@ def stage_report() -> None:
         headline = _load(OUT / stage / "results.json")
         if headline:
             sections += [f"## Time to accuracy against the recipes before ({stage})", "", f"`{headline['command']}`"]
-            sections += ["", *targets_table(headline), "", bench_table(headline), ""]
+            sections += ["", *targets_table(headline), "", bench_table(headline, "train"), ""]
     for stage, title in (("ablations", "Each technique on and off (one change at a time over fashion-fast)"),
                          ("ablations-optimizer", "Muon off (the same base as the ablations, run apart)"),
                          ("auto", "precision/channels_last: auto beside the fixed choices"),
                          ("widths", "The default net's arithmetic efficiency by width (bf16)")):  # fmt: skip
         results = _load(OUT / stage / "results.json")
         if results:
-            sections += [f"## {title}", "", f"`{results['command']}`", "", bench_table(results), ""]
+            sections += [f"## {title}", "", f"`{results['command']}`", "", bench_table(results, "train"), ""]
             sections += auto_lines(results) if stage == "auto" else []
     seeds = [r for name in HEADLINE if (r := _load(OUT / "seeds" / name / "results.json"))]
     if seeds:

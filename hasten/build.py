@@ -10,7 +10,6 @@ import copy
 import itertools
 import os
 import random
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from torch.optim.swa_utils import update_bn
 
 from hasten import autotune, distributed, rules, step
 from hasten.checkpoint import checkpoints_in, latest_usable, load_checkpoint, remove_stale_temporaries
+from hasten.clock import Clock
 from hasten.compiling import compile_model
 from hasten.config import OptimConfig, Recipe, apply_overrides, to_yaml, validate
 from hasten.data import ImageDataset, load_dataset
@@ -58,6 +58,7 @@ from hasten.own import (
 )
 from hasten.precision import MODES as PRECISION_MODES
 from hasten.precision import Precision, check_precision, make_precision
+from hasten.progress import say
 from hasten.runfolder import RunLock, check_resume_recipe, claim_fresh, recipe_changes
 from hasten.runlog import RunLog
 from hasten.schedules import Scheduler, asked_rise_steps, rise_steps, scale_lr, scheduler
@@ -374,8 +375,10 @@ def optimizer(config: OptimConfig, groups: list[dict[str, Any]], lr: float) -> t
         split = muon_groups(groups, lr, config.muon_lr, config.muon_momentum)
         if not any(group.get("orthogonalize") for group in split) and distributed.is_main():
             # a user's MLP, or every filter frozen (model.whiten): all of it is the Nesterov SGD part, said so
-            print("optim.name=muon: the model has no trainable convolution filters; every parameter takes "
-                  "Nesterov SGD at optim.lr", file=sys.stderr)  # fmt: skip
+            say(
+                "optim.name=muon: the model has no trainable convolution filters; every parameter takes Nesterov SGD "
+                "at optim.lr"
+            )
         return Muon(split, lr=lr, momentum=config.momentum, nesterov=config.nesterov and config.momentum > 0)
     if config.name == "sgd":
         return torch.optim.SGD(
@@ -408,7 +411,7 @@ class Parts:
     machine_keys: tuple[str, ...] = ()  # keys set to auto that the start-up probe decided (hasten/autotune.py)
 
 
-def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
+def build(recipe: Recipe, model: Any = None, data: Any = None, clock: Clock | None = None) -> Parts:
     """The run's parts. `model` and `data` are the user's own (hasten/own.py: an nn.Module or a callable making
     one; arrays, a Dataset, a folder path, or (train, test[, class_names])); None: the recipe's.
 
@@ -423,6 +426,7 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     env = DistEnv.from_environ()
     device = distributed.device_for(env, recipe.device)
     distributed.init(env, device)
+    clock = clock or Clock()  # marks where the start-up goes (hasten/clock.py)
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
     if recipe.precision != "auto":  # a fixed mode the device cannot run fails here, before data is read
@@ -430,14 +434,17 @@ def build(recipe: Recipe, model: Any = None, data: Any = None) -> Parts:
     seed_everything(recipe.seed)
     given_model, given_data = model, data
     data = dataset(recipe) if data is None else load_data(recipe, data)
+    clock.mark("data")
     check_training_data(recipe, data)
     if given_model is not None:
         model = own_model(recipe.model, given_model, data.image_shape, len(data.classes))
     else:  # the recipe's: a built-in model or model.target's
         check_model_size(recipe, tuple(data.image_shape), len(data.classes), device)
         model = build_model(recipe.model, data.image_shape, len(data.classes))
+    clock.mark("model")
     recipe, machine_keys = resolve(recipe, data, model, device, given_model, given_data)
-    return assemble(recipe, data, model, device, machine_keys)
+    clock.mark("probe")
+    return assemble(recipe, data, model, device, machine_keys, clock)
 
 
 def resolve(
@@ -459,7 +466,7 @@ def resolve(
     notes += more
     if distributed.is_main():
         for note in notes:
-            print(note, file=sys.stderr)
+            say(note)
     return recipe, machine_keys
 
 
@@ -493,11 +500,18 @@ def resolve_budget(
     return recipe, notes
 
 
-def assemble(recipe: Recipe, data: Any, model: nn.Module, device: torch.device, machine_keys: tuple[str, ...] = ()
-             ) -> Parts:  # fmt: skip
+def assemble(
+    recipe: Recipe,
+    data: Any,
+    model: nn.Module,
+    device: torch.device,
+    machine_keys: tuple[str, ...] = (),
+    clock: Clock | None = None,
+) -> Parts:
     """The run's objects from the resolved `recipe`, which is not changed: loaders, the techniques and their hooks,
     the model on its device, layout and precision, the optimizer and its schedule; DDP around the model."""
     rank, world = distributed.rank(), world_size()
+    clock = clock or Clock()
     scale = recipe.loss_scale
     precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)
     train_loader, test_loader = loaders(recipe, data, device, rank, world)
@@ -513,7 +527,7 @@ def assemble(recipe: Recipe, data: Any, model: nn.Module, device: torch.device, 
     for technique in _at(made, "on_model"):
         technique.on_model(model)
     if recipe.model.pretrained:
-        print(pretrained_from_config(model, recipe.model).describe(), file=sys.stderr)
+        say(pretrained_from_config(model, recipe.model).describe())
     model = model.to(device)
     if recipe.train.checkpoint_activations or recipe.train.checkpoint_modules:
         model = checkpoint_activations(model, recipe.train.checkpoint_modules)
@@ -554,11 +568,12 @@ def assemble(recipe: Recipe, data: Any, model: nn.Module, device: torch.device, 
         model, failure = compile_model(model, next(iter(train_loader))[0], precision.autocast)
         compiled = failure is None
         if failure:
-            print(failure, file=sys.stderr)
+            say(failure)
     parts = Parts(
         recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks, hooks.stateful
     )
     parts.compiled, parts.machine_keys = compiled, machine_keys
+    clock.mark("optimizer and techniques")
     return parts
 
 
@@ -636,10 +651,11 @@ def choose_on_machine(
         batch = probe_batch(recipe, data, device, max(sizes)) if len(options) > 1 or len(sizes) > 1 else None
         if len(options) > 1:
             at = min(max(sizes), rules.PROBE_BATCH)
-            result = autotune.probe(model, (batch[0][:at], batch[1][:at]), len(data.classes), options)
-            choice = result.choice
-            asked_here = [key for key in ("precision", "train.channels_last") if key in asked and key not in kept]
-            notes.append(f"{', '.join(asked_here)}=auto -> {choice}; {result.describe(at)}")
+            probed = [key for key in ("precision", "train.channels_last") if key in asked and key not in kept]
+            # timed here, or as timed before on this machine (the probe's cache), and said there
+            choice = autotune.cached_probe(
+                model, (batch[0][:at], batch[1][:at]), len(data.classes), options, probed
+            ).choice
         if len(sizes) > 1:
             measured = autotune.time_batches(model, batch, len(data.classes), choice, rules.timed_sizes(sizes))
             seconds = rules.step_time_line(measured, sizes)
@@ -675,8 +691,7 @@ def pick_lr(parts: Parts) -> None:
     parts.scheduler = scheduler(parts.optimizer, recipe.schedule, steps, scale)
     if distributed.is_main():
         per = f" ({peak / scale:.4g} per {recipe.optim.base_batch})" if recipe.optim.base_batch else ""
-        print(f"optim.lr=auto: peak LR {peak:.4g}{per} from a {len(result.lrs)}-step range test ({AUTO_RULE})",
-              file=sys.stderr)  # fmt: skip
+        say(f"optim.lr=auto: peak LR {peak:.4g}{per} from a {len(result.lrs)}-step range test ({AUTO_RULE})")
 
 
 def trainer_for(parts: Parts, plan: Plan, log: RunLog, saving: Saving | None = None) -> Trainer:
@@ -711,7 +726,7 @@ def resume_from(recipe: Recipe, folder: Path, announce: bool = True) -> tuple[Pa
         raise CheckpointError(error)
     if chosen is None:
         if distributed.is_main() and announce:
-            print(f"resume=auto: no checkpoint in {folder} yet; starting afresh", file=sys.stderr)
+            say(f"resume=auto: no checkpoint in {folder} yet; starting afresh")
         return None
     return found if found is not None else (chosen, load_checkpoint(chosen, require_digest=True))
 
@@ -784,21 +799,30 @@ def claim_run_folder(
 
 
 def train(
-    recipe: Recipe, model: Any = None, data: Any = None, loss: Callable[[Tensor, Tensor], Tensor] | None = None
+    recipe: Recipe,
+    model: Any = None,
+    data: Any = None,
+    loss: Callable[[Tensor, Tensor], Tensor] | None = None,
+    clock: Clock | None = None,
 ) -> dict[str, Any]:
     """Train the recipe (with the user's `model` and `data`, see `build`; `loss(logits, soft targets)` in place
     of the soft cross-entropy); writes the run folder and returns the summary. The folder is locked while the run
-    writes it (hasten/runfolder.py): two runs never share one."""
-    parts = build(recipe, model, data)
+    writes it (hasten/runfolder.py): two runs never share one. Wall-clock times count from `clock`'s start (the
+    `hasten` command passes its process's start; by default, this call)."""
+    clock = clock or Clock()
+    clock.mark("start and imports")
+    if DistEnv.from_environ().is_main:  # (before the process group is up: from the environment)
+        say(f"run folder: {run_dir(recipe)}")
+    parts = build(recipe, model, data, clock)
     recipe = parts.recipe  # what was used: data-dependent settings decided, the user's model and data recorded
     folder = run_dir(recipe)
     lock = RunLock(folder) if distributed.is_main() else contextlib.nullcontext()
     with lock:
-        return _train_locked(recipe, parts, folder, loss)
+        return _train_locked(recipe, parts, folder, loss, clock)
 
 
 def _train_locked(
-    recipe: Recipe, parts: Parts, folder: Path, loss: Callable[[Tensor, Tensor], Tensor] | None
+    recipe: Recipe, parts: Parts, folder: Path, loss: Callable[[Tensor, Tensor], Tensor] | None, clock: Clock
 ) -> dict[str, Any]:
     checkpoint = resume_from(recipe, folder / "checkpoints")  # before anything in the run folder is written
     claim_run_folder(recipe, folder, checkpoint, parts.machine_keys)
@@ -816,6 +840,8 @@ def _train_locked(
         clip_grad_norm=recipe.train.clip_grad_norm,
         eval_every_steps=recipe.train.eval_every_steps,
         divergence_advice=divergence_advice(recipe),
+        mid_eval=recipe.train.mid_eval,
+        clock=clock,
     )
     if loss is not None:
         plan.loss = loss
@@ -839,7 +865,7 @@ def _train_locked(
             log.close()
             raise
         if log.enabled:
-            print(f"resuming from {path} (epoch {trainer.state.epoch}, step {trainer.state.step})", file=sys.stderr)
+            say(f"resuming from {path} (epoch {trainer.state.epoch}, step {trainer.state.step})")
         saved = state.get("recipe")
         if isinstance(saved, dict) and recipe_changes(saved, recipe.model_dump(mode="json")):
             saving.protect = (path,)  # the run changes from here on (resume.allow_changes): keep where it began
@@ -853,7 +879,7 @@ def _train_locked(
         how = f"{recipe.train.batch_size} x {recipe.train.accumulate} accumulated x {world_size()} process(es)"
         o = recipe.optim
         rule = f"{o.scaling} rule from {o.lr:g} per {o.base_batch}" if o.base_batch else "no optim.base_batch: as given"
-        print(f"global batch {batch} ({how}); peak LR {parts.lr:.4g} ({rule})", file=sys.stderr)
+        say(f"global batch {batch} ({how}); peak LR {parts.lr:.4g} ({rule})")
     # signals stay caught until the run returns: a stop once the last epoch is done lets the summary be written
     # and the run end with 0 (its work is complete), instead of killing it mid-write
     try:
@@ -866,6 +892,7 @@ def _train_locked(
             summary |= {"precision": recipe.precision, "channels_last": recipe.train.channels_last}  # auto: chosen
             summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader)  # for evaluate/predict
             summary["evaluated_on"] = evaluated_on(recipe)
+            summary["wall_seconds"] = round(trainer.wall_seconds(), 3)  # everything, from the command's start
             log.summary(summary)
             distributed.barrier()  # the ranks end together, once rank 0 has written everything
     finally:

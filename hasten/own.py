@@ -36,6 +36,7 @@ from hasten.data.loader import Augment
 from hasten.data.own import StreamedData, hold_out, own_data, stream_stats
 from hasten.data.transforms import prepare
 from hasten.errors import HastenError, RecipeError
+from hasten.progress import say
 
 USER_SOURCES = ("import", "object")  # model.name / data.name values that stand for the user's own objects
 # keyword arguments a model or data target receives from hasten when its signature has them and the recipe's
@@ -225,10 +226,9 @@ def own_model(config: ModelConfig, model: Any, image_shape: tuple[int, ...], num
         from hasten.tricks.zero_init import zero_init_residual
 
         if not zero_init_residual(model):
-            print(
+            say(
                 f"model.zero_init_residual: {type(model).__name__} has no residual blocks ending in batch norm "
-                "(hasten.models.Residual, or a module with a `last_bn` BatchNorm attribute); skipped",
-                file=sys.stderr,
+                "(hasten.models.Residual, or a module with a `last_bn` BatchNorm attribute); skipped"
             )
     return model
 

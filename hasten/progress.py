@@ -1,13 +1,71 @@
-"""The progress bar of a training run (rich): loss, accuracy and images/s while an epoch runs, then one line
-per finished epoch, so the terminal keeps the history."""
+"""What a run shows in the terminal (rich): a bar over each epoch with loss, accuracy, images/s and the time left
+in the whole run; a second bar while an evaluation runs, so no second passes in silence; one line per finished
+epoch, so the terminal keeps the history; and `say`, hasten's notes, wrapped to fit 80 columns between words
+(never inside a number or a path).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+
+WIDTH = 80  # columns every line hasten prints fits in: the narrowest terminal in common use
+
+
+def wrap(text: str, width: int = WIDTH, indent: str = "  ") -> list[str]:
+    """`text` as lines of at most `width` columns, broken between words only (a word longer than a line stays
+    whole, on its own line), continuation lines indented by `indent`; each line of a multi-line text on its own."""
+    lines: list[str] = []
+    for line in text.splitlines() or [""]:
+        lines += textwrap.wrap(
+            line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+        ) or [""]
+    return lines
+
+
+def say(text: str, file: TextIO | None = None) -> None:
+    """A note of hasten's on stderr (the opening lines, the probe, warnings), wrapped to fit 80 columns."""
+    print("\n".join(wrap(text)), file=file or sys.stderr, flush=True)
+
+
+# loggers of libraries whose warnings speak of their internals, not of the user's run: torch's ONNX exporter lists
+# the torchvision operators it cannot register ("torchvision is not installed. Skipping torchvision::nms")
+QUIET_LOGGERS = ("torch.onnx._internal.exporter._registration",)
+
+
+def _errors_only(record: Any) -> bool:
+    return record.levelno >= 40  # logging.ERROR
+
+
+def quiet_third_party() -> None:
+    """Keep notices that mean nothing to a user of hasten out of its output: FutureWarnings and
+    DeprecationWarnings raised outside hasten (a library warning another library about an API it calls), and all
+    but the errors of QUIET_LOGGERS (a filter on each: torch resets their levels when it is imported). hasten's
+    own warnings, and every error, still show."""
+    import logging
+    import warnings
+
+    for category in (FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
+        warnings.filterwarnings("default", category=category, module=r"hasten(\.|$)")  # checked first: hasten's own
+    for name in QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        if _errors_only not in logger.filters:
+            logger.addFilter(_errors_only)
+
+
+def clock_text(seconds: float) -> str:
+    """Seconds as m:ss, or h:mm:ss from an hour."""
+    whole = max(0, round(seconds))
+    hours, rest = divmod(whole, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
 class EpochBar:
@@ -20,16 +78,21 @@ class EpochBar:
         self.batches, self.enabled = batches, enabled
         self.every = max(1, batches // updates_per_epoch)
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[text]}"),
-            TimeElapsedColumn(),
+            *self.columns(),
             console=console or Console(stderr=True),
             transient=True,
             disable=not enabled,
         )
         self.task: Any = None
+
+    def columns(self) -> tuple[str | ProgressColumn, ...]:
+        return (
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[text]}"),
+            TimeElapsedColumn(),
+        )
 
     def __enter__(self) -> Self:
         self.progress.__enter__()
@@ -41,7 +104,7 @@ class EpochBar:
     def start_epoch(self, epoch: int, epochs: int) -> None:
         if self.task is not None:
             self.progress.remove_task(self.task)
-        self.task = self.progress.add_task(f"epoch {epoch}/{epochs}", total=self.batches, text="")
+        self.task = self.progress.add_task(f"epoch {epoch}/{epochs}", total=self.batches, text="", eta="")
 
     def due(self, batch: int) -> bool:
         return self.enabled and (batch % self.every == 0 or batch == self.batches)
@@ -50,22 +113,71 @@ class EpochBar:
         if self.task is not None:
             self.progress.update(self.task, completed=batch, text=text)
 
+    def print(self, text: str, **options: Any) -> None:
+        """A line above the bar (the terminal keeps it); `text` fits 80 columns already."""
+        if self.enabled:
+            self.progress.console.print(text, highlight=False, soft_wrap=True, **options)
+
 
 class EpochProgress(EpochBar):
-    """The classifier's: loss, accuracy and images/s so far in the epoch; a line per finished epoch."""
+    """The classifier's: loss, accuracy and images/s so far in the epoch and the run's time left (ETA); a bar per
+    evaluation; a line per finished epoch. Every line fits 80 columns."""
 
-    def update(self, batch: int, *, loss: float, accuracy: float, images_per_second: float) -> None:
-        self.show(batch, f"loss {loss:.4f}  acc {accuracy:.4f}  {images_per_second:,.0f} img/s")
+    def columns(self) -> tuple[str | ProgressColumn, ...]:
+        return (
+            TextColumn("[bold]{task.description}"),
+            BarColumn(bar_width=12),  # the row fits 80 columns: 9 + 12 + 9 + 34 + 11, and the gaps
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[text]}"),
+            TextColumn("{task.fields[eta]}"),
+        )
 
-    def end_epoch(self, row: dict[str, Any]) -> None:
-        if self.enabled:
-            self.progress.console.print(
-                f"epoch {row['epoch']:>2}  train {row['train_loss']:.3f} {row['train_accuracy']:.2%}  "
-                f"test {row['test_loss']:.3f} [bold]{row['test_accuracy']:.2%}[/bold]  "
-                f"{row['images_per_second']:,.0f} img/s  {row['train_seconds']:.1f} s",
-                highlight=False,
-            )
+    def update(
+        self, batch: int, *, loss: float, accuracy: float, images_per_second: float, eta_seconds: float | None = None
+    ) -> None:
+        self.show(batch, f"loss {loss:.3f} acc {accuracy:.2%} {images_per_second:,.0f} img/s")
+        if self.task is not None:
+            self.progress.update(self.task, eta="" if eta_seconds is None else f"ETA {clock_text(eta_seconds)}")
+
+    @contextlib.contextmanager
+    def evaluation(self, text: str, batches: int) -> Iterator[Callable[[], None]]:
+        """A bar over an evaluation's batches, shown while it runs; yields the function that advances it."""
+        if not self.enabled:
+            yield lambda: None
+            return
+        task = self.progress.add_task("evaluate", total=max(batches, 1), text=text, eta="")
+        try:
+            yield lambda: self.progress.advance(task)
+        finally:
+            self.progress.remove_task(task)
+
+    def end_epoch(self, row: dict[str, Any], views: int = 1, wall_seconds: float | None = None) -> None:
+        self.print(epoch_line(row, views, wall_seconds))
 
     def note(self, text: str) -> None:
-        if self.enabled:
-            self.progress.console.print(f"[yellow]{text}")
+        for line in wrap(text):
+            self.print(f"[yellow]{escape(line)}")
+
+
+def epoch_line(row: dict[str, Any], views: int = 1, wall_seconds: float | None = None) -> str:
+    """An epoch's line (rich markup), at most 80 columns: training loss and accuracy, the test accuracy ("(TTA)":
+    an evaluation over several views of each test image), images/s, the training seconds so far and the wall
+    clock since the command started (images/s is left out where the line would not fit)."""
+    parts = [
+        f"epoch {row['epoch']:>2}",
+        f"train {row['train_loss']:.3f} {row['train_accuracy']:.1%}",
+        f"test [bold]{row['test_accuracy']:.2%}[/bold]" + (" (TTA)" if views > 1 else ""),
+        f"{row['images_per_second']:,.0f} img/s",
+        f"{row['train_seconds']:.1f} s",
+        *([f"{clock_text(wall_seconds)} wall"] if wall_seconds is not None else []),
+    ]
+    line = "  ".join(parts)
+    if len(line) - len("[bold][/bold]") > WIDTH:
+        line = "  ".join(parts[:3] + parts[4:])
+    return line
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)

@@ -31,6 +31,7 @@ from typing import Any
 
 from hasten.config import unsafe_folder
 from hasten.errors import HastenError, RecipeError
+from hasten.progress import say
 
 LOCK_NAME = ".hasten.lock"
 # what a run leaves in its folder (hasten/runlog.py, checkpoints, weights, plots): another run's results
@@ -270,7 +271,7 @@ def claim_fresh(folder: str | Path, overwrite: bool, resuming: bool = False) -> 
             shutil.move(str(path), str(aside / path.name))
     except OSError as error:
         raise RunFolderError(f"run.overwrite: cannot move the old files into {aside}: {error}") from None
-    print(f"run.overwrite: the earlier run's files ({names}) moved into {aside}", file=sys.stderr)
+    say(f"run.overwrite: the earlier run's files ({names}) moved into {aside}")
     return aside
 
 

@@ -105,6 +105,10 @@ class RunLog:
             self.writer = SummaryWriter(str(self.dir / "tensorboard"))
         return self.writer
 
+    def open_board(self) -> None:
+        """Make the TensorBoard writer now (its import takes about a second), before training is timed."""
+        self._board()
+
     def write_recipe(self, recipe_yaml: str) -> None:
         if self.enabled:
             env = environment()

@@ -5,6 +5,12 @@ precision's autocast; backward; the precision's step (which may skip on inf/NaN)
 only when the step was taken; `after_step` hooks (EMA) see the model. Each epoch ends with an evaluation on
 the test set, a row of metrics.csv and TensorBoard scalars.
 
+Evaluations cost the wall-clock time a user waits on, so only the last one is the full one (test-time
+augmentation: up to 6 views of every test image); those before it (each epoch's end, `Plan.eval_every_steps`)
+look at every test image once (`Plan.mid_eval="plain"`, 1/6 of the cost) unless the plan asks for the full one.
+Every evaluation is timed on two clocks: the training seconds so far, and the wall seconds since the command
+started (`Plan.clock`, hasten/clock.py: start-up, probe, data and evaluations included).
+
 Checkpoints (hasten/checkpoint.py) are taken at optimizer-step boundaries: every `save_every_steps` steps, at
 the end of every `save_every_epochs`-th epoch, and when SIGINT/SIGTERM asks the run to stop (the current step
 finishes first; a second SIGINT aborts at once). They hold everything the run depends on, down to the RNG
@@ -31,7 +37,6 @@ import math
 import os
 import signal
 import statistics
-import sys
 import threading
 import time
 from collections import deque
@@ -53,17 +58,18 @@ from hasten.checkpoint import (
     set_rng_state,
     training_checkpoint,
 )
+from hasten.clock import Clock
 from hasten.data.loader import InMemoryLoader
 from hasten.distributed import all_reduce_sum, any_rank, gather_objects, rank, unwrap, world_size
 from hasten.errors import CheckpointError, HastenError
 from hasten.memory import measure_peak, peak_memory_bytes, reset_peak
 from hasten.precision import Precision
-from hasten.progress import EpochProgress
+from hasten.progress import EpochProgress, say
 from hasten.runlog import RunLog
 from hasten.schedules import Scheduler
 from hasten.step import StepResult, TrainStep, steps_per_epoch
 from hasten.tricks import Technique, soft_cross_entropy
-from hasten.tta import black_fill, tta_logits
+from hasten.tta import black_fill, tta_views, views
 
 BatchHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 StepHook = Callable[[nn.Module], None]
@@ -104,6 +110,9 @@ class Plan:
     eval_every_steps: int = 0  # also evaluate every N optimizer steps (0: only at epoch ends)
     # what the divergence warning advises: overrides the run's own recipe accepts (build.divergence_advice)
     divergence_advice: Sequence[str] = ("optim.lr=...",)
+    # the evaluations before the last: "plain", every test image once (no test-time augmentation); "tta": as the last
+    mid_eval: str = "plain"
+    clock: Clock = field(default_factory=Clock)  # wall seconds since the command started (hasten/clock.py)
 
 
 @dataclass
@@ -185,8 +194,20 @@ class State:
     best_checkpoint: str | None = None  # file name of the checkpoint with the best test accuracy
     warnings: list[str] = field(default_factory=list)  # what looked wrong (divergence, chance accuracy), in order
     last_row: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics: a finished run's summary
-    # every evaluation, mid-epoch ones (Plan.eval_every_steps) too: [train_seconds, step, test_accuracy]
+    # every evaluation, mid-epoch ones (Plan.eval_every_steps) too: [train_seconds, step, test_accuracy, wall_seconds]
     accuracy_curve: list[list[float]] = field(default_factory=list)
+    wall_seconds: float = 0.0  # the run's wall-clock seconds when this state was saved (a resume goes on from it)
+    eval_seconds: float = 0.0  # of those, the seconds spent evaluating
+
+
+def wall_time_to_accuracy(curve: Sequence[Sequence[float]], thresholds: Sequence[str]) -> dict[str, float | None]:
+    """For each threshold ("0.93"), the wall seconds of the first evaluation at or above it in `curve` (points
+    [train_seconds, step, accuracy, wall_seconds]); None where none reached it (or the point has no wall time)."""
+    result: dict[str, float | None] = {}
+    for key in thresholds:
+        reached = next((point for point in curve if point[2] >= float(key)), None)
+        result[key] = reached[3] if reached is not None and len(reached) > 3 else None
+    return result
 
 
 _POSITION = TypeAdapter(State)  # a checkpoint's `trainer` section, checked against State's field types
@@ -203,8 +224,10 @@ def trainer_position(saved: Any, source: str) -> State:
         raise CheckpointError(f"{source}: trainer.{field}: {first['msg']} (got {first.get('input')!r})") from None
     counts = ("epoch", "batch", "step", "skipped_steps", "nonfinite_steps", "epoch_seen")
     negative = [name for name in counts if getattr(position, name) < 0]
-    if negative or position.train_seconds < 0 or not math.isfinite(position.train_seconds):
-        name = negative[0] if negative else "train_seconds"
+    clocks = [name for name in ("train_seconds", "wall_seconds")
+              if not (math.isfinite(getattr(position, name)) and getattr(position, name) >= 0)]  # fmt: skip
+    if negative or clocks:
+        name = (negative + clocks)[0]
         raise CheckpointError(f"{source}: trainer.{name}: {getattr(position, name)!r} is not a count of the run")
     return position
 
@@ -271,6 +294,15 @@ class Trainer:
         self.resumed = False
         self.bar: EpochProgress | None = None
         self.recent_losses: deque[float] = deque(maxlen=RECENT_STEPS)  # training losses of the last steps
+        self.wall_before = 0.0  # wall seconds of the run before this process (a resumed run's earlier ones)
+        self.startup_seconds: float | None = None  # wall seconds from the command's start to the first step
+        self.one_view_accuracy: float | None = None  # the last full evaluation's accuracy on the plain view alone
+        self.seconds_per_view: float | None = None  # an evaluation's measured seconds per view: what the ETA assumes
+        self.pace = (0, 0.0)  # (batches, training seconds) this process has trained: the ETA's pace
+
+    def wall_seconds(self) -> float:
+        """The run's wall-clock seconds so far: since the command's start, plus a resumed run's earlier ones."""
+        return self.wall_before + self.plan.clock.seconds()
 
     # ----- checkpoints -----
 
@@ -334,6 +366,7 @@ class Trainer:
         except (ValueError, KeyError, RuntimeError) as error:
             raise CheckpointError(f"{source} does not fit this run's optimizer or schedule: {error}") from None
         self.state = trainer_position(dict(state["trainer"]) | mine.get("epoch_sums", {}), source)
+        self.wall_before = self.state.wall_seconds  # this process's own seconds add to the stopped run's
         set_rng_state(mine["rng"])
         self.resumed = True
 
@@ -361,7 +394,7 @@ class Trainer:
                     f"--devices {saved}, or from a checkpoint taken at the end of an epoch"
                 )
             if rank() == 0:
-                print(f"{source}: written by {saved} process(es), resumed with {here}", file=sys.stderr)
+                say(f"{source}: written by {saved} process(es), resumed with {here}")
         return ranks[rank() % saved]
 
     def save(self, *, end_of_epoch: bool = False, accuracy: float | None = None) -> Path | None:
@@ -373,6 +406,7 @@ class Trainer:
         if not self.log.enabled:
             return None
         folder = self.saving.folder
+        self.state.wall_seconds = round(self.wall_seconds(), 3)
         path = save_checkpoint(self.state_dict(ranks), folder / f"step-{self.state.step}.pt")
         if end_of_epoch and accuracy is not None and accuracy >= self.state.best_accuracy:
             self.state.best_checkpoint = path.name
@@ -481,42 +515,81 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, live: bool = False) -> tuple[float, float]:
-        """Test loss and accuracy over the whole test set: each rank evaluates its split, the sums are reduced.
-        The model evaluated is the hooks' `eval_model` (the EMA copy) unless `live`."""
-        model = unwrap(self.model)  # the plain module: no DDP forward hooks or buffer broadcasts in evaluation
-        model = self.hooks.eval_model(model) if self.hooks.eval_model and not live else model
-        was_training = model.training
-        model.eval()
-        loss_sum = torch.zeros((), device=self.device)
-        correct = torch.zeros((), device=self.device, dtype=torch.long)
-        count = 0
+        """The full evaluation: test loss and accuracy over the whole test set with the plan's test-time
+        augmentation; each rank evaluates its split, the sums are reduced. The model evaluated is the hooks'
+        `eval_model` (the EMA copy) unless `live`. The same pass's accuracy on the plain view alone is kept as
+        `one_view_accuracy`."""
+        loss, accuracy, self.one_view_accuracy = self._measure(live=live, tta=True)
+        return loss, accuracy
+
+    def evaluate_between(self) -> tuple[float, float]:
+        """An evaluation before the last (each epoch's end, `Plan.eval_every_steps`): every test image once, with
+        no test-time augmentation (`Plan.mid_eval="plain"`), or the full evaluation (`"tta"`)."""
+        if self.plan.mid_eval == "tta":
+            return self.evaluate()
+        loss, accuracy, _ = self._measure(live=False, tta=False)
+        return loss, accuracy
+
+    @torch.no_grad()
+    def _measure(self, live: bool, tta: bool) -> tuple[float, float, float]:
+        """(loss, accuracy, plain-view accuracy) over the test set, timed into `State.eval_seconds` and shown."""
         plan, loader = self.plan, self.test_loader
-        fill = black_fill(loader.mean, loader.std) if plan.tta_translate else 0.0  # what training's translate pads
-        for images, labels in loader:
-            with self.precision.autocast():
-                logits = tta_logits(model, images, plan.tta_flip, plan.tta_translate, fill)
-            loss_sum += torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
-            correct += (logits.argmax(1) == labels).sum()
-            count += len(labels)
-        model.train(was_training)
-        loss_total, correct_total, count_total = all_reduce_sum([loss_sum.item(), correct.item(), count], self.device)
-        return loss_total / max(count_total, 1), correct_total / max(count_total, 1)
+        flip, translate = (plan.tta_flip, plan.tta_translate) if tta else (False, 0)
+        passes = views(flip, translate)
+        started = time.perf_counter()
+        what = "live weights" if live else "final" if tta else "plain"
+        detail = f"{loader.num_samples:,} test images, {what}, {passes} view{'s' * (passes > 1)}"
+        with self._showing(detail, len(loader)) as advance:
+            model = unwrap(self.model)  # the plain module: no DDP forward hooks or buffer broadcasts in evaluation
+            model = self.hooks.eval_model(model) if self.hooks.eval_model and not live else model  # EMA: calibrated
+            calibrated = time.perf_counter()
+            was_training = model.training
+            model.eval()
+            loss_sum = torch.zeros((), device=self.device)
+            correct = torch.zeros((), device=self.device, dtype=torch.long)
+            plain_correct = torch.zeros((), device=self.device, dtype=torch.long)
+            count = 0
+            fill = black_fill(loader.mean, loader.std) if translate else 0.0  # what training's translate pads
+            for images, labels in loader:
+                with self.precision.autocast():
+                    logits, plain = tta_views(model, images, flip, translate, fill)
+                loss_sum += torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+                correct += (logits.argmax(1) == labels).sum()
+                plain_correct += (plain.argmax(1) == labels).sum()
+                count += len(labels)
+                advance()
+            model.train(was_training)
+            sums = [loss_sum.item(), correct.item(), plain_correct.item(), count]
+            loss_total, correct_total, plain_total, count_total = all_reduce_sum(sums, self.device)
+        done = time.perf_counter()
+        self.seconds_per_view = (done - calibrated) / passes
+        self.state.eval_seconds += done - started
+        count_total = max(count_total, 1)
+        return loss_total / count_total, correct_total / count_total, plain_total / count_total
+
+    def _showing(self, text: str, batches: int) -> contextlib.AbstractContextManager[Callable[[], None]]:
+        """The progress bar's evaluation line while an evaluation runs (a no-op without a bar)."""
+        if self.bar is not None and self.bar.enabled and self.log.enabled:
+            return self.bar.evaluation(text, batches)
+        return contextlib.nullcontext(lambda: None)
 
     def record_accuracy(self, test_accuracy: float, train_seconds: float) -> None:
-        """An evaluation after `train_seconds` of training: thresholds first reached, the best so far, the curve."""
+        """An evaluation after `train_seconds` of training, at the wall seconds of now: thresholds first reached,
+        the best so far, the curve."""
         seconds = round(train_seconds, 3)
         for key in self.state.time_to_accuracy:
             if self.state.time_to_accuracy[key] is None and test_accuracy >= float(key):
                 self.state.time_to_accuracy[key] = seconds
         self.state.best_accuracy = max(self.state.best_accuracy, test_accuracy)
-        self.state.accuracy_curve.append([seconds, self.state.step, round(test_accuracy, 6)])
+        wall = round(self.wall_seconds(), 3)
+        self.state.accuracy_curve.append([seconds, self.state.step, round(test_accuracy, 6), wall])
 
     def _evaluate_mid_epoch(self, seconds_in_epoch: float) -> float:
         """`Plan.eval_every_steps`: an evaluation between two steps of an epoch, timed at the training seconds so
         far; returns the seconds it took, which the epoch's clock leaves out."""
         _sync(self.device)
         paused = time.perf_counter()
-        test_loss, test_accuracy = self.evaluate()
+        test_loss, test_accuracy = self.evaluate_between()
         self.record_accuracy(test_accuracy, self.state.train_seconds + seconds_in_epoch)  # (the epoch adds its own)
         self.log.scalar("test_accuracy_per_step", test_accuracy, self.state.step)
         self.log.scalar("test_loss_per_step", test_loss, self.state.step)
@@ -533,7 +606,7 @@ class Trainer:
         if self.bar is not None and self.bar.enabled:
             self.bar.note(f"warning: {text}")
         else:
-            print(f"warning: {text}", file=sys.stderr)
+            say(f"warning: {text}")
 
     def _diverged(self, text: str) -> None:
         """Non-finite statistics or test loss: a divergence, stopped with `train.on_nan=raise`, else a warning."""
@@ -580,8 +653,12 @@ class Trainer:
         seen = self.state.epoch_seen
         _sync(self.device)
         started = time.perf_counter() - self.state.epoch_seconds
+        resumed_seconds, first_batch = self.state.epoch_seconds, self.state.batch  # what this process did not train
         batches = iter(self.train_loader.batches(self.state.batch))
         count, k = len(self.train_loader), self.plan.accumulate
+        if self.startup_seconds is None:  # this process's start-up: from the command to its first training step
+            self.plan.clock.mark("run folder and loop")
+            self.startup_seconds = round(self.plan.clock.seconds(), 3)
         while self.state.batch < count:
             # one optimizer step over the rest of this group of k micro-batches (the epoch's last group may be
             # short: it is stepped all the same, each micro-batch weighted by its share of the group's examples)
@@ -597,14 +674,16 @@ class Trainer:
             seen += result.examples
             if any(bar.due(b) for b in range(first + 1, self.state.batch + 1)):
                 elapsed = time.perf_counter() - started
+                eta = self.eta(self.state.batch - first_batch, elapsed - resumed_seconds)
                 bar.update(self.state.batch, loss=loss_sum.item() / seen, accuracy=correct.item() / seen,
-                           images_per_second=seen / max(elapsed, 1e-9))  # fmt: skip
+                           images_per_second=seen / max(elapsed, 1e-9), eta_seconds=eta)  # fmt: skip
             every = self.plan.eval_every_steps
             if every and self.state.step % every == 0 and self.state.batch < count and not result.nonfinite:
                 started += self._evaluate_mid_epoch(time.perf_counter() - started)  # (the epoch's end evaluates)
             self._at_step_boundary(result, (loss_sum, correct, seen, time.perf_counter() - started))
         _sync(self.device)
         seconds = time.perf_counter() - started
+        self.pace = (self.pace[0] + count - first_batch, self.pace[1] + seconds - resumed_seconds)
         self.state.train_seconds += seconds
         self.state.epoch += 1
         self.state.batch = 0
@@ -615,6 +694,26 @@ class Trainer:
             "train_accuracy": correct_total / max(seen_total, 1),
             "images_per_second": seen_total / max(seconds, 1e-9),
         }
+
+    def eta(self, batches_now: int, seconds_now: float) -> float | None:
+        """Seconds left in the run, estimated: the batches still to train at this process's pace so far (the
+        `batches_now` of this epoch in `seconds_now` included), and the evaluations still to come at their measured
+        cost per view (before one is measured: a forward pass as a third of a training step); None before a pace."""
+        batches, seconds = self.pace[0] + batches_now, self.pace[1] + seconds_now
+        if batches < 2:
+            return None
+        per_batch, count, plan = seconds / batches, len(self.train_loader), self.plan
+        left = (plan.epochs - self.state.epoch) * count - self.state.batch
+        per_view = self.seconds_per_view
+        if per_view is None:  # no evaluation yet: a forward pass over the test set, as a third of a training step
+            test_images = len(self.test_loader) * self.test_loader.batch_size
+            per_view = test_images / self.train_loader.batch_size * per_batch / 3
+        full = views(plan.tta_flip, plan.tta_translate)
+        between = 1 if plan.mid_eval == "plain" else full
+        steps_left = -(-left // plan.accumulate)
+        mid = plan.epochs - self.state.epoch - 1 + (steps_left // plan.eval_every_steps if plan.eval_every_steps else 0)
+        live = 1 if self.hooks.eval_model is not None else 0  # the live weights' check at the end: one view
+        return left * per_batch + per_view * (max(mid, 0) * between + full + live)
 
     def _at_step_boundary(self, result: StepResult, epoch_sums: tuple[Tensor, Tensor, int, float]) -> None:
         """A step checkpoint every `saving.every_steps` steps; on a stop request (agreed by the step), a checkpoint
@@ -646,24 +745,25 @@ class Trainer:
         writes the summary again, from the metrics that checkpoint holds."""
         if self.state.epoch >= self.plan.epochs:
             if self.state.last_row and self.state.epoch == self.plan.epochs:
-                return self.summary(self.state.last_row, 0.0)
+                return self.summary(self.state.last_row, self.wall_seconds())
             raise CheckpointError(
                 f"nothing to resume: the checkpoint is at the end of a {self.state.epoch}-epoch run; raise "
                 "train.epochs to train longer"
             )
         reset_peak(self.device)
-        started = time.perf_counter()
         if self.resumed:  # rows of epochs after the checkpoint were never checkpointed: they are redone
             self.log.resume_metrics(METRICS, upto_epoch=self.state.epoch)
         else:
             self.log.start_metrics(METRICS)
+        self.log.open_board()  # TensorBoard's import and files now, in the start-up, not in the first step
         bar = EpochProgress(len(self.train_loader), enabled=self.plan.progress and self.log.enabled)
         self.bar, live = bar, {}
         with self.stop_on_signals(), bar:
             while self.state.epoch < self.plan.epochs:
                 bar.start_epoch(self.state.epoch + 1, self.plan.epochs)
                 row = self.train_epoch(bar)
-                test_loss, test_accuracy = self.evaluate()
+                final = self.state.epoch == self.plan.epochs
+                test_loss, test_accuracy = self.evaluate() if final else self.evaluate_between()
                 self.check_health(row | {"test_loss": test_loss})
                 self.record_accuracy(test_accuracy, self.state.train_seconds)
                 row.update(
@@ -676,36 +776,46 @@ class Trainer:
                     loss_scale=self.precision.loss_scale,
                 )
                 self.log.epoch(row, self.state.step)
-                bar.end_epoch(row)
-                if self.state.epoch == self.plan.epochs:  # the end, judged before the last checkpoint keeps it
+                views_used = self._views(full=final or self.plan.mid_eval == "tta")
+                bar.end_epoch(row, views=views_used, wall_seconds=self.wall_seconds())
+                if final:  # the end, judged before the last checkpoint keeps it
                     self.check_result(test_accuracy)
                     live = self.compare_live(test_accuracy)
                 self.state.last_row = dict(row)
                 every = self.saving.every_epochs if self.saving else 0
-                if (every and self.state.epoch % every == 0) or self.state.epoch == self.plan.epochs:
+                if (every and self.state.epoch % every == 0) or final:
                     self.save(end_of_epoch=True, accuracy=test_accuracy)
-                if self.state.epoch < self.plan.epochs:  # after the last epoch the run is done: its summary follows
+                if not final:  # after the last epoch the run is done: its summary follows
                     self._check_stop()
-        return self.summary(row, time.perf_counter() - started) | live
+        return self.summary(row, self.wall_seconds()) | live
+
+    def _views(self, full: bool) -> int:
+        """Forward passes per test image of a full evaluation (test-time augmentation) or of a plain one."""
+        return views(self.plan.tta_flip, self.plan.tta_translate) if full else 1
 
     def compare_live(self, evaluated_accuracy: float) -> dict[str, float]:
-        """With an EMA (or any other evaluated copy), the live weights' accuracy too, and a warning when the
-        evaluated copy is clearly worse (by more than 2 points), which a working average never is."""
+        """With an EMA (or any other evaluated copy), the live weights' accuracy too, on the plain view of each test
+        image (a sixth of a full evaluation with flip and shift TTA), and a warning when the evaluated copy is
+        clearly worse on the same view (by more than 2 points), which a working average never is."""
         if self.hooks.eval_model is None:
             return {}
         model = unwrap(self.model)
         if self.hooks.eval_model(model) is model:
             return {}
-        _, live_accuracy = self.evaluate(live=True)
-        if evaluated_accuracy < live_accuracy - 0.02:
+        _, live_accuracy, _ = self._measure(live=True, tta=False)
+        evaluated = self.one_view_accuracy if self.one_view_accuracy is not None else evaluated_accuracy
+        if evaluated < live_accuracy - 0.02:
             self.warn(
-                f"the evaluated weight average scores {evaluated_accuracy:.2%}, the live weights {live_accuracy:.2%}: "
-                "the average lags this run (shorten it with a lower tricks.ema, or set tricks.ema=0)"
+                f"the evaluated weight average scores {evaluated:.2%}, the live weights {live_accuracy:.2%} "
+                "(each on the plain test images): the average lags this run (shorten it with a lower tricks.ema, "
+                "or set tricks.ema=0)"
             )
         return {"live_test_accuracy": live_accuracy}
 
     def summary(self, last: dict[str, float], wall_seconds: float) -> dict[str, Any]:
-        """The run's results; `wall_seconds` counts evaluation too, `train_seconds` only the training steps."""
+        """The run's results. Two clocks: `wall_seconds` and `time_to_accuracy_wall` count from the command's start
+        (start-up, probe, data and evaluations included: the clock a user waits on), `train_seconds` and
+        `time_to_accuracy` the training steps alone."""
         loader = self.train_loader  # images over all ranks
         images = len(loader) and loader.shard_size * loader.world_size * self.state.epoch
         summary = {
@@ -724,7 +834,14 @@ class Trainer:
             "peak_memory_bytes": peak_memory_bytes(self.device),  # whole run; CPU: process RSS high-water mark
             "peak_step_memory_bytes": self.peak_step_memory_bytes,  # one step's tensors (hasten.memory)
             "time_to_accuracy": dict(self.state.time_to_accuracy),
-            "accuracy_curve": [list(point) for point in self.state.accuracy_curve],  # [train_seconds, step, accuracy]
+            "time_to_accuracy_wall": wall_time_to_accuracy(self.state.accuracy_curve, self.state.time_to_accuracy),
+            "startup_seconds": self.startup_seconds,  # this process's: from the command to its first training step
+            "startup": dict(self.plan.clock.marks),  # where the start-up went, seconds per phase
+            "eval_seconds": round(self.state.eval_seconds, 3),
+            "mid_eval": self.plan.mid_eval,  # how the evaluations before the last were made
+            # [train_seconds, step, accuracy, wall_seconds] at every evaluation
+            "accuracy_curve": [list(point) for point in self.state.accuracy_curve],
+            "one_view_test_accuracy": self.one_view_accuracy,  # the final evaluation's, on the plain view alone
             "warnings": list(self.state.warnings),
         }
         self.log.summary(summary)

@@ -44,14 +44,28 @@ def tta_logits(model: nn.Module, images: Tensor, flip: bool, translate: int, fil
     """float logits of `model` on normalised `images`: averaged with the mirrored images' when `flip`, and with
     copies shifted by (+translate, +translate) and (-translate, -translate) pixels (weights 1/2, 1/4, 1/4) when
     `translate` > 0, the edges filled with `fill` (`black_fill` of the run's normalisation)."""
+    return tta_views(model, images, flip, translate, fill)[0]
 
-    def mirrored(x: Tensor) -> Tensor:
-        logits = model(x).float()
+
+def tta_views(
+    model: nn.Module, images: Tensor, flip: bool, translate: int, fill: Tensor | float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """`tta_logits`, op for op, and the logits of the plain view alone (the images as given), which it computes
+    on the way: one evaluation gives the accuracy with and without test-time augmentation."""
+    plain = model(images).float()
+
+    def mirrored(x: Tensor, logits: Tensor | None = None) -> Tensor:
+        logits = model(x).float() if logits is None else logits
         return (logits + model(x.flip(3)).float()) / 2 if flip else logits
 
-    logits = mirrored(images)
+    logits = mirrored(images, plain)
     if translate:
         down_right = mirrored(shift(images, translate, translate, fill))
         up_left = mirrored(shift(images, -translate, -translate, fill))
         logits = logits / 2 + (down_right + up_left) / 4
-    return logits
+    return logits, plain
+
+
+def views(flip: bool, translate: int) -> int:
+    """Forward passes per image of `tta_logits`: the image, its mirror when `flip`, and both again shifted twice."""
+    return (2 if flip else 1) * (3 if translate else 1)

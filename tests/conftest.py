@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 import torch
 
 # tiny models: one thread is faster than two, and does not fight the other tests' processes for the cores
 torch.set_num_threads(1)
 
+# hasten's cache (datasets, weights, start-up probe results) is never the user's: a fresh folder for the session,
+# and one per test below, so no test sees another's cached probe result
+os.environ["HASTEN_CACHE"] = tempfile.mkdtemp(prefix="hasten-cache-")
+
 
 @pytest.fixture(autouse=True)
 def _deterministic_torch():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HASTEN_CACHE", str(tmp_path_factory.mktemp("cache")))
 
 
 @pytest.fixture

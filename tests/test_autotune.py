@@ -3,7 +3,10 @@ untouched, and a resume whose probe chooses otherwise."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,13 +63,14 @@ def _net() -> nn.Module:
 def test_probe_takes_the_fastest_and_drops_a_16_bit_mode_whose_loss_strays(monkeypatch):
     monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)
     options = autotune.candidates("auto", "auto", torch.device("cpu"))
-    seconds = {options[0]: 4.0, options[1]: 3.0, options[2]: 2.0, options[3]: 1.0}
-    batch = (torch.randn(8, 2, 8, 8), torch.randint(0, 3, (8,)))
+    seconds = {options[0]: 1.4, options[1]: 1.3, options[2]: 1.2, options[3]: 1.0}  # none outpaced: all timed
+    batch = (torch.randn(128, 2, 8, 8), torch.randint(0, 3, (128,)))  # the first look takes 16 of them
     calls = _fake_timings(monkeypatch, seconds)
     result = autotune.probe(_net(), batch, 3, options)
     assert result.choice == Candidate("bf16", True) and result.seconds == seconds
-    assert len(calls) == len(options) * (autotune.ROUNDS + 1)  # a warm-up round, then the timed ones, interleaved
-    assert calls[: len(options)] == options
+    # a first look (two steps each on a small batch), a warm-up round, then the timed ones, interleaved
+    assert len(calls) == len(options) * (2 + autotune.ROUNDS + 1)
+    assert calls[: len(options)] == options and calls[2 * len(options) : 3 * len(options)] == options
     _fake_timings(monkeypatch, seconds, losses={"fp32": 2.3, "bf16": 2.9})  # bf16 far from fp32: not safe here
     result = autotune.probe(_net(), batch, 3, options)
     assert result.choice == Candidate("fp32", True)
@@ -76,6 +80,25 @@ def test_probe_takes_the_fastest_and_drops_a_16_bit_mode_whose_loss_strays(monke
     near_tie = {options[0]: 1.04, options[1]: 1.0, options[2]: 1.2, options[3]: 1.3}  # within 5%: the first wins
     _fake_timings(monkeypatch, near_tie)
     assert autotune.probe(_net(), batch, 3, options).choice == Candidate("fp32", False)
+
+
+def test_probe_spends_no_rounds_on_hopeless_candidates(monkeypatch):
+    """bf16 without bf16 instructions: far slower at a first look, left out of the full-batch rounds, said why; a
+    candidate outpaced by half in the first timed round is timed no more."""
+    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)  # bf16 a candidate, as on a CPU with bf16
+    options = autotune.candidates("auto", "auto", torch.device("cpu"))
+    seconds = {options[0]: 1.0, options[1]: 1.6, options[2]: 8.0, options[3]: 9.0}  # fp32, fp32 cl, bf16, bf16 cl
+    batch = (torch.randn(128, 2, 8, 8), torch.randint(0, 3, (128,)))
+    calls = _fake_timings(monkeypatch, seconds)
+    result = autotune.probe(_net(), batch, 3, options)
+    assert result.choice == options[0]
+    assert set(result.dropped) == {options[2], options[3]}
+    assert "8.0x slower than fp32 on a first look (16 images)" in result.dropped[options[2]]
+    assert all(math.isinf(result.seconds[o]) for o in options[2:]) and result.seconds[options[1]] == 1.6
+    full_rounds = calls[2 * len(options) :]
+    assert options[2] not in full_rounds and options[3] not in full_rounds
+    assert full_rounds.count(options[1]) == 2 and full_rounds.count(options[0]) == autotune.ROUNDS + 1
+    assert "left out: 8.0x slower" in result.describe(128)
 
 
 def test_probe_leaves_the_model_as_it_was(monkeypatch):
@@ -127,3 +150,128 @@ def test_a_resume_keeps_what_the_resumed_run_chose(tiny_overrides, tmp_path, mon
 def test_auto_is_validated_like_the_fixed_values(tiny_overrides):
     with pytest.raises(RecipeError, match="train.channels_last"):
         hasten.train(None, [*tiny_overrides, "train.channels_last=sometimes"])
+
+
+# ----- the probe's cache -----------------------------------------------------------------------------------------
+
+
+def unwrapped(err: str) -> str:
+    """hasten's notes as one line each: the terminal's 80 columns wrap them between words (hasten.progress.say)."""
+    return err.replace("\n  ", " ")
+
+
+@pytest.fixture
+def counted_probe(monkeypatch) -> list[list[Candidate]]:
+    """autotune.probe replaced by one that picks bf16 channels_last (when offered) and counts its calls."""
+    calls: list[list[Candidate]] = []
+    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)  # bf16 among the candidates, on any CPU
+
+    def fake(model, batch, num_classes, options, loss_fn=None):
+        calls.append(list(options))
+        seconds = {o: 1.0 + 0.1 * i for i, o in enumerate(reversed(options))}
+        return autotune.Probe(seconds, options[-1], {})
+
+    monkeypatch.setattr(autotune, "probe", fake)
+    return calls
+
+
+def _cached(model: nn.Module, images: torch.Tensor, options: list[Candidate]) -> Candidate:
+    batch = (images, torch.randint(0, 3, (len(images),)))
+    return autotune.cached_probe(model, batch, 3, options, ["precision", "train.channels_last"]).choice
+
+
+def test_a_second_probe_of_the_same_key_is_read_from_the_cache(counted_probe, capsys):
+    options = autotune.candidates("auto", "auto", torch.device("cpu"))
+    model, images = _net(), torch.randn(8, 2, 8, 8)
+    assert _cached(model, images, options) == Candidate("bf16", True) and len(counted_probe) == 1
+    first = unwrapped(capsys.readouterr().err)
+    key = autotune.probe_key(model, images, options)
+    path = autotune.cache_path(key)
+    assert path.is_file() and path.parent == Path(os.environ["HASTEN_CACHE"]) / "probe"
+    assert f"probe cache key {autotune.key_digest(key)}: kept in" in first and path.name in first
+    assert _cached(model, images, options) == Candidate("bf16", True) and len(counted_probe) == 1  # not probed again
+    second = unwrapped(capsys.readouterr().err)
+    assert "as probed on this machine before" in second and autotune.key_digest(key) in second and path.name in second
+    saved = json.loads(path.read_text())
+    assert saved["key"] == key and saved["choice"] == "bf16 channels_last"
+
+
+def test_the_key_changes_with_what_the_timing_depends_on(monkeypatch):
+    options = autotune.candidates("auto", "auto", torch.device("cpu"))
+    model, images = _net(), torch.randn(8, 2, 8, 8)
+    base = autotune.key_digest(autotune.probe_key(model, images, options))
+    wider = nn.Sequential(nn.Conv2d(2, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 3))
+    frozen = _net()
+    frozen[0].weight.requires_grad_(False)
+    others = [
+        autotune.probe_key(wider, images, options),  # model shape
+        autotune.probe_key(frozen, images, options),  # what trains
+        autotune.probe_key(model, torch.randn(16, 2, 8, 8), options),  # batch
+        autotune.probe_key(model, torch.randn(8, 2, 10, 10), options),  # input shape
+        autotune.probe_key(model, images, options[:1]),  # candidates
+    ]
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    others.append(autotune.probe_key(model, images, options))  # torch version
+    monkeypatch.undo()
+    monkeypatch.setattr(autotune, "_cpu_identity", lambda: {"cpu": "Another CPU", "arch": "x86_64", "flags": "0"})
+    others.append(autotune.probe_key(model, images, options))  # machine
+    monkeypatch.undo()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        others.append(autotune.probe_key(model, images, options))  # threads
+    finally:
+        torch.set_num_threads(threads)
+    digests = [autotune.key_digest(key) for key in others]
+    assert base not in digests and len(set(digests)) == len(digests)
+    assert autotune.key_digest(autotune.probe_key(_net(), torch.randn(8, 2, 8, 8), options)) == base  # same again
+
+
+def test_a_corrupt_or_foreign_cache_file_is_ignored_with_a_note_never_executed(counted_probe, capsys, tmp_path):
+    """Each bad file: a note naming it and why, a fresh probe, a valid file written in its place. The pickle would
+    create `marker` if it were ever unpickled."""
+    import pickle
+
+    options = autotune.candidates("auto", "auto", torch.device("cpu"))
+    model, images = _net(), torch.randn(8, 2, 8, 8)
+    key = autotune.probe_key(model, images, options)
+    path = autotune.cache_path(key)
+    marker = tmp_path / "executed"
+
+    class Payload:
+        def __reduce__(self):
+            return (marker.write_text, ("pwned",))
+
+    good = {"format": 1, "key": key, "choice": "fp32", "seconds": {str(o): 1.0 for o in options}, "dropped": {}}
+    cases = {
+        "not JSON": pickle.dumps(Payload()),
+        "not JSON (UnicodeDecodeError)": b"\xff\xfe",
+        "larger than": b" " * (autotune.MAX_CACHE_BYTES + 1),
+        "not a format-1 probe result": json.dumps([1, 2]).encode(),
+        "written for another key": json.dumps(good | {"key": {**key, "batch": 9}}).encode(),
+        "is not one of the candidates": json.dumps(good | {"choice": "fp64 turbo"}).encode(),
+        "timings do not name the candidates": json.dumps(good | {"seconds": {"fp32": 1.0}}).encode(),
+        "is not a number of seconds": json.dumps(good | {"seconds": {str(o): "fast" for o in options}}).encode(),
+    }
+    for why, data in cases.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        before = len(counted_probe)
+        assert _cached(model, images, options) == Candidate("bf16", True)
+        err = unwrapped(capsys.readouterr().err)
+        assert len(counted_probe) == before + 1, why  # probed again
+        assert f"probe cache {path} ignored (" in err and why in err, (why, err)
+        assert json.loads(path.read_text())["choice"] == "bf16 channels_last"  # replaced by a valid result
+    assert not marker.exists()
+    path.write_text(json.dumps(good))  # a valid file of another machine's choice for this very key is taken as is
+    assert _cached(model, images, options) == Candidate("fp32", False) and len(counted_probe) == len(cases)
+
+
+def test_an_auto_run_probes_once_and_the_next_reads_the_cache(tiny_overrides, tmp_path, capsys):
+    common = [*tiny_overrides, "precision=auto", "train.channels_last=auto", "model.width=4"]
+    first = hasten.train(None, [*common, f"run.dir={tmp_path / 'one'}"])
+    assert "probe (images/s of the training step)" in unwrapped(capsys.readouterr().err)
+    second = hasten.train(None, [*common, f"run.dir={tmp_path / 'two'}"])
+    assert "as probed on this machine before" in unwrapped(capsys.readouterr().err)
+    assert (first["precision"], first["channels_last"]) == (second["precision"], second["channels_last"])
+    assert first["train_loss"] == second["train_loss"]  # the same choice, the same run

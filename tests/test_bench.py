@@ -20,7 +20,8 @@ from hasten.experiments.flops import matmul_peak, train_step_flops
 from hasten.experiments.naive import naive_recipe
 from hasten.experiments.variants import parse_vary, split_values, variant_recipe
 
-OUTPUTS = ["results.csv", "results.json", "report.md", "accuracy_vs_time.png", "images_per_second.png"]
+OUTPUTS = ["results.csv", "results.json", "report.md", "accuracy_vs_time.png", "accuracy_vs_training_time.png",
+           "images_per_second.png"]  # fmt: skip
 
 
 @pytest.mark.numerics
@@ -49,6 +50,11 @@ def test_bench_writes_every_output_with_the_naive_loop_beside_the_variants(tiny_
     assert naive["runs"][0]["summary"]["epochs"] == 1 and len(naive["runs"][0]["curve"]) == 1
     assert good["stats"]["time_to_accuracy"]["0.60"]["median"] is not None
     assert stuck["stats"]["time_to_accuracy"]["0.60"]["median"] is None
+    # on the wall clock too, from each run's start: later than its training seconds alone
+    wall, train = (good["stats"][clock]["0.60"]["median"] for clock in ("time_to_accuracy_wall", "time_to_accuracy"))
+    assert wall > train and stuck["stats"]["time_to_accuracy_wall"]["0.60"]["median"] is None
+    assert good["speedup_vs_naive_wall"].keys() == {"0.60"}
+    assert len(good["runs"][0]["curve_wall"]) == len(good["runs"][0]["curve"]) == 2  # one point per epoch
     assert stuck["runs"][0]["summary"]["time_to_accuracy"]["0.60"] is None
     for variant in saved["variants"]:
         run = variant["runs"][0]
@@ -62,9 +68,13 @@ def test_bench_writes_every_output_with_the_naive_loop_beside_the_variants(tiny_
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["variant"] for r in rows] == [NAIVE, "lr=0.2", "lr=1e-9"]
     assert rows[2]["time_to_0.60"] == "" and rows[1]["time_to_0.60"] != ""
+    assert float(rows[1]["wall_time_to_0.60"]) > float(rows[1]["time_to_0.60"]) and rows[2]["wall_time_to_0.60"] == ""
 
     report = (out / "report.md").read_text()
-    assert "| variant |" in report and "![test accuracy against training time](accuracy_vs_time.png)" in report
+    assert "| variant |" in report and "![test accuracy against the wall clock](accuracy_vs_time.png)" in report
+    assert "Times are wall-clock seconds from the run's start" in report
+    assert "## Time to accuracy in training seconds" in report and report.count("| lr=0.2 |") == 2
+    assert "![test accuracy against training time](accuracy_vs_training_time.png)" in report
     assert "| lr=1e-9 |" in report and "—" in report and "Matmul peak" in report and "of bare step" in report
     # the naive run's folder has the same files as a hasten run
     naive_dir = out / "runs" / "01-naive" / "r1"

@@ -26,6 +26,7 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("HASTEN_DATA", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HASTEN_CACHE", raising=False)  # (the test session sets one)
 
 
 def check_tensors(dataset, train: int, test: int, shape: tuple[int, int, int]) -> None:

@@ -68,11 +68,12 @@ def sha256(data: bytes) -> str:
 
 @pytest.fixture
 def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """HOME in tmp_path, no $HASTEN_DATA, no $XDG_CACHE_HOME: nothing outside tmp_path is looked at."""
+    """HOME in tmp_path, no $HASTEN_DATA, $XDG_CACHE_HOME or $HASTEN_CACHE: nothing outside tmp_path is looked at."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("HASTEN_DATA", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.delenv("HASTEN_MIRROR", raising=False)
+    monkeypatch.delenv("HASTEN_CACHE", raising=False)  # (the test session sets one)
     return tmp_path
 
 

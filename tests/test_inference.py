@@ -46,11 +46,14 @@ def tiny(run_dir, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def ema_run(tmp_path_factory):
-    """A finished run of the default recipe (flip TTA on) with an EMA of decay 0.9, in fp32, saving its weights."""
+    """A finished run of the default recipe (flip TTA on) with an EMA of decay 0.9, in fp32, saving its weights.
+    Every evaluation with the run's TTA (train.mid_eval=tta; by default those before the last are on the plain
+    view), so an earlier checkpoint's recorded accuracy is what its export, which applies the TTA, reproduces."""
     run = tmp_path_factory.mktemp("inference") / "run"
     torch.manual_seed(0)
     summary = hasten.train(None, tiny(run, "tricks.ema=0.9", "precision=fp32", "train.channels_last=false",
-                                      "train.tta_flip=true", "run.save_weights=true"))  # fmt: skip
+                                      "train.tta_flip=true", "run.save_weights=true",
+                                      "train.mid_eval=tta"))  # fmt: skip
     return run, summary
 
 

@@ -94,14 +94,14 @@ def test_eval_every_steps_resolves_time_to_accuracy_without_changing_training(ti
     common = [*tiny_overrides, "run.thresholds=[0.2,0.5,0.9]", "tricks.ema=0.9", "tricks.ema_bn_images=64"]
     plain = hasten.train(None, [*common, f"run.dir={tmp_path / 'plain'}"])
     often = hasten.train(None, [*common, f"run.dir={tmp_path / 'often'}", "train.eval_every_steps=10"])
-    assert [step for _, step, _ in plain["accuracy_curve"]] == [24, 48]
-    assert [step for _, step, _ in often["accuracy_curve"]] == [10, 20, 24, 30, 40, 48]
-    seconds = [s for s, _, _ in often["accuracy_curve"]]
+    assert [step for _, step, _, _ in plain["accuracy_curve"]] == [24, 48]
+    assert [step for _, step, _, _ in often["accuracy_curve"]] == [10, 20, 24, 30, 40, 48]
+    seconds = [s for s, _, _, _ in often["accuracy_curve"]]
     assert seconds == sorted(seconds) and seconds[-1] == pytest.approx(often["train_seconds"], abs=1e-3)
     # the evaluations change nothing the run learns (the EMA's statistics are recomputed before each one)
     assert often["train_loss"] == plain["train_loss"]
     assert often["test_accuracy"] == plain["test_accuracy"]
     for key, seconds_at in often["time_to_accuracy"].items():  # the first evaluation at or above each threshold
-        reached = [s for s, _, accuracy in often["accuracy_curve"] if accuracy >= float(key)]
+        reached = [s for s, _, accuracy, _ in often["accuracy_curve"] if accuracy >= float(key)]
         assert seconds_at == (reached[0] if reached else None)
-    assert often["best_test_accuracy"] == max(accuracy for _, _, accuracy in often["accuracy_curve"])
+    assert often["best_test_accuracy"] == max(accuracy for _, _, accuracy, _ in often["accuracy_curve"])

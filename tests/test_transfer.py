@@ -45,6 +45,7 @@ def same(a: torch.nn.Module, b: torch.nn.Module, skip: str = "\0") -> bool:
 def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HASTEN_CACHE", raising=False)  # (the test session sets one)
     return tmp_path
 
 

@@ -18,7 +18,6 @@ one of its length (torchvision's datasets do), else from one pass over its items
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from torch import Tensor
 
 from hasten.data.datasets import ImageDataset
 from hasten.errors import DataError
+from hasten.progress import say
 
 STATS_SAMPLE = 1000  # streamed items read to estimate the per-channel mean and std
 MAX_ITEMS = 100_000_000  # items of a Dataset hasten indexes (an int64 index of them is 800 MB)
@@ -265,10 +265,9 @@ def unwrap_loader(value: Any) -> Any:
     """A DataLoader's Dataset: batching, order and workers come from the recipe (train.batch_size, seed,
     data.workers), so the loader's own settings are set aside, with a note."""
     if isinstance(value, torch.utils.data.DataLoader):
-        print(
+        say(
             f"data: took the Dataset ({type(value.dataset).__name__}) out of the DataLoader; batches, order and "
-            "workers come from the recipe (train.batch_size, seed, data.workers)",
-            file=sys.stderr,
+            "workers come from the recipe (train.batch_size, seed, data.workers)"
         )
         return value.dataset
     return value

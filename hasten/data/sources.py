@@ -1,10 +1,10 @@
 """Where each dataset's files come from, and how a dataset name resolves to a folder that holds them.
 
 Resolution follows DESIGN.md ("Data"): an explicit root; `$HASTEN_DATA/<name>` and `$HASTEN_DATA`; the
-cache `$XDG_CACHE_HOME/hasten/<name>` (default `~/.cache/hasten/<name>`); system copies such as Debian's
-`/usr/share/datasets/<name>`; then a download into the cache, checked against pinned SHA-256 values. A
-folder counts only when it holds every file of the dataset under its official name (or that name without
-`.gz`, as the readers detect gzip by content; for CIFAR, the extracted batch folder also counts).
+cache `$HASTEN_CACHE/<name>` or `$XDG_CACHE_HOME/hasten/<name>` (default `~/.cache/hasten/<name>`); system
+copies such as Debian's `/usr/share/datasets/<name>`; then a download into the cache, checked against pinned
+SHA-256 values. A folder counts only when it holds every file of the dataset under its official name (or that
+name without `.gz`, as the readers detect gzip by content; for CIFAR, the extracted batch folder also counts).
 
 Downloads are checked against the official files' SHA-256 (`registry.PINNED_SHA256` says where each comes from).
 Setting `$HASTEN_MIRROR` (or passing `mirror=`) downloads every file from `<mirror>/<official file name>`
@@ -44,7 +44,11 @@ __all__ = [
 
 
 def cache_folder(name: str) -> Path:
-    """`$XDG_CACHE_HOME/hasten/<name>`, or `~/.cache/hasten/<name>` (XDG says to ignore a relative value)."""
+    """`$HASTEN_CACHE/<name>` when set, else `$XDG_CACHE_HOME/hasten/<name>`, or `~/.cache/hasten/<name>` (XDG
+    says to ignore a relative value): hasten's cache of datasets, weights and start-up probe results."""
+    own = os.environ.get("HASTEN_CACHE", "")
+    if own:
+        return Path(own).expanduser() / name
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
     return base / "hasten" / name

@@ -10,6 +10,10 @@ and a variant's thread setting would leak into the next.
 
 The built-in `naive` variant is the textbook loop (naive.py), so every report shows the speed-up over it.
 `run_grid` is the public entry point for other experiments (the sweeps reuse it); `bench` adds the files.
+
+Time to accuracy is reported on two clocks: the wall clock a user waits on, from the run's start (each isolated
+run's process start: imports, data, the probe and every evaluation count; `--in-process`: the call), and the
+training seconds alone, beside it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import torch
 import hasten
 from hasten import autotune
 from hasten.build import dataset
+from hasten.clock import Clock, command_started
 from hasten.config import Recipe, apply_overrides, validate
 from hasten.distributed import resolve_device
 from hasten.errors import HastenError
@@ -49,6 +54,7 @@ from hasten.experiments.variants import (  # re-exported: the sweep and transfer
 )
 from hasten.models import build_model
 from hasten.precision import compute_dtype
+from hasten.progress import say
 from hasten.runfolder import owned_output
 from hasten.runlog import environment, write_atomic
 
@@ -71,7 +77,7 @@ __all__ = [
 ]
 
 METRICS = ("test_accuracy", "train_seconds", "wall_seconds", "images_per_second", "peak_memory_bytes")
-OPTIONAL_METRICS = ("peak_step_memory_bytes",)  # in hasten runs' summaries, not the naive loop's
+OPTIONAL_METRICS = ("peak_step_memory_bytes", "startup_seconds", "eval_seconds")  # not in every summary
 # arithmetic (FLOP/s, fraction of the matmul peak) and overhead: the run's throughput over the bare step's
 EFFICIENCY = (
     "achieved_flops_per_second",
@@ -115,16 +121,19 @@ def bare_step_images_per_second(recipe: Recipe, steps: int = 20, warmup: int = 3
     return steps * len(labels) / (time.perf_counter() - started)
 
 
-def run_in_process(recipe: Recipe, kind: str, naive_epochs: int | None = None) -> dict[str, Any]:
-    """One run in this process: its summary, plus `flops_per_image` and (hasten runs) the bare step's speed."""
+def run_in_process(
+    recipe: Recipe, kind: str, naive_epochs: int | None = None, clock: Clock | None = None
+) -> dict[str, Any]:
+    """One run in this process: its summary, plus `flops_per_image` and (hasten runs) the bare step's speed. Its
+    wall-clock times count from `clock`'s start (default: this call)."""
     if kind == "naive":
         from hasten.experiments.naive import train_naive
 
-        summary = train_naive(recipe, naive_epochs)
+        summary = train_naive(recipe, naive_epochs, clock)
         return summary | {"flops_per_image": flops_per_image(recipe)}
     from hasten.build import train
 
-    summary = train(recipe)
+    summary = train(recipe, clock=clock)
     # the bare step as the run took it: what precision/channels_last=auto chose, not a second probe's choice
     chosen = [f"precision={summary['precision']}", f"train.channels_last={str(summary['channels_last']).lower()}"]
     bare = bare_step_images_per_second(validate(apply_overrides(recipe.model_dump(mode="json"), chosen)))
@@ -158,7 +167,9 @@ def run_isolated(recipe: Recipe, kind: str, naive_epochs: int | None, run_dir: P
 def _worker(spec_path: str, result_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     try:
-        result = run_in_process(Recipe.model_validate(spec["recipe"]), spec["kind"], spec["naive_epochs"])
+        recipe = Recipe.model_validate(spec["recipe"])
+        # the process's start: the worker's imports count, as a `hasten train` command's do
+        result = run_in_process(recipe, spec["kind"], spec["naive_epochs"], Clock(command_started()))
     except HastenError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
@@ -207,30 +218,34 @@ def aggregate(runs: list[dict[str, Any]], thresholds: Sequence[str]) -> dict[str
         stats[key] = spread([run["summary"][key] for run in done if run["summary"].get(key) is not None])
     for key in EFFICIENCY:
         stats[key] = spread([run[key] for run in done if run.get(key) is not None])
-    stats["time_to_accuracy"] = {}
-    for threshold in thresholds:
-        times = [run["summary"]["time_to_accuracy"].get(threshold) for run in done]
-        reached = sorted(t for t in times if t is not None)
-        ordered = reached + [float("inf")] * (len(times) - len(reached))
-        median = statistics.median(ordered) if ordered else float("inf")
-        stats["time_to_accuracy"][threshold] = {
-            "median": None if median == float("inf") else median,
-            "min": reached[0] if reached else None,
-            "max": reached[-1] if len(reached) == len(times) and reached else None,
-            "reached": len(reached),
-        }
+    for clock in ("time_to_accuracy", "time_to_accuracy_wall"):  # training seconds; wall clock
+        stats[clock] = {}
+        for threshold in thresholds:
+            times = [(run["summary"].get(clock) or {}).get(threshold) for run in done]
+            reached = sorted(t for t in times if t is not None)
+            ordered = reached + [float("inf")] * (len(times) - len(reached))
+            median = statistics.median(ordered) if ordered else float("inf")
+            stats[clock][threshold] = {
+                "median": None if median == float("inf") else median,
+                "min": reached[0] if reached else None,
+                "max": reached[-1] if len(reached) == len(times) and reached else None,
+                "reached": len(reached),
+            }
     return stats
 
 
 def speedups(variants: list[dict[str, Any]], thresholds: Sequence[str]) -> None:
-    """Adds `speedup_vs_naive` (naive's median time / the variant's, per threshold) to each variant."""
+    """Adds `speedup_vs_naive` (naive's median training time / the variant's, per threshold) and
+    `speedup_vs_naive_wall` (the same on the wall clock) to each variant."""
     naive = next((v for v in variants if v["kind"] == "naive"), None)
     for variant in variants:
-        variant["speedup_vs_naive"] = {}
-        for threshold in thresholds:
-            mine = variant["stats"]["time_to_accuracy"][threshold]["median"]
-            theirs = naive and naive["stats"]["time_to_accuracy"][threshold]["median"]
-            variant["speedup_vs_naive"][threshold] = theirs / mine if theirs and mine else None
+        for clock in ("time_to_accuracy", "time_to_accuracy_wall"):
+            key = "speedup_vs_naive" + ("_wall" if clock.endswith("_wall") else "")
+            variant[key] = {}
+            for threshold in thresholds:
+                mine = variant["stats"][clock][threshold]["median"]
+                theirs = naive and naive["stats"][clock][threshold]["median"]
+                variant[key][threshold] = theirs / mine if theirs and mine else None
 
 
 def run_grid(
@@ -245,7 +260,7 @@ def run_grid(
     measure_peak: bool = True,
     peak_seconds: float = 1.0,
     command: str | None = None,
-    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    log: Callable[[str], None] = say,  # stderr, wrapped to 80 columns
 ) -> dict[str, Any]:
     """Train every variant `repeats` times (after one warm-up run), interleaved, and return the results
     (what results.json holds). Run folders go to `out/runs/<variant>/r<k>`. Every variant's recipe is
@@ -308,6 +323,7 @@ def run_grid(
                 dropped = ("flops_per_image", "run_dir", "bare_step_images_per_second")
                 record["summary"] = {k: v for k, v in result.items() if k not in dropped}
                 record["curve"] = _curve(run_dir, result)
+                record["curve_wall"] = _curve(run_dir, result, wall=True)
                 log(f"[{count}/{total}] {variant.name} r{repeat + 1}: {_one_line(result, thresholds)}")
             runs[variant].append(record)
 
@@ -356,21 +372,30 @@ def _efficiency(result: dict[str, Any], peak: dict[str, Any] | None) -> dict[str
     }
 
 
-def _curve(run_dir: Path, summary: dict[str, Any]) -> list[list[float]]:
-    """[[training seconds, test accuracy]] at every evaluation (train.eval_every_steps too) from the summary, or at
-    the end of each epoch from the run's metrics.csv (the naive loop's)."""
+def _curve(run_dir: Path, summary: dict[str, Any], wall: bool = False) -> list[list[float]]:
+    """[[training seconds (or with `wall`, wall seconds), test accuracy]] at every evaluation (train.eval_every_steps
+    too) from the summary's accuracy curve, or (training seconds) at the end of each epoch from the run's
+    metrics.csv (a summary without one)."""
     from hasten.report import read_metrics
 
     if summary.get("accuracy_curve"):
-        return [[seconds, accuracy] for seconds, _, accuracy in summary["accuracy_curve"]]
-    return [[row["train_seconds"], row["test_accuracy"]] for row in read_metrics(run_dir)]
+        points = summary["accuracy_curve"]
+        return [[p[3] if wall else p[0], p[2]] for p in points if not wall or len(p) > 3]
+    return [] if wall else [[row["train_seconds"], row["test_accuracy"]] for row in read_metrics(run_dir)]
 
 
 def _one_line(result: dict[str, Any], thresholds: Sequence[str]) -> str:
-    reached = [f"{float(t):.0%} in {s:.1f}s" for t in thresholds if (s := result["time_to_accuracy"].get(t))]
+    walls = result.get("time_to_accuracy_wall") or {}
+
+    def reached(t: str, s: float) -> str:
+        wall = f"{walls[t]:.1f}s ({s:.1f}s training)" if walls.get(t) else f"{s:.1f}s"
+        return f"{float(t):.0%} in {wall}"
+
+    times = [reached(t, s) for t in thresholds if (s := result["time_to_accuracy"].get(t))]
     return (
         f"accuracy {result['test_accuracy']:.4f}, {result['images_per_second']:,.0f} images/s, "
-        f"{result['train_seconds']:.1f}s training" + (f"; {', '.join(reached)}" if reached else "")
+        f"{result['wall_seconds']:.1f}s wall, {result['train_seconds']:.1f}s training"
+        + (f"; {', '.join(times)}" if times else "")
     )
 
 
@@ -399,6 +424,7 @@ def write_results(results: dict[str, Any], out: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "results.json", json.dumps(results, indent=2) + "\n")
     fields = CSV_FIELDS + [f"time_to_{t}" for t in results["thresholds"]]
+    fields += [f"wall_time_to_{t}" for t in results["thresholds"]]
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fields)
         writer.writeheader()
@@ -413,6 +439,10 @@ def write_results(results: dict[str, Any], out: str | Path) -> list[Path]:
                     **{k: run.get(k) for k in ("repeat", "order", "error", "run_dir", "flops_per_image", *EFFICIENCY)},
                     **{k: summary.get(k) for k in (*METRICS, *OPTIONAL_METRICS, "epochs")},
                     **{f"time_to_{t}": summary.get("time_to_accuracy", {}).get(t) for t in results["thresholds"]},
+                    **{
+                        f"wall_time_to_{t}": (summary.get("time_to_accuracy_wall") or {}).get(t)
+                        for t in results["thresholds"]
+                    },  # fmt: skip
                 }
                 writer.writerow(row)
     return [out / "results.json", out / "results.csv"]

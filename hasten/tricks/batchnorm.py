@@ -12,12 +12,12 @@ are set to 1 and get requires_grad=False, so they stay out of the optimizer (no 
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from hasten.progress import say
 from hasten.tricks.technique import Context, Technique
 
 if TYPE_CHECKING:
@@ -61,4 +61,4 @@ class BatchNormSettings(Technique):
 
     def on_model(self, model: nn.Module) -> None:
         if not set_batch_norm(model, self.momentum, self.eps, self.freeze_weight):
-            print("model.bn_*: the model has no BatchNorm layer; nothing set", file=sys.stderr)
+            say("model.bn_*: the model has no BatchNorm layer; nothing set")

@@ -11,12 +11,12 @@ such convs nothing changes and a note says so.
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from hasten.progress import say
 from hasten.tricks.technique import Context, Technique
 
 if TYPE_CHECKING:
@@ -52,5 +52,4 @@ class DiracInit(Technique):
 
     def on_model(self, model: nn.Module) -> None:
         if not dirac_init(model):
-            print("model.init=dirac: the model has no ungrouped 3x3 Conv2d with out >= in channels; nothing set",
-                  file=sys.stderr)  # fmt: skip
+            say("model.init=dirac: the model has no ungrouped 3x3 Conv2d with out >= in channels; nothing set")

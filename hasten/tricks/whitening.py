@@ -23,7 +23,6 @@ are not the images', images smaller than the kernel, and `model.pretrained` (the
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -31,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hasten.progress import say
 from hasten.tricks.technique import Context, Technique
 
 if TYPE_CHECKING:
@@ -126,4 +126,4 @@ class Whitening(Technique):
             note = "skipped: this run gives its techniques no training images"
         else:
             note = whiten_first_conv(model, self.train_images(self.images), self.eps)
-        print(f"model.whiten: {note}", file=sys.stderr)
+        say(f"model.whiten: {note}")

@@ -4,12 +4,12 @@ large learning rates."""
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
 from torch import nn
 
 from hasten.models.resnet import Residual
+from hasten.progress import say
 from hasten.tricks.technique import Context, Technique
 
 if TYPE_CHECKING:
@@ -43,7 +43,4 @@ class ZeroInitResidual(Technique):
 
     def on_model(self, model: nn.Module) -> None:
         if not zero_init_residual(model):
-            print(
-                "model.zero_init_residual: the model has no residual blocks ending in BN; nothing zeroed",
-                file=sys.stderr,
-            )
+            say("model.zero_init_residual: the model has no residual blocks ending in BN; nothing zeroed")

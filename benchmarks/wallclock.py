@@ -1,0 +1,282 @@
+"""The clock a user waits on: `hasten train fashion-fast` as a command, timed from outside, against a baseline.
+
+Each run is a fresh process of `python -m hasten train RECIPE` started by this script, which notes the moment
+just before it starts it; every time below counts from that moment. Three kinds of run, interleaved over
+`--repeats` (the order rotated each repeat, so drift of a shared machine hits all alike):
+
+- **before**: the baseline checkout (`--before`, a worktree of the commit to compare with, with its own venv);
+- **first**: this checkout with an empty cache folder (`HASTEN_CACHE`): what `make demo` does on a fresh machine;
+- **second**: this checkout again, right after its first run, with the cache that run left (the probe's result).
+
+Per run: the whole command (start to exit), the training seconds (its summary.json), the wall-clock time to each
+accuracy threshold and to the end of its first training step read from the run's TensorBoard events (their wall
+times against the start; the same reading for every kind, so the baseline needs no change of its code), and for
+this checkout's runs their own summary's `time_to_accuracy_wall` and `startup_seconds` beside. Then the targets:
+the command's wall time over its training time (at most 1.15), the wall-clock time to 93% over the baseline's (at
+most 0.65, medians of the same repeats), and a second run's start-up over its first's (at most 0.5).
+
+    .venv/bin/python benchmarks/wallclock.py --before /work/wt/clock-before --repeats 3 \\
+        --out docs/results/wallclock.md train.threads=1
+
+writes the report (markdown, with this command) to --out and every run's numbers beside it as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+THRESHOLDS = ("0.90", "0.91", "0.92", "0.93")
+TARGETS = {"wall_over_train": 1.15, "to_93_over_before": 0.65, "second_startup_over_first": 0.5}
+
+
+def board_events(run_dir: Path) -> dict[str, list[tuple[float, int, float]]]:
+    """Every scalar of the run's TensorBoard events: tag -> [(wall time, step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    found: dict[str, list[tuple[float, int, float]]] = {}
+    for events in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            found.setdefault(tag, []).extend((e.wall_time, e.step, e.value) for e in accumulator.Scalars(tag))
+    return found
+
+
+def one_run(kind: str, tree: Path, python: Path, recipe: str, overrides: list[str], out: Path, cache: Path) -> dict:
+    run_dir = out / "runs" / kind
+    command = [str(python), "-m", "hasten", "train", recipe, *overrides, f"run.dir={run_dir}", "run.overwrite=true"]
+    env = os.environ | {"HASTEN_CACHE": str(cache), "PYTHONPATH": str(tree)}
+    log = out / f"{kind}.log"
+    with open(log, "w") as stream:
+        started = time.time()
+        code = subprocess.run(command, cwd=tree, env=env, stdout=stream, stderr=subprocess.STDOUT).returncode
+        ended = time.time()
+    if code != 0:
+        raise SystemExit(f"{kind}: exit {code}; see {log}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    events = board_events(run_dir)
+    accuracy = sorted(events.get("test_accuracy", []))
+    first_step = min((e for e in events.get("train_loss_per_step", [])), default=None)
+    return {
+        "kind": kind,
+        "command": shlex.join(command),
+        "wall_seconds": round(ended - started, 3),
+        "train_seconds": summary["train_seconds"],
+        "test_accuracy": summary["test_accuracy"],
+        "precision": summary.get("precision"),
+        "channels_last": summary.get("channels_last"),
+        # from the events, the same reading for every kind of run
+        "to_first_step": round(first_step[0] - started, 3) if first_step else None,
+        "to_accuracy": {
+            t: next((round(w - started, 3) for w, _, v in accuracy if v >= float(t)), None) for t in THRESHOLDS
+        },
+        # the run's own account (this checkout's runs only)
+        "summary_to_accuracy_wall": summary.get("time_to_accuracy_wall"),
+        "summary_startup_seconds": summary.get("startup_seconds"),
+        "summary_startup": summary.get("startup"),
+        "summary_wall_seconds": summary.get("wall_seconds"),
+        "eval_seconds": summary.get("eval_seconds"),
+        "run_dir": str(run_dir),
+    } | from_summary(summary)
+
+
+def from_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """What every kind's summary.json says: the training seconds to each threshold (both versions record them)."""
+    return {"train_to_accuracy": {t: (summary.get("time_to_accuracy") or {}).get(t) for t in THRESHOLDS}}
+
+
+def spread(values: list[float]) -> dict[str, float] | None:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def cell(value: dict[str, float] | None, digits: int = 1) -> str:
+    if not value:
+        return "—"
+    return f"{value['median']:.{digits}f} ({value['min']:.{digits}f}–{value['max']:.{digits}f})"
+
+
+def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    kinds = ("before", "first", "second")
+    by = {k: [r for r in runs if r["kind"] == k] for k in kinds}
+
+    for run in runs:  # the wall clock to 93% that was start-up, probe and evaluations
+        wall, train = run["to_accuracy"]["0.93"], run["train_to_accuracy"]["0.93"]
+        run["not_training_to_93"] = round(wall - train, 3) if wall is not None and train is not None else None
+
+    def stat(kind: str, key: str, sub: str | None = None) -> dict[str, float] | None:
+        return spread([(r[key] or {}).get(sub) if sub else r[key] for r in by[kind]])
+
+    rows = ["| | before | first (empty cache) | second (cached) |", "| :--- | ---: | ---: | ---: |"]
+    lines = {
+        "command, start to exit (s)": ("wall_seconds", None),
+        "training (s, summary.json)": ("train_seconds", None),
+        "start to the end of the first training step (s)": ("to_first_step", None),
+        **{f"start to {float(t):.0%} test accuracy (s)": ("to_accuracy", t) for t in THRESHOLDS},
+        "training seconds to 93% (summary.json)": ("train_to_accuracy", "0.93"),
+        "of the start to 93%, not training (s)": ("not_training_to_93", None),
+        "evaluation (s, summary.json)": ("eval_seconds", None),
+        "start-up to the first step (s, summary.json)": ("summary_startup_seconds", None),
+    }
+    for label, (key, sub) in lines.items():
+        rows.append(f"| {label} | " + " | ".join(cell(stat(k, key, sub)) for k in kinds) + " |")
+    accuracy = " | ".join(cell(stat(k, "test_accuracy"), 4) for k in kinds)
+    rows.append(f"| test accuracy | {accuracy} |")
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a and b else None
+
+    pairs = list(zip(by["before"], by["first"], by["second"], strict=False))  # the runs of one repeat
+    ratios = {
+        "first: command over training": spread([ratio(f["wall_seconds"], f["train_seconds"]) for _, f, _ in pairs]),
+        "second: command over training": spread([ratio(s["wall_seconds"], s["train_seconds"]) for _, _, s in pairs]),
+        "first: to 93% over before's": spread(
+            [ratio(f["to_accuracy"]["0.93"], b["to_accuracy"]["0.93"]) for b, f, _ in pairs]
+        ),  # fmt: skip
+        "second: to 93% over before's": spread(
+            [ratio(s["to_accuracy"]["0.93"], b["to_accuracy"]["0.93"]) for b, _, s in pairs]
+        ),  # fmt: skip
+        "second's start-up over first's (to the first step)": spread(
+            [ratio(s["to_first_step"], f["to_first_step"]) for _, f, s in pairs]
+        ),
+    }
+    asked = {
+        "first: command over training": TARGETS["wall_over_train"],
+        "second: command over training": TARGETS["wall_over_train"],
+        "first: to 93% over before's": TARGETS["to_93_over_before"],
+        "second: to 93% over before's": TARGETS["to_93_over_before"],
+        "second's start-up over first's (to the first step)": TARGETS["second_startup_over_first"],
+    }
+    target_rows = [
+        "| ratio (per repeat, then median and range) | measured | asked | met |",
+        "| :--- | ---: | ---: | --- |",
+    ]
+    for name, value in ratios.items():
+        met = "—" if not value else "yes" if value["median"] <= asked[name] else "no"
+        target_rows.append(f"| {name} | {cell(value, 3)} | ≤ {asked[name]} | {met} |")
+    startup = [r["summary_startup"] for r in by["first"] + by["second"] if r.get("summary_startup")]
+    phases = list(dict.fromkeys(phase for s in startup for phase in s))  # in the order the start-up passes them
+    startup_rows = [
+        "| start-up phase (s, summary.json) | first (empty cache) | second (cached) |",
+        "| :--- | ---: | ---: |",
+    ]
+    for phase in phases:
+        cells = [cell(spread([(r["summary_startup"] or {}).get(phase) for r in by[k]]), 2) for k in ("first", "second")]
+        startup_rows.append(f"| {phase} | {' | '.join(cells)} |")
+    return "\n".join(
+        [
+            "# The clock a user waits on: `hasten train fashion-fast`, before and now",
+            "",
+            f"`{meta['command']}`",
+            "",
+            f"{meta['repeats']} repeat(s), interleaved (order rotated each repeat; first and second back to back), "
+            f"{meta['started']} to {meta['finished']}. Machine: {meta['machine']}. "
+            f"Baseline: `{meta['before_commit']}`; now: `{meta['after_commit']}`. "
+            f"Every run: `python -m hasten train {meta['recipe']} {' '.join(meta['overrides'])}`, a fresh process; "
+            "times from the moment this script started it. "
+            "Median (min–max) over the repeats.",
+            "",
+            *rows,
+            "",
+            "Times to accuracy and to the first step are read from each run's TensorBoard events (their wall times "
+            "against the process's start), for the baseline and now alike; the summary.json rows are the runs' own "
+            "account (this checkout only: the baseline has none). Start-up: from the command's start to its first "
+            "training step.",
+            "",
+            *target_rows,
+            "",
+            *startup_rows,
+            "",
+        ]
+    )
+
+
+def git_commit(tree: Path) -> str:
+    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return out.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("overrides", nargs="*", help="key=value overrides for every run, e.g. train.threads=1")
+    parser.add_argument("--before", required=True, help="a checkout of the baseline commit, with its own .venv")
+    parser.add_argument("--recipe", default="fashion-fast")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="bench/wallclock/report.md", help="the report (markdown); JSON beside it")
+    parser.add_argument("--redo", metavar="JSON", help="write the report again from a finished bench's JSON")
+    ns = parser.parse_args()
+    if ns.redo:  # the runs' folders are still there: what a newer report reads of their summaries is read again
+        saved = json.loads(Path(ns.redo).read_text())
+        for run in saved["runs"]:
+            folder = Path(run.get("run_dir") or shlex.split(run["command"])[-2].removeprefix("run.dir="))
+            run |= {"run_dir": str(folder)} | from_summary(json.loads((folder / "summary.json").read_text()))
+        Path(ns.out).write_text(report(saved["runs"], saved["meta"]))
+        Path(ns.out).with_suffix(".json").write_text(json.dumps(saved, indent=2) + "\n")
+        print(Path(ns.out).read_text())
+        return 0
+    before, out_file = Path(ns.before).resolve(), Path(ns.out)
+    work = Path(tempfile.mkdtemp(prefix="hasten-wallclock-"))
+    trees = {"before": (before, before / ".venv" / "bin" / "python"), "now": (ROOT, ROOT / ".venv" / "bin" / "python")}
+    meta = {
+        "command": shlex.join(["python", *sys.argv]),
+        "repeats": ns.repeats,
+        "recipe": ns.recipe,
+        "overrides": ns.overrides,
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        "before_commit": git_commit(before),
+        "after_commit": git_commit(ROOT),
+    }
+    try:
+        meta["machine"] = next(
+            line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ) + f", {os.cpu_count()} CPUs"  # fmt: skip
+    except (OSError, StopIteration):
+        pass
+    runs: list[dict[str, Any]] = []
+    for repeat in range(ns.repeats):
+        order = ["before", "now"] if repeat % 2 == 0 else ["now", "before"]
+        for which in order:
+            tree, python = trees[which]
+            if which == "before":
+                kinds = [("before", work / f"r{repeat}-before-cache")]
+            else:  # a fresh cache, then the same one again
+                cache = work / f"r{repeat}-cache"
+                kinds = [("first", cache), ("second", cache)]
+            for kind, cache in kinds:
+                out = work / f"r{repeat + 1}"
+                out.mkdir(parents=True, exist_ok=True)
+                record = one_run(kind, tree, python, ns.recipe, ns.overrides, out, cache) | {"repeat": repeat + 1}
+                runs.append(record)
+                to93 = record["to_accuracy"]["0.93"]
+                print(f"r{repeat + 1} {kind}: {record['wall_seconds']:.1f} s command, {record['train_seconds']:.1f} s "
+                      f"training, to 93%: {to93 if to93 is None else round(to93, 1)} s, first step at "
+                      f"{record['to_first_step']} s", file=sys.stderr, flush=True)  # fmt: skip
+        meta["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        out_file.parent.mkdir(parents=True, exist_ok=True)  # after every repeat: a stopped bench leaves its numbers
+        out_file.write_text(report(runs, meta))
+        out_file.with_suffix(".json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
+    print(out_file.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
