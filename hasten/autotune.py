@@ -313,19 +313,9 @@ def read_cached(path: Path, key: dict[str, Any], options: Sequence[Candidate]) -
     """The probe result cached at `path` for `key`: (result, None); (None, None) when there is no file; (None, why)
     when the file cannot be used (unreadable, too large, not JSON, another format, another key, a choice that is
     not a candidate, malformed timings). Only JSON is read; nothing in the file is executed or followed."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CACHE_BYTES + 1)
-    except FileNotFoundError:
-        return None, None
-    except OSError as error:
-        return None, f"unreadable: {error.strerror or error}"
-    if len(raw) > MAX_CACHE_BYTES:
-        return None, f"larger than {MAX_CACHE_BYTES:,} bytes"
-    try:
-        saved = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
-        return None, f"not JSON ({type(error).__name__})"
+    saved, problem = _read_json(path)
+    if saved is None:
+        return None, problem
     try:
         return _parse_cached(saved, key, options), None
     except (TypeError, ValueError, KeyError) as error:
@@ -370,6 +360,11 @@ def write_cached(path: Path, key: dict[str, Any], result: Probe) -> str | None:
         "dropped": {str(c): why for c, why in result.dropped.items()},
         "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    return _write_json(path, record)
+
+
+def _write_json(path: Path, record: dict[str, Any]) -> str | None:
+    """`record` as JSON at `path` (a temporary file renamed); the reason when it could not be written."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -380,6 +375,24 @@ def write_cached(path: Path, key: dict[str, Any], result: Probe) -> str | None:
     finally:
         temporary.unlink(missing_ok=True)
     return None
+
+
+def _read_json(path: Path) -> tuple[Any, str | None]:
+    """The JSON at `path` (at most MAX_CACHE_BYTES): (value, None); (None, None) when there is no file; (None, why)
+    when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CACHE_BYTES + 1)
+    except FileNotFoundError:
+        return None, None
+    except OSError as error:
+        return None, f"unreadable: {error.strerror or error}"
+    if len(raw) > MAX_CACHE_BYTES:
+        return None, f"larger than {MAX_CACHE_BYTES:,} bytes"
+    try:
+        return json.loads(raw.decode("utf-8")), None
+    except (UnicodeDecodeError, ValueError) as error:
+        return None, f"not JSON ({type(error).__name__})"
 
 
 def cached_probe(
@@ -407,3 +420,55 @@ def cached_probe(
         failed = write_cached(path, key, result)
         say(f"probe cache key {digest}: " + (f"not kept ({failed})" if failed else f"kept in {path}"))
     return result
+
+
+def batch_key(model: nn.Module, images: Tensor, option: Candidate, sizes: Sequence[int]) -> dict[str, Any]:
+    """What `time_batches`'s timings depend on: the probe's key for `option` alone, at the batch sizes timed."""
+    return probe_key(model, images[:1], [option]) | {"batch": None, "sizes": [int(size) for size in sizes]}
+
+
+def _parse_batch_times(saved: Any, key: dict[str, Any]) -> dict[int, float]:
+    if not isinstance(saved, dict) or saved.get("format") != CACHE_FORMAT or saved.get("what") != "batch":
+        raise ValueError(f"not a format-{CACHE_FORMAT} batch timing")
+    if saved.get("key") != key:
+        raise ValueError("written for another key")
+    seconds = saved.get("seconds")
+    if not isinstance(seconds, dict) or set(seconds) != {str(size) for size in key["sizes"]}:
+        raise ValueError("its timings do not name the batch sizes")
+    found = {}
+    for size, value in seconds.items():
+        if not (isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf):
+            raise ValueError(f"its timing of batch {size} is not a number of seconds")
+        found[int(size)] = float(value)
+    return found
+
+
+def cached_batch_times(
+    model: nn.Module, batch: tuple[Tensor, Tensor], num_classes: int, option: Candidate, sizes: Sequence[int]
+) -> tuple[dict[int, float], str]:
+    """`time_batches`'s seconds per step at each of `sizes`, from the cache when it holds them for this machine,
+    model, image shape, option and sizes (a cached file is data, checked field by field like the probe's), else
+    timed and kept; with a line saying which. Under several processes rank 0 reads and tells the others."""
+    key = batch_key(model, batch[0], option, sizes)
+    path = cache_folder("probe") / f"batch-{key_digest(key)}.json"
+    found, problem = None, None
+    if is_main():
+        saved, problem = _read_json(path)
+        if saved is not None:
+            try:
+                found = _parse_batch_times(saved, key)
+            except (TypeError, ValueError, KeyError) as error:
+                problem = str(error) or type(error).__name__
+    found = broadcast_object(found)
+    if found is not None:
+        return found, f"timed on this machine before ({path}; delete it to time again)"
+    if problem and is_main():
+        say(f"batch timing cache {path} ignored ({problem}); timing again")
+    measured = time_batches(model, batch, num_classes, option, sizes)
+    failed = None
+    if is_main():
+        when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        timings = {str(size): seconds for size, seconds in measured.items()}
+        record = {"format": CACHE_FORMAT, "what": "batch", "key": key, "seconds": timings, "measured": when}
+        failed = _write_json(path, record)
+    return measured, (f"timing not kept ({failed})" if failed else f"kept in {path}")

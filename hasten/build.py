@@ -657,10 +657,11 @@ def choose_on_machine(
                 model, (batch[0][:at], batch[1][:at]), len(data.classes), options, probed
             ).choice
         if len(sizes) > 1:
-            measured = autotune.time_batches(model, batch, len(data.classes), choice, rules.timed_sizes(sizes))
+            timed = rules.timed_sizes(sizes)
+            measured, where = autotune.cached_batch_times(model, batch, len(data.classes), choice, timed)
             seconds = rules.step_time_line(measured, sizes)
             values["train.batch_size"] = rules.choose_batch(seconds)
-            notes.append(rules.describe_batch_choice(seconds, values["train.batch_size"], measured))
+            notes.append(f"{rules.describe_batch_choice(seconds, values['train.batch_size'], measured)}; {where}")
         elif values["train.batch_size"] == "auto":
             values["train.batch_size"] = sizes[0]
             notes.append(

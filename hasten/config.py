@@ -696,10 +696,39 @@ def _describe(error: dict[str, Any], root: type[BaseModel] | None = None) -> str
         text = f"{field}: {given!r} is not one of {', '.join(allowed)}"
         text += f" (did you mean {guess[0]}?)" if guess else ""
         return text + (f"; for {OTHER_WAYS[field]}" if field in OTHER_WAYS else "")
+    if error["type"] == "union":  # _joined_unions: what each member of the field's union takes
+        parts = sorted(error["parts"], key=lambda part: part.startswith("or "))
+        return f"{field}: {error.get('input')!r}: should be {', '.join(parts)}"
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] in ("value_error", "assertion_error") and ": " in message:
         return message  # our validators already start with the field name
     return f"{field}: {message} (got {str(repr(error.get('input')))[:200]})"
+
+
+_UNION_MEMBER = re.compile(r"^(constrained-\w+|int|float|str|bool|literal\[.*\])$")
+
+
+def _joined_unions(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pydantic reports a value that fits no member of a union (`int >= 1 | "auto"`) once per member, each at
+    the field plus the member's tag: one problem per field instead, naming what each member would take."""
+    joined: list[dict[str, Any]] = []
+    by_field: dict[tuple, dict[str, Any]] = {}
+    for error in errors:
+        loc = tuple(error["loc"])
+        if not (loc and isinstance(loc[-1], str) and _UNION_MEMBER.match(loc[-1])):
+            joined.append(error)
+            continue
+        if error["type"] == "literal_error":
+            wanted = ", ".join(re.findall(r"'([^']*)'", str((error.get("ctx") or {}).get("expected", ""))))
+            part = f"or one of {wanted}" if "," in wanted else f"or {wanted}"
+        else:
+            part = error["msg"].removeprefix("Value error, ").removeprefix("Input should be ")
+        if loc[:-1] in by_field:
+            by_field[loc[:-1]]["parts"].append(part)
+        else:
+            by_field[loc[:-1]] = {"type": "union", "loc": loc[:-1], "input": error.get("input"), "parts": [part]}
+            joined.append(by_field[loc[:-1]])
+    return joined
 
 
 def _origin_of(error: dict[str, Any], overrides: list[str]) -> str | None:
@@ -719,7 +748,7 @@ def recipe_error(
     """One `RecipeError` listing every problem of a failed validation, each naming its dotted field (and the
     nearest valid key for an unknown one, from `root`'s fields); a problem an override made is attributed to the
     command line, the others to `origin`."""
-    found = [(_describe(error, root), _origin_of(error, overrides or [])) for error in exc.errors()]
+    found = [(_describe(error, root), _origin_of(error, overrides or [])) for error in _joined_unions(exc.errors())]
     if overrides and all(where is not None for _, where in found):  # the recipe itself is fine: say so
         lines = [line if line.startswith(where.partition("=")[0] + ":") else f"{line} (from {where})"
                  for line, where in found]  # fmt: skip

@@ -212,7 +212,8 @@ def evaluate(
         result["per_class_accuracy"] = dict(zip(facts.classes, per_class.tolist(), strict=True))
     own_data = not any(o.startswith("data.") for o in overrides)
     folder = Path(out) if out else path.parent.parent / ("evaluation" if own_data else f"evaluation-{recipe.data.name}")
-    test_split = next((s for s in ("val", "test") if hasattr(data, "root") and (Path(data.root) / s).is_dir()), "test")
+    root = getattr(data, "root", None)  # a folder, streamed or decoded into memory
+    test_split = next((s for s in ("val", "test") if root is not None and (Path(root) / s).is_dir()), "test")
     files = [folder / name for name in OUTPUT_FILES]
     summary = {
         "source": str(path),

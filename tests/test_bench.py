@@ -98,11 +98,11 @@ def test_cli_bench_runs_each_variant_in_its_own_process(tiny_overrides, tmp_path
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     (variant,) = results["variants"]
-    assert variant["name"] == "fashion-fast" and results["isolated"]
-    run_dir = out / "runs" / "01-fashion-fast" / "r1"
+    assert variant["name"] == "default" and results["isolated"]
+    run_dir = out / "runs" / "01-default" / "r1"
     assert (run_dir / "worker.log").is_file() and (run_dir / "summary.json").is_file()
     assert results["command"] == shlex.join(["hasten", *argv])  # as given, options in their places
-    assert "| fashion-fast |" in capsys.readouterr().out
+    assert "| default |" in capsys.readouterr().out
     assert all((out / name).is_file() for name in OUTPUTS)
 
 
@@ -120,7 +120,7 @@ def test_a_failed_run_is_recorded_and_reported(tmp_path):
 def test_cli_bench_exits_2_when_a_run_failed(tmp_path, capsys):
     args = ["data.name=mnist", f"data.root={tmp_path}", "data.download=false", "--no-naive", "--no-warmup"]
     assert main(["bench", *args, "--in-process", "--repeats", "1", "--out", str(tmp_path / "out")]) == 2
-    assert "1 run(s) failed (fashion-fast r1)" in capsys.readouterr().err
+    assert "1 run(s) failed (default r1)" in capsys.readouterr().err
     assert (tmp_path / "out" / "report.md").is_file()
 
 

@@ -11,8 +11,8 @@ from hasten.errors import RecipeError
 
 def test_shipped_default_recipe_loads():
     recipe = load_recipe()
-    assert recipe.name == "fashion-fast"
-    assert "fashion-fast" in shipped_recipes()
+    assert recipe.name == "default" and recipe.train.batch_size == recipe.train.epochs == "auto"
+    assert {"default", "fashion-fast"} <= set(shipped_recipes())
 
 
 @pytest.mark.parametrize(
@@ -46,6 +46,9 @@ def test_all_errors_at_once_each_naming_its_field():
     for field in ("optim.lr", "optim.lrr: unknown key", "train.batch_size", "train.epochs", "precision"):
         assert field in message
     assert "5 problem(s)" in message
+    # a value no member of `int >= 1 | auto` takes is one problem, saying what each member takes
+    assert message.count("train.epochs") == 1 and "train.epochs: 'many': should be a valid integer" in message
+    assert "train.batch_size: 0: should be greater than or equal to 1, or auto" in message
 
 
 def test_cli_reports_unknown_key_wrong_type_negative_lr_with_exit_2(tmp_path, capsys):

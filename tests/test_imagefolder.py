@@ -25,6 +25,7 @@ from hasten.data.loader import Augment, InMemoryLoader
 from hasten.data.makefolder import folder_name
 from hasten.data.transforms import prepare
 from hasten.errors import DataError
+from tests.counted import assert_counted
 
 CLASSES = ["cat", "dog", "emu"]
 
@@ -200,6 +201,9 @@ def test_training_reads_the_folder_end_to_end(tmp_path: Path, tiny_overrides: li
     summary = hasten.train(
         "seed-cnn-32", [*overrides, f"data.root={out}", "data.size=12", "data.workers=1", "train.epochs=1"]
     )
-    assert summary["epochs"] == 1 and 0 <= summary["test_accuracy"] <= 1
+    assert summary["epochs"] == 1 and summary["dataset"]["test_size"] == 96  # the folder's val/
+    assert_counted(summary)
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["steps"] == 6  # 96 images, batch 16
+    # decoded once into memory (data.in_memory=auto), still a folder: its split and its Pillow resize recorded
+    assert saved["dataset"]["test_split"] == "val" and saved["preprocessing"]["resize"] == "pillow"

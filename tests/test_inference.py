@@ -158,7 +158,7 @@ def test_safetensors_export_carries_metadata_and_reproduces_accuracy(ema_run, tm
         meta = {k: json.loads(v) for k, v in f.metadata().items()}
     assert meta["hasten_classes"] == [str(d) for d in range(10)] and meta["hasten_tta_flip"] is True
     assert meta["hasten_test_accuracy"] == summary["test_accuracy"]
-    assert meta["hasten_input_shape"] == [1, 28, 28] and meta["hasten_recipe_name"] == "fashion-fast"
+    assert meta["hasten_input_shape"] == [1, 28, 28] and meta["hasten_recipe_name"] == "default"
     assert meta["hasten_hasten_version"] == hasten.__version__
     assert (
         meta["hasten_preprocessing"]["mean"] == json.loads((run / "summary.json").read_text())["preprocessing"]["mean"]

@@ -4,6 +4,9 @@ tests hold on any machine; no timing is asserted."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 import yaml
@@ -142,3 +145,22 @@ def test_three_batches_are_timed_and_the_rest_read_off_their_line():
     line = rules.step_time_line(measured, candidates)
     assert line[64] == pytest.approx(0.069) and line[16] == measured[16]  # measured values kept as measured
     assert rules.step_time_line({16: 0.02, 512: 0.01}, [16, 64, 512])[64] >= 0  # a falling line: slope 0
+
+
+def test_a_second_run_reads_the_batch_timings_from_the_cache(tmp_path, monkeypatch, capsys):
+    """The step times behind train.batch_size=auto are kept per machine, model, image shape and sizes: a second
+    identical run times nothing and picks the same batch; a cache file that is not a timing is ignored, said so."""
+    seconds = {16: 0.016, 32: 0.020, 64: 0.060, 128: 0.120, 256: 0.240, 512: 0.480}
+    timed = _fake_step_times(monkeypatch, seconds)
+    base = [*QUIET, "data.name=synthetic", "data.synthetic_size=2048", "train.epochs=1"]
+    first = hasten.train(None, [*base, f"run.dir={tmp_path / 'a'}"])
+    assert len(timed) == 1 and "train.batch_size=auto -> 32" in capsys.readouterr().err
+    second = hasten.train(None, [*base, f"run.dir={tmp_path / 'b'}"])
+    err = capsys.readouterr().err
+    assert len(timed) == 1 and second["global_batch"] == first["global_batch"] == 32
+    assert "timed on this machine before" in err
+    (kept,) = (Path(os.environ["HASTEN_CACHE"]) / "probe").glob("batch-*.json")
+    kept.write_text('{"format": 1, "what": "batch", "key": {}, "seconds": {"16": "soon"}}')
+    third = hasten.train(None, [*base, f"run.dir={tmp_path / 'c'}"])
+    assert len(timed) == 2 and third["global_batch"] == 32
+    assert "ignored (written for another key); timing again" in capsys.readouterr().err.replace("\n  ", " ")

@@ -28,6 +28,9 @@ class ImageDataset:
     test_images: torch.Tensor
     test_labels: torch.Tensor
     classes: list[str]
+    # the image folder these were decoded from (data.in_memory), else None: its val/ or test/ split and its
+    # Pillow resize are what summaries and exports record
+    root: str | None = None
 
     @property
     def num_classes(self) -> int:

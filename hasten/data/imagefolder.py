@@ -366,7 +366,7 @@ def read_into_memory(data: ImageFolder, workers: int = 0) -> ImageDataset:
         if not parts:  # an empty split: no files to decode
             parts = [(torch.empty((0, *decoder.shape), dtype=torch.uint8), split.labels[:0])]
         splits += [torch.cat([part[0] for part in parts]), torch.cat([part[1] for part in parts])]
-    return ImageDataset(data.name, *splits, list(data.classes))
+    return ImageDataset(data.name, *splits, list(data.classes), root=str(data.root))
 
 
 IN_MEMORY_SHARE = 0.25  # data.in_memory=auto: a folder is read into memory when its decoded images take at most

@@ -395,7 +395,8 @@ def hold_out(data: ImageDataset, fraction: float, seed: int) -> ImageDataset:
     """An in-memory dataset whose evaluation split is `fraction` of its training images (seeded, stratified)."""
     kept, held = stratified_holdout(data.train_labels, fraction, seed)
     images, labels = data.train_images, data.train_labels
-    return ImageDataset(data.name, images[kept], labels[kept], images[held], labels[held], data.classes)
+    return ImageDataset(data.name, images[kept], labels[kept], images[held], labels[held], data.classes,
+                        root=getattr(data, "root", None))  # fmt: skip
 
 
 def stream_stats(split: StreamSplit, seed: int = 0, sample: int = STATS_SAMPLE) -> tuple[Tensor, Tensor]:
