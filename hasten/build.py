@@ -406,7 +406,6 @@ class Parts:
     precision: Precision
     lr: float  # the peak LR after the scaling rule
     hooks: Hooks  # from the recipe's technique objects: their loop hooks and, in `hooks.stateful`, their state
-    trick_state: dict[str, Any]  # the same dict as `hooks.stateful` (stateful techniques by name), kept for callers
     compiled: bool = False  # train.compile asked for it and torch.compile worked
     machine_keys: tuple[str, ...] = ()  # keys set to auto that the start-up probe decided (hasten/autotune.py)
 
@@ -557,9 +556,7 @@ def assemble(
     if world > 1:
         seed_everything((recipe.seed * 1_000_003 + rank) % 2**63)  # after the weights: dropout masks differ per rank
         model = distributed.wrap(model, device)  # after the EMA copy and the optimizer, which hold the inner model
-    parts = Parts(
-        recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks, hooks.stateful
-    )
+    parts = Parts(recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks)
     if recipe.optim.lr == "auto":
         pick_lr(parts)
         recipe, lr, schedule = parts.recipe, parts.lr, parts.scheduler
@@ -569,9 +566,7 @@ def assemble(
         compiled = failure is None
         if failure:
             say(failure)
-    parts = Parts(
-        recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks, hooks.stateful
-    )
+    parts = Parts(recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks)
     parts.compiled, parts.machine_keys = compiled, machine_keys
     clock.mark("optimizer and techniques")
     return parts

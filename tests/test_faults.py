@@ -10,9 +10,9 @@ import errno
 import hashlib
 import json
 import os
-import re
 import pathlib
 import random
+import re
 import shutil
 import signal
 import socket
@@ -1479,7 +1479,6 @@ def test_checkpoint_loader_fails_closed_on_malformed_files(finished, tmp_path, c
     original = checkpoints_in(finished / "checkpoints")[0]
     recipe = load_recipe(None, [*TINY, f"run.dir={tmp_path / 'unused'}"])
     parts = build(recipe)
-    parts.hooks.stateful.update(parts.trick_state)
     trainer = trainer_for(parts, Plan(epochs=2, num_classes=len(parts.data.classes)), RunLog("", enabled=False))
     outcomes = {"loaded": 0, "refused": 0}
     for i, data in enumerate(mutations(original.read_bytes(), 300, random.Random(17))):

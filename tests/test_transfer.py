@@ -207,7 +207,7 @@ def test_freeze_trains_the_head_only_then_everything(tiny_overrides: list[str], 
     assert all(p.requires_grad for p in parts.model.parameters())  # unfrozen after the first epoch
     loop.train_step(*next(iter(parts.train_loader)))
     assert not torch.equal(params["stem.0.weight"], body["stem.0.weight"])
-    assert parts.trick_state["freeze"].state_dict() == {"steps": steps_per_epoch + 1}
+    assert parts.hooks.stateful["freeze"].state_dict() == {"steps": steps_per_epoch + 1}
 
 
 def test_freeze_for_the_whole_run_is_a_linear_probe(tiny_overrides: list[str], tmp_path: Path) -> None:

@@ -192,7 +192,7 @@ def test_ema_model_is_the_one_evaluated(tiny_overrides):
 
     with_ema = trainer(parts.model, parts.hooks)
     with_ema.fit()
-    averaged = parts.trick_state["ema"].averaged.module
+    averaged = parts.hooks.stateful["ema"].averaged.module
     assert with_ema.evaluate() == trainer(averaged).evaluate()
     assert with_ema.evaluate() != trainer(parts.model).evaluate()
 

@@ -50,7 +50,7 @@ PLAIN_TRAINING = [
     "tricks.mixup=0",
     "tricks.cutmix=0",
     "tricks.ema=0",
-    # issue 18's techniques, off: a plain baseline has none of them whatever the recipe turns on
+    # the speed-record techniques, off: a plain baseline has none of them whatever the recipe turns on
     "model.whiten=false",
     "model.init=default",
     "model.bn_weight=learn",

@@ -38,7 +38,6 @@ from hasten.runlog import write_atomic
 SCRATCH = ("model.pretrained=null", "train.freeze_epochs=0", "optim.layer_lr_decay=1")
 # the pretraining run starts from the fine-tuning recipe with these, then the recipe's transfer.pretrain
 PRETRAIN_BASE = (*SCRATCH, "data.per_class=null", "model.reset_head=false", "run.save_weights=true")
-ARMS = ("scratch", "pretrained")
 
 Log = Callable[[str], None]
 
