@@ -40,7 +40,7 @@ class AugmentConfig(Section):
     # alternate: derandomised (airbench): random per image in epoch 1, then each epoch the opposite of the one
     # before (honoured on any dataset, with a warning note where a mirror may change the class)
     flip: bool | Literal["auto", "alternate"] = "auto"
-    # random shift of up to this many pixels (zero padding); auto: 1/16 of the image side in runs of 5 epochs or more,
+    # random shift of up to this many pixels (zero padding); auto: 1/32 of the image side in runs of 5 epochs or more,
     # none in shorter ones, which it slows more than it regularises (hasten/rules.py)
     translate: Annotated[int, Field(ge=0)] | Literal["auto"] = 0
     # ... but never more than this fraction of the image's shorter side: 2 pixels suit 28x28 images, while an 8x8

@@ -99,7 +99,7 @@ def auto_epochs(images: int, batch: int, world: int = 1, accumulate: int = 1) ->
     return max(MIN_EPOCHS, min(MAX_EPOCHS, -(-RUN_STEPS // steps_per_epoch(images, batch, world, accumulate))))
 
 
-AUTO_TRANSLATE_FRACTION = 1 / 16  # data.augment.translate=auto: shifts of up to this share of the image side
+AUTO_TRANSLATE_FRACTION = 1 / 32  # data.augment.translate=auto: shifts of up to this share of the image side
 AUTO_TRANSLATE_EPOCHS = 5  # ... in runs of at least this many epochs (docs/defaults.md)
 
 

@@ -164,3 +164,8 @@ def test_a_second_run_reads_the_batch_timings_from_the_cache(tmp_path, monkeypat
     third = hasten.train(None, [*base, f"run.dir={tmp_path / 'c'}"])
     assert len(timed) == 2 and third["global_batch"] == 32
     assert "ignored (written for another key); timing again" in capsys.readouterr().err.replace("\n  ", " ")
+
+
+def test_auto_shifts_are_a_thirty_second_of_the_side_in_runs_of_five_epochs_or_more():
+    assert [rules.auto_translate(side, 5) for side in (8, 28, 32, 64, 96)] == [0, 1, 1, 2, 3]
+    assert rules.auto_translate(64, rules.AUTO_TRANSLATE_EPOCHS - 1) == 0  # a short run learns faster unshifted
