@@ -91,6 +91,10 @@ METRICS = [
 ]
 
 
+# a training loss this many times a uniform guess's, ln(classes), is a warning at once (not learning: at the end)
+UNLEARNT_MARGIN = 1.25
+
+
 @dataclass
 class Plan:
     """What the loop is asked to do, apart from the objects it drives."""
@@ -628,7 +632,11 @@ class Trainer:
             self._diverged(f"epoch {epoch}: the test loss is {row['test_loss']}")
         # the loss of the last steps after the warm-up: an epoch's mean also holds its first, untrained steps
         late = statistics.fmean(self.recent_losses) if self.recent_losses else None
-        if not math.isfinite(row["train_loss"]) or (late is not None and late > uniform):
+        # clearly worse than a guess (or not finite) is said at once; a loss near the guess's may be a plateau a
+        # small set's first epochs sit on, so it is said only when the run ends on it
+        worse = late is not None and late > UNLEARNT_MARGIN * uniform
+        ends_on_it = late is not None and late > uniform and epoch >= self.plan.epochs
+        if not math.isfinite(row["train_loss"]) or worse or ends_on_it:
             shown = row["train_loss"] if late is None or not math.isfinite(row["train_loss"]) else late
             self.warn(
                 f"epoch {epoch}: training loss {shown:.3f} (its last steps) is above ln({self.plan.num_classes}) = "
