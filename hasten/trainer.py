@@ -92,7 +92,7 @@ METRICS = [
 
 
 # a training loss this many times a uniform guess's, ln(classes), is a warning at once (not learning: at the end)
-UNLEARNT_MARGIN = 1.25
+UNLEARNT_MARGIN = 2.0
 
 
 @dataclass

@@ -13,7 +13,7 @@ import hasten
 from benchmarks import datasets
 from hasten import rules
 
-FLOOR = 0.80  # each seed; chance is 0.10. Measured: see the test's docstring
+FLOOR = 0.75  # each seed; chance is 0.10. Measured: see the test's docstring
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,8 @@ def letters(tmp_path_factory) -> Path:
 @pytest.mark.numerics
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_small_folder_is_learnt_on_every_seed_at_the_rules_budget(letters, tmp_path, seed):
-    """Measured on an AMD EPYC (AVX2) and under ONEDNN_MAX_CPU_ISA=SSE41: see FLOOR."""
+    """Measured on an AMD EPYC (AVX2), native kernels: 85.5%, 85.5%, 86.0% on seeds 0-2 (batch 16, 608 steps), so
+    FLOOR leaves 10 points for other kernels and for another batch the time rule may pick on another machine."""
     quiet = ["run.progress=false", "run.tensorboard=false", "train.threads=1"]
     summary = hasten.train(None, [f"data.root={letters}", "data.name=imagefolder", f"seed={seed}", *quiet,
                                   f"run.dir={tmp_path / 'run'}"])  # fmt: skip
