@@ -187,11 +187,12 @@ def lr_and_momentum(config: ScheduleConfig, total_steps: int, lr_scale: float = 
     The LR rises over at least `rise_steps` steps: one-cycle's rising phase is lengthened to it, other schedules
     get a linear warmup of at least that long. `lr_scale`: what the batch-size rule multiplied the LR by."""
     floor = rise_steps(config, total_steps, lr_scale) / max(total_steps, 1)
-    if config.name == "one-cycle" and floor > config.peak:
+    rises = config.name == "one-cycle" and config.start < 1  # one starting at its peak has no rise of its own
+    if rises and floor > config.peak:
         config = config.model_copy(update={"peak": floor})
     lr, momentum = shape(config), momentum_shape(config)
     warmup = warmup_steps(config, total_steps) / max(total_steps, 1)
-    if config.name != "one-cycle":
+    if not rises:  # the other schedules (and a one-cycle from its peak) get a warm-up of at least `floor`
         warmup = max(warmup, floor)
     if warmup > 0:
         lr_after, momentum_after = lr, momentum

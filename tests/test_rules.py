@@ -128,6 +128,7 @@ def test_every_piece_of_divergence_advice_is_accepted_by_its_recipe(name):
         load_recipe(name, ["train.batch_size=64", "train.epochs=3", override])  # raises when refused
     if recipe.optim.name == "muon":
         assert "optim.lr=auto" not in advice  # the one the Muon recipes refuse
+    assert any(a.startswith("schedule.min_warmup_steps=") for a in advice)  # a longer rise, for every schedule
 
 
 def test_bf16_is_timed_only_where_the_cpu_computes_in_it(monkeypatch):

@@ -298,3 +298,10 @@ def test_the_lr_rises_over_at_least_min_warmup_steps_scaled_with_the_batch_rule(
     assert lr(25 / 1000) == pytest.approx(0.5) and lr(50 / 1000) == pytest.approx(1.0)
     lr, _ = lr_and_momentum(ScheduleConfig(name="constant", min_warmup_steps=0), 1000)
     assert lr(0.0) == 1.0
+    # a one-cycle that starts at its peak (the default recipe's hold-then-decay) has no rise of its own: it gets
+    # the warm-up, then holds the peak to half the run and falls to zero; in a run of 8 steps the rise is 4
+    held = ScheduleConfig(name="one-cycle", start=1.0, peak=0.5, end=0.0, momentum=None, min_warmup_steps=10)
+    lr, _ = lr_and_momentum(held, 1000)
+    assert lr(0.0) == 0.0 and lr(5 / 1000) == pytest.approx(0.5) and lr(10 / 1000) == pytest.approx(1.0)
+    assert lr(0.5) == pytest.approx(1.0) and lr(0.75) == pytest.approx(0.5, abs=0.01) and lr(1.0) == 0.0
+    assert rise_steps(held, 8) == 4
