@@ -23,8 +23,8 @@ def letters(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.numerics
-@pytest.mark.parametrize("seed", [0, 1, 2])
+# seed 0 also under a second kernel set in CI (the numerics pass); the three take ~1.5 min natively, ~3 under SSE4.1
+@pytest.mark.parametrize("seed", [pytest.param(0, marks=pytest.mark.numerics), 1, 2])
 def test_a_small_folder_is_learnt_on_every_seed_at_the_rules_budget(letters, tmp_path, seed):
     """Measured on an AMD EPYC (AVX2), native kernels: 85.5%, 85.5%, 86.0% on seeds 0-2 (batch 16, 608 steps), so
     FLOOR leaves 10 points for other kernels and for another batch the time rule may pick on another machine."""
