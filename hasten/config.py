@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hasten.data.preprocessing import MAX_IMAGE_SIDE
 from hasten.data.registry import DATASETS
@@ -327,8 +327,19 @@ def unsafe_folder(path: str | Path) -> str | None:
     return None
 
 
+def _own_run_folder(folder: str | None) -> str | None:
+    reason = unsafe_folder(folder) if folder else None
+    if reason:
+        raise ValueError(f"run.dir: {folder!r} is {reason}; a run needs a folder of its own, e.g. runs/NAME")
+    return folder
+
+
+# `run.dir` of every recipe kind (training, the GAN): None or a folder that is not the root or the home folder
+RunFolder = Annotated[str | None, AfterValidator(_own_run_folder)]
+
+
 class RunConfig(Section):
-    dir: str | None = None  # default: runs/<recipe name>, or runs/<recipe name>-<data.name> on other data
+    dir: RunFolder = None  # default: runs/<recipe name>, or runs/<recipe name>-<data.name> on other data
     # a fresh run into a run.dir holding another run's files: move those into run.dir/replaced-<UTC time>/
     # (never deleted) instead of refusing
     overwrite: bool = False
@@ -339,14 +350,6 @@ class RunConfig(Section):
     save_every: Annotated[int, Field(ge=0)] = 1  # checkpoint every N epochs (0: not at epoch ends)
     save_every_steps: Annotated[int, Field(ge=0)] = 0  # and/or every N optimizer steps (0: off)
     keep: Annotated[int, Field(ge=1)] = 2  # newest checkpoints kept in run.dir/checkpoints (the best one too)
-
-    @field_validator("dir")
-    @classmethod
-    def _own_folder(cls, folder: str | None) -> str | None:
-        reason = unsafe_folder(folder) if folder else None
-        if reason:
-            raise ValueError(f"run.dir: {folder!r} is {reason}; a run needs a folder of its own, e.g. runs/NAME")
-        return folder
 
 
 class SweepConfig(Section):

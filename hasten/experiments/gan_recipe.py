@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError
 
 from hasten.config import (
     MAX_SYNTHETIC,
@@ -19,11 +19,11 @@ from hasten.config import (
     Fraction,
     LossScaleConfig,
     PositiveFloat,
+    RunFolder,
     Section,
     apply_overrides,
     load_raw,
     recipe_error,
-    unsafe_folder,
 )
 
 DEFAULT_GAN_RECIPE = "dcgan-fashion"
@@ -73,18 +73,10 @@ class GanQuality(Section):
 
 
 class GanRun(Section):
-    dir: str | None = None  # default: runs/<recipe name>
+    dir: RunFolder = None  # default: runs/<recipe name>
     # a fresh run into a run.dir holding another run's files: move those into run.dir/replaced-<UTC time>/ (never
     # deleted) instead of refusing, as `hasten train` does
     overwrite: bool = False
-
-    @field_validator("dir")
-    @classmethod
-    def _own_folder(cls, folder: str | None) -> str | None:
-        reason = unsafe_folder(folder) if folder else None
-        if reason:
-            raise ValueError(f"run.dir: {folder!r} is {reason}; a run needs a folder of its own, e.g. runs/NAME")
-        return folder
 
     progress: bool = True  # rich progress bar; false: the summary is printed as JSON
     tensorboard: bool = True
