@@ -38,7 +38,7 @@ import math
 import os
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -313,11 +313,17 @@ def read_cached(path: Path, key: dict[str, Any], options: Sequence[Candidate]) -
     """The probe result cached at `path` for `key`: (result, None); (None, None) when there is no file; (None, why)
     when the file cannot be used (unreadable, too large, not JSON, another format, another key, a choice that is
     not a candidate, malformed timings). Only JSON is read; nothing in the file is executed or followed."""
+    return _read_parsed(path, lambda saved: _parse_cached(saved, key, options))
+
+
+def _read_parsed(path: Path, parse: Callable[[Any], Any]) -> tuple[Any, str | None]:
+    """`parse` of the JSON at `path`: (value, None); (None, None) when there is no file; (None, why) when it cannot
+    be read or `parse` refuses it (TypeError, ValueError, KeyError: the reason)."""
     saved, problem = _read_json(path)
     if saved is None:
         return None, problem
     try:
-        return _parse_cached(saved, key, options), None
+        return parse(saved), None
     except (TypeError, ValueError, KeyError) as error:
         return None, str(error) or type(error).__name__
 
@@ -451,14 +457,7 @@ def cached_batch_times(
     timed and kept; with a line saying which. Under several processes rank 0 reads and tells the others."""
     key = batch_key(model, batch[0], option, sizes)
     path = cache_folder("probe") / f"batch-{key_digest(key)}.json"
-    found, problem = None, None
-    if is_main():
-        saved, problem = _read_json(path)
-        if saved is not None:
-            try:
-                found = _parse_batch_times(saved, key)
-            except (TypeError, ValueError, KeyError) as error:
-                problem = str(error) or type(error).__name__
+    found, problem = _read_parsed(path, lambda saved: _parse_batch_times(saved, key)) if is_main() else (None, None)
     found = broadcast_object(found)
     if found is not None:
         return found, f"timed on this machine before ({path}; delete it to time again)"
