@@ -170,6 +170,7 @@ def evaluate(
     data `overrides` name; returns the results (also written, with the confusion matrix, to `out`). A
     `model.target`/`data.target` the checkpoint names is imported only with `trust_code` or named in `overrides`."""
     from hasten.build import dataset
+    from hasten.data.preprocessing import held_out_split
     from hasten.distributed import resolve_device
     from hasten.precision import make_precision
 
@@ -212,8 +213,7 @@ def evaluate(
         result["per_class_accuracy"] = dict(zip(facts.classes, per_class.tolist(), strict=True))
     own_data = not any(o.startswith("data.") for o in overrides)
     folder = Path(out) if out else path.parent.parent / ("evaluation" if own_data else f"evaluation-{recipe.data.name}")
-    root = getattr(data, "root", None)  # a folder, streamed or decoded into memory
-    test_split = next((s for s in ("val", "test") if root is not None and (Path(root) / s).is_dir()), "test")
+    test_split = held_out_split(data)
     files = [folder / name for name in OUTPUT_FILES]
     summary = {
         "source": str(path),

@@ -204,11 +204,18 @@ def preprocessing_for(image_shape: Sequence[int], mean: Tensor, std: Tensor, *, 
     )
 
 
+def held_out_split(data: Any) -> str:
+    """The split a run's test_* metrics are measured on: an image folder's (streamed or decoded into memory) val/
+    or test/, the first found; "test" for everything else."""
+    folder = getattr(data, "root", None)
+    return next((s for s in ("val", "test") if folder is not None and (Path(folder) / s).is_dir()), "test")
+
+
 def dataset_summary(data: Any, train_loader: Any, test_loader: Any) -> dict[str, Any]:
     """What summary.json records of a run's data, so its folder alone says what a later user needs: the class
     names (label i is classes[i]), the split sizes, the split each accuracy was measured on, the preprocessing."""
-    folder = getattr(data, "root", None)  # an ImageFolder: its held-out split is val/ or test/, first found
-    test_split = next((s for s in ("val", "test") if folder is not None and (Path(folder) / s).is_dir()), "test")
+    folder = getattr(data, "root", None)
+    test_split = held_out_split(data)
     return {
         "classes": list(data.classes),
         "dataset": {
