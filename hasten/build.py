@@ -235,7 +235,7 @@ MIN_AUTO_BATCH = rules.MIN_BATCH  # train.min_steps_per_epoch halves the batch n
 def steps_batch(images: int, batch: int, accumulate: int, world: int, min_steps: int) -> int:
     """The largest batch <= `batch`, halving (not below MIN_AUTO_BATCH), at which an epoch of `images` split over
     `world` ranks with `accumulate` micro-batches per step has at least `min_steps` optimizer steps."""
-    while batch > MIN_AUTO_BATCH and -(-images // (batch * accumulate * world)) < min_steps:
+    while batch > MIN_AUTO_BATCH and rules.steps_per_epoch(images, batch, world, accumulate) < min_steps:
         batch = max(batch // 2, MIN_AUTO_BATCH)
     return batch
 
