@@ -24,7 +24,7 @@ from hasten import autotune, distributed, rules, step
 from hasten.checkpoint import checkpoints_in, latest_usable, load_checkpoint, remove_stale_temporaries
 from hasten.clock import Clock
 from hasten.compiling import compile_model
-from hasten.config import OptimConfig, Recipe, apply_overrides, to_yaml, validate
+from hasten.config import OptimConfig, Recipe, apply_overrides, dotted, to_yaml, validate
 from hasten.data import ImageDataset, load_dataset
 from hasten.data.imagefolder import (
     ImageFolder,
@@ -577,10 +577,10 @@ RESUMED_KEYS = (*MACHINE_KEYS, "train.epochs")  # what an `auto` run records and
 
 
 def _recorded_value(saved: dict[str, Any], key: str) -> Any:
-    node: Any = saved
-    for part in key.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
+    try:
+        return dotted(saved, key)
+    except KeyError:
+        return None
 
 
 def _valid_choice(key: str, value: Any) -> bool:

@@ -608,6 +608,17 @@ def parse_value(text: str) -> Any:
 SHORTHAND = {"resume": "from"}  # a top-level value that may also be written as a section: resume=auto
 
 
+def dotted(tree: Any, key: str) -> Any:
+    """The value at dotted `key` (`train.epochs`) of a nested dict such as a dumped recipe; KeyError when the path
+    is not there."""
+    node = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(key)
+        node = node[part]
+    return node
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`raw` with each `dotted.key=value` set; a malformed override is an error naming it."""
     result = copy.deepcopy(raw)

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from hasten.build import dataset, run_dir, seed_everything
 from hasten.clock import Clock
-from hasten.config import Recipe, apply_overrides, to_yaml, validate
+from hasten.config import Recipe, apply_overrides, dotted, to_yaml, validate
 from hasten.data import ImageDataset
 from hasten.data.imagefolder import ImageFolder, read_into_memory
 from hasten.data.loader import channel_stats
@@ -79,11 +79,10 @@ def naive_recipe(recipe: Recipe, epochs: int | None = None) -> Recipe:
     raw = recipe.model_dump(mode="json")
 
     def has(key: str) -> bool:
-        node = raw
-        for part in key.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return False
-            node = node[part]
+        try:
+            dotted(raw, key)
+        except KeyError:
+            return False
         return True
 
     overrides = [o for o in NAIVE_OVERRIDES if has(o.partition("=")[0])] + (

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hasten.config import Recipe, apply_overrides, load_recipe, parse_value, validate
+from hasten.config import Recipe, apply_overrides, dotted, load_recipe, parse_value, validate
 from hasten.errors import RecipeError
 
 NAIVE = "naive"
@@ -86,12 +86,7 @@ def _labels(keys: Sequence[str]) -> dict[str, str]:
 
 def lookup(recipe: Recipe, key: str) -> Any:
     """The value of dotted `key` in the recipe (as YAML would write it); KeyError when there is none."""
-    node: Any = recipe.model_dump(mode="json")
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            raise KeyError(key)
-        node = node[part]
-    return node
+    return dotted(recipe.model_dump(mode="json"), key)
 
 
 def grid_variants(vary: Sequence[tuple[str, list[str]]]) -> list[Variant]:
