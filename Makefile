@@ -38,9 +38,11 @@ test-as: $(STAMP)
 	@kernels=$$($(BIN)/python tests/cpu_kernels.py $(CPU)) && echo "kernels: $$kernels" && \
 	  env $$kernels $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# ruff, then the import contract in pyproject.toml (the layers of docs/architecture.md, no import circles)
 lint: $(STAMP)
 	$(BIN)/ruff check hasten tests benchmarks
 	$(BIN)/ruff format --check hasten tests benchmarks
+	$(BIN)/lint-imports
 
 # every benchmark, one after another (each measures its variants side by side in one run); on 2 CPU cores this
 # takes several hours (benchmarks/speed.py alone about two). Each script's docstring says what it measures;

@@ -67,7 +67,7 @@ def allreduce_worker(out: str, numel: int, repeats: int) -> None:
 
 
 def allreduce_seconds(out: Path, numel: int, repeats: int = 200) -> float:
-    from hasten.distributed import launch
+    from hasten.engine.distributed import launch
 
     code = launch(2, ["--allreduce-worker", str(out), str(numel), str(repeats)], script=os.path.abspath(__file__))
     if code != 0:
@@ -76,8 +76,8 @@ def allreduce_seconds(out: Path, numel: int, repeats: int = 200) -> float:
 
 
 def parameter_count(overrides: list[str]) -> int:
-    from hasten.config import load_recipe
     from hasten.models import build_model
+    from hasten.recipe.schema import load_recipe
 
     recipe = load_recipe("fashion-fast", overrides)
     return sum(p.numel() for p in build_model(recipe.model, (1, 28, 28), 10).parameters())
@@ -119,7 +119,7 @@ def large_batch(out: Path, epochs: int, data: list[str]) -> list[dict[str, Any]]
 
 
 def report(runs: list[dict[str, Any]], comm: dict[str, Any], large: list[dict[str, Any]], command: str) -> str:
-    from hasten.runlog import environment
+    from hasten.runfolder.log import environment
 
     env = environment()
     lines = [

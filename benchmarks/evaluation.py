@@ -32,15 +32,15 @@ import torch
 import yaml
 from torch.optim.swa_utils import update_bn
 
-from hasten.build import bn_calibration, build, trainer_for
-from hasten.checkpoint import checkpoints_in, load_checkpoint
-from hasten.config import Recipe
-from hasten.runlog import RunLog, write_atomic
-from hasten.trainer import Plan
+from hasten.recipe.schema import Recipe
+from hasten.run.build import bn_calibration, build, trainer_for
+from hasten.run.trainer import Plan
+from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
+from hasten.runfolder.log import RunLog, write_atomic
 
 
 def joined_calibration(loader: Any, autocast: Any, images: int, batch: int) -> Any:
-    """hasten.build.bn_calibration's pass, with consecutive training batches joined into forward batches of
+    """hasten.run.build.bn_calibration's pass, with consecutive training batches joined into forward batches of
     `batch` images."""
 
     def calibrate(module: torch.nn.Module) -> None:

@@ -12,7 +12,7 @@ class takes more than half.
 1. The classifier behind the quality measure: the shipped fashion-fast recipe for --classifier-epochs, trained
    once into OUT/classifier and reused by later runs.
 2. Speed and memory, in one process, every precision built from the same seed: a warm-up step each, one step
-   each under hasten.memory.measure_peak (peak tensor bytes of one D+G step above what was live before it),
+   each under hasten.engine.memory.measure_peak (peak tensor bytes of one D+G step above what was live before it),
    then --rounds rounds of one timed step per precision, interleaved round-robin so drift in the machine's load
    hits all alike. images/s comes from the fastest step (other processes only ever add time), the median
    beside it. A precision leaves the rounds once it has two timed steps and has used --probe-seconds: fp16
@@ -44,14 +44,14 @@ from typing import Any
 import torch
 from PIL import Image
 
+from hasten.engine.memory import measure_peak
 from hasten.experiments.frechet import NAME, train_classifier
 from hasten.experiments.gan import GanParts, build_gan, gan_step, train_gan
-from hasten.experiments.gan_recipe import GanRecipe, load_gan_recipe
 from hasten.experiments.gan_report import collapse_warning, save_grid
-from hasten.memory import measure_peak
+from hasten.experiments.report import DASH, format_bytes, markdown_table
 from hasten.models.dcgan import padded, signed
-from hasten.report import DASH, format_bytes, markdown_table
-from hasten.runlog import environment, write_atomic
+from hasten.recipe.gan import GanRecipe, load_gan_recipe
+from hasten.runfolder.log import environment, write_atomic
 
 PRECISIONS = ["fp32", "bf16", "fp16"]
 QUICK_GAN = [

@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from hasten.checkpoint import checkpoints_in, load_checkpoint
 from hasten.experiments.frechet import quality_probe
 from hasten.experiments.gan import build_gan
-from hasten.experiments.gan_recipe import GanRecipe
 from hasten.experiments.gan_report import collapse_warning, generate, largest_class
+from hasten.recipe.gan import GanRecipe
+from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,12 +74,12 @@ import torch  # noqa: E402
 import hasten  # noqa: E402
 from benchmarks import datasets as generated  # noqa: E402
 from benchmarks import generalization_report as report  # noqa: E402
-from hasten.build import dataset  # noqa: E402
-from hasten.config import load_recipe  # noqa: E402
 from hasten.data.imagefolder import ImageFolder  # noqa: E402
 from hasten.errors import HastenError  # noqa: E402
 from hasten.experiments.naive import PLAIN_TRAINING  # noqa: E402
-from hasten.runlog import environment, write_atomic  # noqa: E402
+from hasten.recipe.schema import load_recipe  # noqa: E402
+from hasten.run.build import dataset  # noqa: E402
+from hasten.runfolder.log import environment, write_atomic  # noqa: E402
 
 ARMS = ("default", "plain", "naive")
 # a plain PyTorch loop on the same model: textbook training, batch 64 whatever the data, fp32, no probe

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hasten.runlog import write_atomic
+from hasten.runfolder.log import write_atomic
 
 MARGIN = 0.02  # (a): how far the default's worst seed may lag the plain median
 SPREAD = 0.05  # (b): the most the default's seeds may spread
@@ -34,7 +34,7 @@ FULL_SEEDS = 5
 
 
 def chance_threshold(chance: float) -> float:
-    """Accuracy below which a run is at chance (hasten.trainer's at-chance warning)."""
+    """Accuracy below which a run is at chance (hasten.run.trainer's at-chance warning)."""
     return chance + CHANCE_SHARE * (1 - chance)
 
 

@@ -30,14 +30,14 @@ from pathlib import Path
 
 import torch
 
-from hasten.build import build
-from hasten.config import load_recipe, to_yaml
 from hasten.data.imagefolder import image_folder_loaders, open_image_folder, read_into_memory
 from hasten.data.loader import InMemoryLoader
 from hasten.data.makefolder import make_folder
-from hasten.report import markdown_table
-from hasten.runlog import RunLog, environment, write_atomic
-from hasten.trainer import Plan, Trainer
+from hasten.experiments.report import markdown_table
+from hasten.recipe.schema import load_recipe, to_yaml
+from hasten.run.build import build
+from hasten.run.trainer import Plan, Trainer
+from hasten.runfolder.log import RunLog, environment, write_atomic
 
 
 def epoch_seconds(loader, step=None) -> float:

@@ -1,7 +1,7 @@
 """Calibrates `optim.lr=auto`: what an LR range test sees, against the peak LR that trains best, per dataset.
 
 For each dataset (the default recipe with only the data swapped, at a short budget):
-  1. the LR range test (hasten.experiments.lr_find, as optim.lr=auto runs it) over several seeds and sweep
+  1. the LR range test (hasten.tune.lr_find, as optim.lr=auto runs it) over several seeds and sweep
      lengths: `auto_statistic`, the LR at the minimum of the heavily smoothed loss;
   2. the default recipe trained at a grid of peak LRs (optim.lr per optim.base_batch): the best one;
   3. the default recipe with optim.lr=auto, end to end, on each seed.
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from hasten.build import build, train
-from hasten.config import load_recipe
-from hasten.experiments.lr_find import AUTO_FACTOR, AUTO_RULE, AUTO_START, auto_statistic, lr_find
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import build, train
+from hasten.tune.lr_find import AUTO_FACTOR, AUTO_RULE, AUTO_START, auto_statistic, lr_find
 
 DATASETS = {
     "fashion-5k-2ep": ["data.subset=5000", "train.epochs=2"],

@@ -11,7 +11,7 @@ Per variant:
   machine other processes only ever add time), with the median beside it. The variants' steps are interleaved
   round-robin (one step of each, then the next round), so drift of the machine's load hits every variant alike;
   the first two steps of each variant are warm-up and not timed; the third is the memory probe, not timed either.
-- peak step memory: hasten.memory.measure_peak over one training step (CPU: the profiler's allocator events;
+- peak step memory: hasten.engine.memory.measure_peak over one training step (CPU: the profiler's allocator events;
   CUDA: the allocator's peak): activations, gradients and temporaries above what was live before the step.
 - test accuracy after the same training steps, on the same test images. The run is short (40 steps of 256,
   a sixth of an epoch, at a constant LR of 0.02: see `base_overrides`), so the accuracy (about 80%) is far from
@@ -49,11 +49,11 @@ from typing import Any
 
 import torch
 
-from hasten.build import Parts, build
-from hasten.config import Recipe, load_recipe, to_yaml
-from hasten.memory import format_bytes, measure_peak
-from hasten.runlog import RunLog, environment
-from hasten.trainer import Plan, Trainer
+from hasten.engine.memory import format_bytes, measure_peak
+from hasten.recipe.schema import Recipe, load_recipe, to_yaml
+from hasten.run.build import Parts, build
+from hasten.run.trainer import Plan, Trainer
+from hasten.runfolder.log import RunLog, environment
 
 VARIANTS: dict[str, list[str]] = {
     "fp32": ["precision=fp32"],

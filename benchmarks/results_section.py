@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hasten.report import bench_table
+from hasten.experiments.report import bench_table
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH, DOCS = ROOT / "bench", ROOT / "docs" / "results"

@@ -26,10 +26,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hasten.config import load_recipe
 from hasten.experiments.bench import Variant, bench, plan_variants
+from hasten.experiments.report import bench_table
 from hasten.experiments.variants import recipe_variant
-from hasten.report import bench_table
+from hasten.recipe.schema import load_recipe
 
 OUT = Path("bench/speed")
 DOC = Path("docs/results/speed.md")

@@ -32,9 +32,9 @@ from typing import Any
 import yaml
 
 import hasten
-from hasten.build import train
-from hasten.config import Recipe, load_recipe, to_yaml
-from hasten.runlog import environment
+from hasten.recipe.schema import Recipe, load_recipe, to_yaml
+from hasten.run.build import train
+from hasten.runfolder.log import environment
 
 # The baseline: the shipped fashion-fast recipe (bf16, channels_last, flip+translate, Nesterov SGD) made
 # small enough for 2 CPU cores, with step decay and every trick off.

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from hasten.build import train
-from hasten.checkpoint import load_checkpoint
-from hasten.config import load_recipe
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import train
+from hasten.runfolder.checkpoint import load_checkpoint
 
 BASE = [
     "data.name=synthetic", "data.synthetic_size=256", "data.test_subset=128", "train.epochs=2", "train.batch_size=32",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from hasten.version import __version__
+
+__all__ = ["__version__", "load", "train"]
 
 
 def train(
@@ -15,20 +17,20 @@ def train(
 ) -> dict:
     """Train a recipe (a `Recipe`, a YAML path or a shipped name; None: the default) and return its summary.
 
-    Your own model and data go beside the recipe, which still holds every setting (hasten/own.py):
+    Your own model and data go beside the recipe, which still holds every setting (hasten/run/user.py):
     `model`: an nn.Module (trained in place) or a callable making one (called after the run's seed is set, with
     `num_classes`, `in_channels`, `image_size` when it takes them). `data`: an (images, labels) pair of arrays
     (uint8 N x H x W [x C] or N x C x H x W; held in memory), a torch Dataset of (image, label) (streamed by
     DataLoader workers), an image folder path, or (train, test) / (train, test, class_names) of those; a train
     part alone needs `data.val_fraction`. `loss(logits, soft_targets) -> loss` replaces the soft cross-entropy.
     """
-    from hasten.build import train as _train
-    from hasten.config import Recipe, load_recipe
+    from hasten.recipe.schema import Recipe, load_recipe
+    from hasten.run.build import train as _train
 
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, overrides)  # type: ignore[arg-type]
     elif overrides:
-        from hasten.config import apply_overrides, validate
+        from hasten.recipe.schema import apply_overrides, validate
 
         recipe = validate(apply_overrides(recipe.model_dump(mode="json"), overrides))
     return _train(recipe, model=model, data=data, loss=loss)  # type: ignore[arg-type]
@@ -36,10 +38,10 @@ def train(
 
 def load(path: object, device: str = "cpu", *, trust_code: bool = False, model: object = None) -> object:
     """The model a run evaluated, from a run folder, checkpoint or `hasten export` file (.safetensors, .onnx),
-    with `predict(images, top_k)` that converts images as training did; see hasten.inference.load.
+    with `predict(images, top_k)` that converts images as training did; see hasten.use.load.load.
 
     The file is data: a `model.target` or `data.target` it names is not imported unless `trust_code=True`; or
     give `model=` yourself (an nn.Module, or the class or function that makes it)."""
-    from hasten.inference import load as _load
+    from hasten.use.load import load as _load
 
     return _load(path, device, trust_code=trust_code, model=model)  # type: ignore[arg-type]

@@ -40,7 +40,7 @@ def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
 def _recipe(ns: argparse.Namespace) -> Any:
     """The command's recipe from its RECIPE and key=value arguments, validated: the prelude of every command that
     takes one, so recipe errors show before torch and the data are loaded."""
-    from hasten.config import load_recipe
+    from hasten.recipe.schema import load_recipe
 
     source, overrides = _split_recipe(ns.args)
     return load_recipe(source, overrides)
@@ -64,7 +64,7 @@ def results_table(summary: dict[str, Any]) -> Table:
     those it reached or came within a point of; where there are none (other data than the thresholds were set for),
     the time to 90% and 99% of the run's own best accuracy. Times to accuracy are on the wall clock, the training
     seconds beside them."""
-    from hasten.memory import format_bytes
+    from hasten.engine.memory import format_bytes
     from hasten.progress import WIDTH
 
     rows = [
@@ -126,9 +126,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
         if under_torchrun:
             raise HastenError("--devices/--max-restarts: this process was started by torchrun; give them to torchrun")
         return _launch(recipe.device, ns.devices, ["train", *ns.args], ns.max_restarts, ns.started)
-    from hasten.build import train
     from hasten.clock import Clock
-    from hasten.distributed import is_main
+    from hasten.engine.distributed import is_main
+    from hasten.run.build import train
 
     summary = train(recipe, clock=Clock(ns.started))  # wall-clock times count from the command's start
     if is_main():  # every rank has the same results; one prints them
@@ -141,7 +141,7 @@ def _launch(device: str, devices: int, args: list[str], max_restarts: int, start
     import torch
 
     from hasten.clock import COMMAND_STARTED_ENV, started_epoch
-    from hasten.distributed import launch, usable_cpus
+    from hasten.engine.distributed import launch, usable_cpus
 
     gpus = torch.cuda.device_count() if device in ("auto", "cuda") or device.startswith("cuda") else 0
     if device.startswith("cuda") and devices > gpus:
@@ -198,7 +198,7 @@ def _plot_path(given: str | None, default: Any) -> Any:
     files, nor an existing file that is not a picture."""
     from pathlib import Path
 
-    from hasten.runfolder import check_output
+    from hasten.runfolder.folder import check_output
 
     path = Path(given) if given else Path(default)
     return check_output(path, overwrite=path.suffix.lower() in PLOT_SUFFIXES, what="--plot")
@@ -206,8 +206,8 @@ def _plot_path(given: str | None, default: Any) -> Any:
 
 def cmd_schedule(ns: argparse.Namespace) -> int:
     recipe = _recipe(ns)
-    from hasten.build import run_dir
     from hasten.experiments.schedule import plot_schedule, schedule_trace
+    from hasten.run.build import run_dir
 
     result = schedule_trace(recipe)
     title = f"{recipe.name}: {recipe.schedule.name} schedule, {recipe.train.epochs} epochs"
@@ -220,7 +220,7 @@ def cmd_schedule(ns: argparse.Namespace) -> int:
 
 
 def cmd_batch_size(ns: argparse.Namespace) -> int:
-    from hasten.memory import format_bytes, parse_bytes
+    from hasten.engine.memory import format_bytes, parse_bytes
 
     recipe = _recipe(ns)
     budget = parse_bytes(ns.memory_budget) if ns.memory_budget else None
@@ -263,8 +263,8 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
         raise HastenError("lr-find: need 0 < --start < --end and --steps of at least 5")
     import torch
 
-    from hasten.build import build, lr_scale, run_dir
-    from hasten.experiments.lr_find import AUTO_RULE, auto_lr, lr_find, plot_lr_find
+    from hasten.run.build import build, lr_scale, run_dir
+    from hasten.tune.lr_find import AUTO_RULE, auto_lr, lr_find, plot_lr_find
 
     parts = build(recipe)
     result = lr_find(parts, ns.start, ns.end, ns.steps)
@@ -293,7 +293,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     if ns.repeats < 1 or (ns.naive_epochs is not None and ns.naive_epochs < 1):
         raise HastenError("bench: --repeats and --naive-epochs must be at least 1")
     from hasten.experiments.bench import bench, plan_variants
-    from hasten.report import bench_table
+    from hasten.experiments.report import bench_table
 
     variants = plan_variants(recipe, ns.vary, ns.ablate, naive=not ns.no_naive, also=ns.also)
     results, files = bench(
@@ -339,7 +339,7 @@ def cmd_transfer(ns: argparse.Namespace) -> int:
 
 
 def cmd_gan(ns: argparse.Namespace) -> int:
-    from hasten.experiments.gan_recipe import load_gan_recipe
+    from hasten.recipe.gan import load_gan_recipe
 
     source, overrides = _split_recipe(ns.args)
     recipe = load_gan_recipe(source, overrides)  # recipe errors show before torch and the data are loaded
@@ -351,14 +351,14 @@ def cmd_gan(ns: argparse.Namespace) -> int:
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
-    from hasten.exporting import export
+    from hasten.use.export import export
 
     print(export(ns.checkpoint, ns.out, ns.format, overwrite=ns.overwrite, trust_code=ns.trust_code)[1])
     return 0
 
 
 def cmd_evaluate(ns: argparse.Namespace) -> int:
-    from hasten.evaluation import evaluate
+    from hasten.use.evaluate import evaluate
 
     stray = [a for a in ns.overrides if "=" not in a]
     if stray:
@@ -386,7 +386,7 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
 def cmd_predict(ns: argparse.Namespace) -> int:
     import csv
 
-    from hasten.inference import image_files, load
+    from hasten.use.load import image_files, load
 
     if ns.json and ns.csv:
         raise HastenError("predict: --json or --csv, not both")
@@ -684,7 +684,7 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
     # a worker of a job with several processes names its rank in what it prints on the way out
     who = f"rank {os.environ.get('RANK', '?')}: " if _world_size() > 1 else ""
     if os.environ.get("HASTEN_LAUNCHER_PID", "").isdigit() and _world_size() > 1:  # a worker of --devices N
-        from hasten.distributed import die_with_launcher
+        from hasten.engine.distributed import die_with_launcher
 
         die_with_launcher(int(os.environ["HASTEN_LAUNCHER_PID"]))
     try:
@@ -705,8 +705,8 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
     except (MemoryError, RuntimeError) as error:
         return _resource_failure(error, who)
     finally:
-        if "hasten.distributed" in sys.modules:  # leave the process group cleanly (no-op when none is up)
-            sys.modules["hasten.distributed"].shutdown()
+        if "hasten.engine.distributed" in sys.modules:  # leave the process group cleanly (no-op when none is up)
+            sys.modules["hasten.engine.distributed"].shutdown()
 
 
 def _world_size() -> int:
@@ -723,7 +723,7 @@ OUT_OF_MEMORY = ("can't allocate memory", "out of memory", "not enough memory", 
 def _resource_failure(error: BaseException, who: str) -> int:
     """The one line for a failure that is not hasten's input check but the machine's: memory that cannot be had, or
     (in a worker of several) another rank that vanished. Anything else is a bug, raised with its traceback."""
-    from hasten.distributed import PEER_LOST_EXIT, lost_peer
+    from hasten.engine.distributed import PEER_LOST_EXIT, lost_peer
 
     first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
     if isinstance(error, MemoryError) or any(marker in str(error) for marker in OUT_OF_MEMORY):

@@ -2,7 +2,7 @@
 
     python tests/dist_worker.py train RECIPE key=value ...
 
-Run without torchrun's variables it is the launcher (hasten.distributed.launch, with itself as the script);
+Run without torchrun's variables it is the launcher (hasten.engine.distributed.launch, with itself as the script);
 each worker then runs `hasten.cli.main(ARGS)`. The environment says what to inject, on the first attempt only
 (torchrun's TORCHELASTIC_RESTART_COUNT = 0), so an elastic restart runs clean:
 
@@ -45,7 +45,7 @@ def audit_writes(folder: Path, rank: int) -> None:
 
 
 def inject(fault: str, rank: int) -> None:
-    from hasten.trainer import Trainer
+    from hasten.run.trainer import Trainer
 
     kind, fault_rank, fault_step = fault.split(":")
     if rank != int(fault_rank) or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
@@ -64,7 +64,7 @@ def inject(fault: str, rank: int) -> None:
 
 def main() -> int:
     if "LOCAL_RANK" not in os.environ:  # the launcher
-        from hasten.distributed import launch
+        from hasten.engine.distributed import launch
 
         restarts = int(os.environ.get("HASTEN_TEST_RESTARTS", "0"))
         return launch(2, sys.argv[1:], max_restarts=restarts, script=os.path.abspath(__file__))

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 import hasten
-from hasten.checkpoint import checkpoints_in, load_checkpoint
+from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
 
 
 def resume_into(folder: Path, recipe: str | None, overrides: list[str], middle: Path, metrics_from: Path) -> Path:

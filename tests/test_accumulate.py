@@ -8,12 +8,12 @@ import torch
 from torch import nn
 
 import hasten
-from hasten.build import build, global_batch, optimizer_steps
-from hasten.config import load_recipe
 from hasten.data.loader import InMemoryLoader
-from hasten.precision import Precision
-from hasten.runlog import RunLog
-from hasten.trainer import Plan, Trainer
+from hasten.engine.precision import Precision
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import build, global_batch, optimizer_steps
+from hasten.run.trainer import Plan, Trainer
+from hasten.runfolder.log import RunLog
 
 
 class ToDouble(nn.Module):

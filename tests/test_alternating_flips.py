@@ -8,12 +8,12 @@ import torch
 import yaml
 
 import hasten
-from hasten.build import build, resolve_for_data
-from hasten.config import load_recipe
 from hasten.data import load_dataset
 from hasten.data.imagefolder import ImageFolderLoader
 from hasten.data.loader import Augment, InMemoryLoader, alternating_flips, first_epoch_flips
 from hasten.errors import RecipeError
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import build, resolve_for_data
 
 N = 41  # odd: with 2 ranks and remainder=pad one image is seen twice an epoch
 

@@ -14,10 +14,10 @@ import yaml
 from torch import nn
 
 import hasten
-from hasten import autotune
-from hasten.autotune import Candidate
-from hasten.checkpoint import checkpoints_in
 from hasten.errors import RecipeError
+from hasten.runfolder.checkpoint import checkpoints_in
+from hasten.tune import autotune
+from hasten.tune.autotune import Candidate
 
 
 def test_candidates_are_the_auto_keys_combinations(monkeypatch):

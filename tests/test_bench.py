@@ -13,12 +13,12 @@ import torch
 from torch import nn
 
 from hasten.cli import main
-from hasten.config import load_recipe
 from hasten.errors import RecipeError
 from hasten.experiments.bench import NAIVE, Variant, aggregate, bench, plan_variants
 from hasten.experiments.flops import matmul_peak, train_step_flops
 from hasten.experiments.naive import naive_recipe
 from hasten.experiments.variants import parse_vary, split_values, variant_recipe
+from hasten.recipe.schema import load_recipe
 
 OUTPUTS = ["results.csv", "results.json", "report.md", "accuracy_vs_time.png", "accuracy_vs_training_time.png",
            "images_per_second.png"]  # fmt: skip

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from hasten.checkpoint import (
+from hasten.errors import CheckpointError
+from hasten.runfolder.checkpoint import (
     checkpoints_in,
     export_safetensors,
     latest_usable,
@@ -25,7 +26,6 @@ from hasten.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from hasten.errors import CheckpointError
 
 
 def state(step: int) -> dict:
@@ -113,7 +113,7 @@ def test_killed_mid_save_leaves_the_previous_checkpoint_intact(tmp_path):
     save_checkpoint(state(1), path)
     # a fresh process (not a fork: OpenMP does not survive fork) starts a big save into the same name
     script = (
-        "import sys, torch; from hasten.checkpoint import save_checkpoint; "
+        "import sys, torch; from hasten.runfolder.checkpoint import save_checkpoint; "
         "w = torch.zeros(96, 1024, 1024); print('ready', flush=True); "
         "save_checkpoint({'model': {'w': w}, 'step': 2}, sys.argv[1])"
     )

@@ -19,15 +19,15 @@ import pytest
 from rich.console import Console
 
 import hasten
-import hasten.trainer
+import hasten.run.trainer
 from hasten import clock
-from hasten.build import build, trainer_for
 from hasten.cli import main, results_table, times_to_accuracy
-from hasten.config import load_recipe
 from hasten.data.sources import cache_folder
 from hasten.progress import WIDTH, EpochProgress, epoch_line, quiet_third_party, wrap
-from hasten.runlog import RunLog
-from hasten.trainer import Plan
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import build, trainer_for
+from hasten.run.trainer import Plan
+from hasten.runfolder.log import RunLog
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,13 +112,13 @@ def test_a_resumed_run_keeps_counting_from_its_checkpoint(tiny_overrides, tmp_pa
 def views_used(monkeypatch) -> list[tuple[bool, int]]:
     """(flip, translate) of every batch the trainer evaluates."""
     calls: list[tuple[bool, int]] = []
-    real = hasten.trainer.tta_views
+    real = hasten.run.trainer.tta_views
 
     def spy(model, images, flip, translate, fill=0.0):
         calls.append((flip, translate))
         return real(model, images, flip, translate, fill)
 
-    monkeypatch.setattr(hasten.trainer, "tta_views", spy)
+    monkeypatch.setattr(hasten.run.trainer, "tta_views", spy)
     return calls
 
 

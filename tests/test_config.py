@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hasten.cli import main
-from hasten.config import apply_overrides, load_recipe, parse_value, shipped_recipes, validate
 from hasten.errors import RecipeError
+from hasten.recipe.schema import apply_overrides, load_recipe, parse_value, shipped_recipes, validate
 
 
 def test_shipped_default_recipe_loads():
@@ -89,7 +89,7 @@ def test_sequential_model_needs_layers():
 
 
 def test_every_shipped_recipe_validates_under_its_own_name():
-    from hasten.experiments.gan_recipe import load_gan_recipe
+    from hasten.recipe.gan import load_gan_recipe
 
     names = shipped_recipes()
     assert {"fashion-fast", "fashion-sprint", "fashion-94"} <= set(names)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hasten.build import build, trainer_for
-from hasten.config import load_recipe
-from hasten.runlog import RunLog
-from hasten.trainer import Plan
-from hasten.tricks.cutout import Cutout, cutout
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import build, trainer_for
+from hasten.run.trainer import Plan
+from hasten.runfolder.log import RunLog
+from hasten.techniques.cutout import Cutout, cutout
 
 
 def test_cutout_zeroes_the_square_clipped_at_the_border():

@@ -246,8 +246,8 @@ def test_fashion_mnist_system_copy_verifies() -> None:
 def test_the_registry_is_the_one_list_of_dataset_names():
     from typing import get_args
 
-    from hasten.config import DataConfig
     from hasten.data.registry import DATASETS
+    from hasten.recipe.schema import DataConfig
 
     assert set(get_args(DataConfig.model_fields["name"].annotation)) == {*DATASETS, "imagefolder", "import", "object"}
 

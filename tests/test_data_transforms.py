@@ -6,8 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hasten.build import dataset
-from hasten.config import load_recipe
 from hasten.data.transforms import (
     class_interleaved,
     first_per_class,
@@ -16,6 +14,8 @@ from hasten.data.transforms import (
     resize_images,
     set_channels,
 )
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import dataset
 
 
 @pytest.mark.parametrize(("fraction", "n", "expected"), [(0.2, 1000, 200), (0.15, 7, 1), (0.5, 3, 2), (0.0, 50, 0)])

@@ -11,7 +11,7 @@ import yaml
 
 import hasten
 from benchmarks import datasets
-from hasten import rules
+from hasten.tune import rules
 
 FLOOR = 0.75  # each seed; chance is 0.10. Measured: see the test's docstring
 

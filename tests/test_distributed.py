@@ -2,7 +2,7 @@
 one process, evaluation over the whole test set, rank-0-only writes, failures that end the job, elastic restart,
 an agreed stop on a signal and exact 2-process resume.
 
-Each 2-process run goes through tests/dist_worker.py, which launches itself with hasten.distributed.launch
+Each 2-process run goes through tests/dist_worker.py, which launches itself with hasten.engine.distributed.launch
 (as `hasten train --devices 2` does) and injects faults where a test asks; `--devices 2` itself is run once.
 """
 
@@ -19,12 +19,12 @@ import pytest
 import torch
 
 import hasten
-from hasten.build import build, trainer_for
-from hasten.checkpoint import checkpoints_in, load_checkpoint
 from hasten.cli import main
-from hasten.config import load_recipe
-from hasten.runlog import RunLog
-from hasten.trainer import Plan
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import build, trainer_for
+from hasten.run.trainer import Plan
+from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
+from hasten.runfolder.log import RunLog
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 TIMEOUT = 180  # seconds: a hung job fails the test instead of the suite

@@ -27,16 +27,16 @@ import torch
 from PIL import Image
 
 import hasten
-import hasten.build
-import hasten.checkpoint
-from hasten.build import build, trainer_for
-from hasten.checkpoint import checkpoints_in, load_checkpoint, read_weights, save_checkpoint
+import hasten.run.build
+import hasten.runfolder.checkpoint
 from hasten.cli import main
-from hasten.config import MAX_YAML_NODES, load_recipe
 from hasten.errors import CheckpointError
-from hasten.runfolder import LOCK_NAME
-from hasten.runlog import RunLog
-from hasten.trainer import Plan, Trainer
+from hasten.recipe.schema import MAX_YAML_NODES, load_recipe
+from hasten.run.build import build, trainer_for
+from hasten.run.trainer import Plan, Trainer
+from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint, read_weights, save_checkpoint
+from hasten.runfolder.folder import LOCK_NAME
+from hasten.runfolder.log import RunLog
 
 TINY = [
     "data.name=synthetic",
@@ -154,9 +154,11 @@ def stale_lock_of_a_killed_run_is_taken_over(c: Ctx) -> None:
 
 
 def default_run_dir_includes_other_data(c: Ctx) -> None:
-    assert hasten.build.run_dir(load_recipe("fashion-fast")) == Path("runs/fashion-fast")
-    assert hasten.build.run_dir(load_recipe("fashion-fast", ["data.name=digits"])) == Path("runs/fashion-fast-digits")
-    assert hasten.build.run_dir(load_recipe("fashion-fast", ["data.name=digits", "run.dir=x"])) == Path("x")
+    assert hasten.run.build.run_dir(load_recipe("fashion-fast")) == Path("runs/fashion-fast")
+    assert hasten.run.build.run_dir(load_recipe("fashion-fast", ["data.name=digits"])) == Path(
+        "runs/fashion-fast-digits"
+    )
+    assert hasten.run.build.run_dir(load_recipe("fashion-fast", ["data.name=digits", "run.dir=x"])) == Path("x")
 
 
 def name_cannot_leave_runs(c: Ctx) -> None:
@@ -214,7 +216,7 @@ def sigterm_after_the_summary_exits_0(c: Ctx) -> None:
     def then_signal(model: torch.nn.Module, folder: Path) -> None:  # after fit() wrote summary.json
         os.kill(os.getpid(), signal.SIGTERM)
 
-    c.monkeypatch.setattr(hasten.build, "save_weights", then_signal)
+    c.monkeypatch.setattr(hasten.run.build, "save_weights", then_signal)
     code, err = c.train(c.tmp / "run", "run.save_weights=true")
     assert code == 0, err
     assert (c.tmp / "run" / "summary.json").is_file()
@@ -321,7 +323,7 @@ def unreadable_data_folder(c: Ctx) -> None:
     def denied(*args: object, **kwargs: object) -> None:  # tests run as root here: chmod 000 would not stop them
         raise PermissionError(errno.EACCES, "Permission denied", "/data/fashion/train-images-idx3-ubyte.gz")
 
-    c.monkeypatch.setattr(hasten.build, "load_dataset", denied)
+    c.monkeypatch.setattr(hasten.run.build, "load_dataset", denied)
     code, err = c.train(c.tmp / "never")
     expect_refusal(code, err, "cannot read /data/fashion/train-images-idx3-ubyte.gz", "Permission denied")
     assert not (c.tmp / "never").exists()
@@ -385,7 +387,7 @@ def unreadable_checkpoint_with_a_sidecar(c: Ctx) -> None:
     def denied(path: Path) -> str:
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    c.monkeypatch.setattr(hasten.checkpoint, "_sha256", denied)
+    c.monkeypatch.setattr(hasten.runfolder.checkpoint, "_sha256", denied)
     code, err = c.train(c.tmp / "r", f"resume={newest}", "train.epochs=3")
     expect_refusal(code, err, newest.name, "Permission denied")
 
@@ -399,7 +401,7 @@ def full_disk_while_checkpointing(c: Ctx) -> None:
             raise RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file")
         save(obj, f)
 
-    c.monkeypatch.setattr(hasten.checkpoint.torch, "save", zip_writer_fails)
+    c.monkeypatch.setattr(hasten.runfolder.checkpoint.torch, "save", zip_writer_fails)
     run = c.tmp / "run"
     code, err = c.train(run, "run.save_every_steps=1")
     expect_refusal(code, err, "cannot write checkpoint", "needs about", "MiB free in", "earlier checkpoints are kept")
@@ -427,12 +429,12 @@ def full_disk_while_logging(c: Ctx) -> None:
 def export_into_a_read_only_folder(c: Ctx) -> None:
     import errno
 
-    import hasten.exporting
+    import hasten.use.export
 
     def read_only(*args: object, **kwargs: object) -> None:  # what the write meets there (root ignores chmod)
         raise OSError(errno.EROFS, "Read-only file system")
 
-    c.monkeypatch.setattr(hasten.exporting, "write_atomic_bytes", read_only)
+    c.monkeypatch.setattr(hasten.use.export, "write_atomic_bytes", read_only)
     newest = checkpoints_in(c.finished / "checkpoints")[0]
     for out in ("w.safetensors", "w.onnx"):
         code, err = c.hasten("export", str(newest), str(c.tmp / "ro" / out))
@@ -572,7 +574,7 @@ def trust_every_command_refuses_a_model_target(c: Ctx, marker: Path) -> None:
 
 
 def trust_python_load_refuses_unless_trusted(c: Ctx, marker: Path) -> None:
-    from hasten.own import UntrustedCode
+    from hasten.recipe.trust import UntrustedCode
 
     run = naming_the_payload(c)
     with pytest.raises(UntrustedCode, match=r"evilmod:make.*trust_code=True"):
@@ -644,7 +646,7 @@ def trust_an_export_that_names_a_target(c: Ctx, marker: Path) -> None:
     for command in (["predict", str(export), str(image)], ["export", str(export), str(c.tmp / "again.onnx")]):
         code, err = c.hasten(*command)
         expect_untrusted(code, err, marker)
-    with pytest.raises(hasten.own.UntrustedCode):
+    with pytest.raises(hasten.recipe.trust.UntrustedCode):
         hasten.load(export)
     assert not marker.exists() and digests(c.tmp) == before
 
@@ -755,7 +757,7 @@ def experiments_into_a_runs_folder(c: Ctx) -> None:
 
 
 def _take_the_lock(folder: str, barrier: object, results: object) -> None:
-    from hasten.runfolder import RunFolderError, RunLock
+    from hasten.runfolder.folder import RunFolderError, RunLock
 
     lock = RunLock(folder)
     barrier.wait()  # every process tries at once
@@ -851,7 +853,7 @@ def devices_above_the_machine(c: Ctx) -> None:
 LAUNCHER = """
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import os, time\\n"
-                          "from hasten.distributed import die_with_launcher\\n"
+                          "from hasten.engine.distributed import die_with_launcher\\n"
                           "die_with_launcher(os.getppid())\\n"
                           "print('ready', flush=True)\\n"
                           "time.sleep(300)"], stdout=subprocess.PIPE, text=True)
@@ -1069,7 +1071,7 @@ def memory_that_cannot_be_had(c: Ctx) -> None:
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you "
                            "tried to allocate 720000000000 bytes. Error code 12 (Cannot allocate memory)")  # fmt: skip
 
-    c.monkeypatch.setattr(hasten.build, "build_model", refused)
+    c.monkeypatch.setattr(hasten.run.build, "build_model", refused)
     code, err = c.train(c.tmp / "r", "model.width=300000")
     expect_refusal(code, err, "out of memory", "720000000000 bytes", "model.width")
 

@@ -11,9 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hasten.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
 from hasten.cli import main
-from hasten.config import ModelConfig
 from hasten.data import load_dataset
 from hasten.errors import CheckpointError, RecipeError
 from hasten.experiments import gan
@@ -27,7 +25,6 @@ from hasten.experiments.frechet import (
     trace_sqrt_product_eigh,
 )
 from hasten.experiments.gan import build_gan, gan_step, restore, train_gan
-from hasten.experiments.gan_recipe import GanRecipe, load_gan_recipe
 from hasten.experiments.gan_report import (
     collapse_warning,
     generate,
@@ -38,6 +35,9 @@ from hasten.experiments.gan_report import (
 )
 from hasten.models import build_model
 from hasten.models.dcgan import SIZE, padded, signed
+from hasten.recipe.gan import GanRecipe, load_gan_recipe
+from hasten.recipe.schema import ModelConfig
+from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Using what was trained: evaluate, predict, hasten.load, safetensors and ONNX exports (hasten/inference.py,
+"""Using what was trained: evaluate, predict, hasten.load, safetensors and ONNX exports (hasten/use/load.py,
 evaluation.py, exporting.py, data/preprocessing.py). One tiny run with a weight EMA (decay 0.9, so the evaluated
 weights are not the live ones) serves most tests; fp32 without channels_last, so an export run in fp32 must
 reproduce the run's accuracy exactly."""
@@ -15,14 +15,14 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 
 import hasten
-from hasten.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
 from hasten.cli import main
 from hasten.data import load_dataset
 from hasten.data.makefolder import write_image_folder
 from hasten.data.preprocessing import Preprocessing
 from hasten.data.transforms import resize_images
 from hasten.errors import CheckpointError
-from hasten.inference import evaluated_state_dict
+from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
+from hasten.use.load import evaluated_state_dict
 
 SYNTHETIC = 384  # training images; the test set is a quarter of it
 
@@ -126,7 +126,7 @@ def test_evaluate_prints_summary_accuracy_and_writes_confusion(ema_run, tmp_path
 def test_evaluate_equals_summary_in_bf16_with_channels_last(tmp_path):
     """The default recipe's evaluation settings (bf16 autocast, channels_last, flip TTA, EMA): still exact."""
     summary = hasten.train(None, tiny(tmp_path / "run", "tricks.ema=0.9", "train.epochs=1"))
-    from hasten.evaluation import evaluate
+    from hasten.use.evaluate import evaluate
 
     result = evaluate(tmp_path / "run", out=tmp_path / "ev")
     assert result["accuracy"] == summary["test_accuracy"] == result["recorded_test_accuracy"]
@@ -137,7 +137,7 @@ def test_evaluate_on_other_data_uses_the_run_normalisation(ema_run, tmp_path):
     statistics (not the folder's), the accuracy is the run's. Digits (8x8) are resized to the run's 28x28."""
     run, summary = ema_run
     write_image_folder(load_dataset("synthetic", synthetic_size=SYNTHETIC, seed=0), tmp_path / "folder")
-    from hasten.evaluation import evaluate
+    from hasten.use.evaluate import evaluate
 
     result = evaluate(run, ["data.name=imagefolder", f"data.root={tmp_path / 'folder'}", "data.workers=0"],
                       out=tmp_path / "ev")  # fmt: skip
@@ -280,7 +280,7 @@ def test_an_earlier_checkpoint_exports_the_weights_evaluated_at_its_epoch(ema_ru
     state = load_checkpoint(first)
     assert state["trainer"]["epoch"] == 1
     recorded = [r for r in csv.DictReader((run / "metrics.csv").open()) if r["epoch"] == "1"][0]
-    from hasten.exporting import export_safetensors
+    from hasten.use.export import export_safetensors
 
     out = export_safetensors(first, tmp_path / "epoch1.safetensors")
     model = hasten.load(out)

@@ -9,13 +9,13 @@ import torch
 from resuming import final_checkpoint, resume_into
 
 import hasten
-from hasten.build import build, trainer_for
-from hasten.checkpoint import checkpoints_in, load_checkpoint
-from hasten.config import load_recipe
 from hasten.errors import RecipeError
-from hasten.runlog import RunLog
-from hasten.trainer import Plan
-from hasten.tricks.lookahead import lookahead_update
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import build, trainer_for
+from hasten.run.trainer import Plan
+from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
+from hasten.runfolder.log import RunLog
+from hasten.techniques.lookahead import lookahead_update
 
 
 def test_lookahead_update_moves_slow_alpha_of_the_way_and_resets_fast():

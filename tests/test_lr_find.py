@@ -12,12 +12,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from hasten.build import build
 from hasten.cli import main
-from hasten.config import load_recipe
-from hasten.experiments.lr_find import RULE, lr_find, range_test, smooth_losses, steepest, suggest, sweep_lrs
-from hasten.runlog import RunLog
-from hasten.trainer import Plan, Trainer
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import build
+from hasten.run.trainer import Plan, Trainer
+from hasten.runfolder.log import RunLog
+from hasten.tune.lr_find import RULE, lr_find, range_test, smooth_losses, steepest, suggest, sweep_lrs
 
 
 def test_sweep_is_geometric_between_its_ends():

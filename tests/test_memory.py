@@ -10,11 +10,11 @@ import torch
 import torch.multiprocessing as mp
 
 from hasten.cli import main
-from hasten.config import load_recipe
+from hasten.engine.memory import NothingFits, agree_on_min, measure_peak, parse_bytes, search_batch_size
 from hasten.errors import HastenError
 from hasten.experiments.batch_size import advise
-from hasten.memory import NothingFits, agree_on_min, measure_peak, parse_bytes, search_batch_size
 from hasten.models import ResNet
+from hasten.recipe.schema import load_recipe
 
 MiB = 2**20
 
@@ -146,7 +146,7 @@ def test_checkpointing_lowers_the_step_peak():
 
 def test_checkpointing_and_compile_in_two_step_runs(tiny_overrides, tmp_path, monkeypatch):
     import hasten
-    from hasten import compiling
+    from hasten.engine import compiling
 
     monkeypatch.setattr(compiling, "BACKEND", "eager")  # Dynamo without Inductor: the plumbing, in seconds
     two_steps = ["data.subset=32", "data.test_subset=64", "train.epochs=1", "precision=fp32"]

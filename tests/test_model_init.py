@@ -10,13 +10,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import hasten
-from hasten.build import build
-from hasten.checkpoint import checkpoints_in, load_checkpoint
-from hasten.config import ModelConfig, load_recipe
 from hasten.errors import RecipeError
 from hasten.models import ResNet, build_model
-from hasten.tricks.batchnorm import BatchNormSettings, set_batch_norm
-from hasten.tricks.dirac import dirac_init
+from hasten.recipe.schema import ModelConfig, load_recipe
+from hasten.run.build import build
+from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
+from hasten.techniques.batchnorm import BatchNormSettings, set_batch_norm
+from hasten.techniques.dirac import dirac_init
 
 
 class Plain(nn.Module):

@@ -1,6 +1,7 @@
-"""optim.name=muon (hasten/optimizers.py): the Newton-Schulz iteration and the filters' step against torch.optim.Muon
-on the reshaped matrix, the other parameters against torch.optim.SGD, the schedule driving both kinds of group
-(one-cycle's momentum leaving Muon's alone), a two-step run, fp16-master, checkpoint round trips and bad recipes."""
+"""optim.name=muon (hasten/engine/optimizers.py): the Newton-Schulz iteration and the filters' step against
+torch.optim.Muon on the reshaped matrix, the other parameters against torch.optim.SGD, the schedule driving both kinds
+of group (one-cycle's momentum leaving Muon's alone), a two-step run, fp16-master, checkpoint round trips and bad
+recipes."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from resuming import final_weights, resume_into
 from torch import nn
 
 import hasten
-from hasten.build import build
-from hasten.checkpoint import checkpoints_in, load_checkpoint
-from hasten.config import load_recipe
+from hasten.engine.optimizers import Muon, muon_groups, newton_schulz, torch_newton_schulz
 from hasten.errors import RecipeError
-from hasten.optimizers import Muon, muon_groups, newton_schulz, torch_newton_schulz
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import build
+from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
 
 needs_torch_muon = pytest.mark.skipif(torch_newton_schulz is None, reason="this torch has no torch.optim.Muon")
 

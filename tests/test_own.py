@@ -1,5 +1,6 @@
-"""A user's own model and data (hasten/own.py, hasten/data/own.py): models and data defined only here, through
-every technique, from Python and from the command line by import path; bad input exits 2 naming the problem."""
+"""A user's own model and data (hasten/run/user.py, hasten/models/user.py, hasten/data/user.py):
+models and data defined only here, through every technique, from Python and from the command line by import path;
+bad input exits 2 naming the problem."""
 
 from __future__ import annotations
 
@@ -18,14 +19,14 @@ import yaml
 from torch import nn
 
 import hasten
-from hasten.build import build
-from hasten.checkpoint import checkpoints_in, load_checkpoint
 from hasten.cli import main
-from hasten.config import load_recipe
 from hasten.data.imagefolder import ImageFolderLoader
 from hasten.data.loader import InMemoryLoader
-from hasten.data.own import as_images, stratified_holdout
+from hasten.data.user import as_images, stratified_holdout
 from hasten.errors import DataError, RecipeError
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import build
+from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
 from tests.counted import assert_counted
 
 CLASSES = ["north", "east", "south", "west"]
@@ -309,9 +310,8 @@ def test_a_users_script_under_two_processes_matches_one(tmp_path):
     run = dict(capture_output=True, text=True, timeout=TIMEOUT, env=os.environ | {"OMP_NUM_THREADS": "1"})
     single = subprocess.run([sys.executable, str(script), *base, "train.batch_size=32", f"run.dir={one}"], **run)
     assert single.returncode == 0, single.stderr[-3000:]
-    launcher = (
-        "import sys; from hasten.distributed import launch; sys.exit(launch(2, sys.argv[2:], script=sys.argv[1]))"
-    )
+    launch = "from hasten.engine.distributed import launch; sys.exit(launch(2, sys.argv[2:], script=sys.argv[1]))"
+    launcher = "import sys; " + launch
     pair = subprocess.run(
         [sys.executable, "-c", launcher, str(script), *base, "train.batch_size=16", f"run.dir={two}"], **run
     )
@@ -381,7 +381,7 @@ def test_activation_checkpointing_over_named_modules_keeps_names_and_gradients(t
 
 def test_lr_find_and_the_batch_size_finder_take_the_users_model_and_data(tmp_path):
     from hasten.experiments.batch_size import find_batch_size
-    from hasten.experiments.lr_find import lr_find
+    from hasten.tune.lr_find import lr_find
 
     data = (quadrants(64, 0), quadrants(32, 1), CLASSES)
     recipe = load_recipe("fashion-fast", [*QUIET, "precision=fp32", f"run.dir={tmp_path / 'r'}"])

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 import hasten
+from hasten.engine.precision import FP16Master, make_precision
 from hasten.errors import RecipeError
-from hasten.precision import FP16Master, make_precision
-from hasten.runlog import RunLog
-from hasten.trainer import Plan, Trainer
+from hasten.run.trainer import Plan, Trainer
+from hasten.runfolder.log import RunLog
 
 
 def tiny_model() -> nn.Module:

@@ -1,4 +1,4 @@
-"""Progressive resizing (train.progressive_resize, hasten/tricks/progressive.py): exact sides at given progress,
+"""Progressive resizing (train.progressive_resize, hasten/techniques/progressive.py): exact sides at given progress,
 the batches a built run's model sees, a model that needs its full size named before training, a 2-step run, and
 a run stopped mid-way and resumed equal to an unbroken one (the step count is checkpointed)."""
 
@@ -9,13 +9,13 @@ import torch
 from resuming import final_weights, metrics, resume_into
 
 import hasten
-from hasten.build import build, trainer_for
-from hasten.checkpoint import load_checkpoint
-from hasten.config import load_recipe
 from hasten.errors import RecipeError
-from hasten.runlog import RunLog
-from hasten.trainer import Plan
-from hasten.tricks.progressive import progressive_side, resize_batch
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import build, trainer_for
+from hasten.run.trainer import Plan
+from hasten.runfolder.checkpoint import load_checkpoint
+from hasten.runfolder.log import RunLog
+from hasten.techniques.progressive import progressive_side, resize_batch
 
 
 def test_sides_at_given_progress():

@@ -1,11 +1,11 @@
-"""hasten.report: markdown tables, metrics.csv reading, PNG plots, and a bench report drawn from results
+"""hasten.experiments.report: markdown tables, metrics.csv reading, PNG plots, and a bench report drawn from results
 alone (no run folders, nothing trained)."""
 
 from __future__ import annotations
 
 import copy
 
-from hasten.report import (
+from hasten.experiments.report import (
     DASH,
     bench_markdown,
     format_bytes,
@@ -13,9 +13,9 @@ from hasten.report import (
     markdown_table,
     plot_bars,
     plot_curves,
-    read_metrics,
     write_bench_report,
 )
+from hasten.runfolder.log import read_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -15,8 +15,8 @@ import torch
 from resuming import final_weights, metrics, resume_into
 
 import hasten
-from hasten.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
 from hasten.cli import main
+from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
 
 TRICKY = ["data.augment.flip=true", "data.augment.translate=2", "tricks.label_smoothing=0.1", "tricks.mixup=0.4"]
 

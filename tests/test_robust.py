@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 
-from hasten.build import build, resolve_for_data, steps_batch, train
-from hasten.config import load_recipe
 from hasten.data import load_dataset
 from hasten.errors import HastenError
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import build, resolve_for_data, steps_batch, train
 
 
 def _default(tmp_path, *overrides: str, recipe: str | None = None):
@@ -138,7 +138,7 @@ def test_synthetic_data_really_is_mirror_sensitive():
 
 
 def test_auto_statistic_is_the_minimum_of_the_heavily_smoothed_loss():
-    from hasten.experiments.lr_find import AUTO_FACTOR, LRFindResult, auto_lr, auto_statistic, sweep_lrs
+    from hasten.tune.lr_find import AUTO_FACTOR, LRFindResult, auto_lr, auto_statistic, sweep_lrs
 
     lrs = sweep_lrs(1e-5, 10, 100)
     # a loss that falls until LR 0.3, then blows up, with noise that would move a lightly smoothed minimum

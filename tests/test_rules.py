@@ -1,4 +1,4 @@
-"""The default recipe's rules (hasten/rules.py): the batch of least predicted time to the result, the budget, and
+"""The default recipe's rules (hasten/tune/rules.py): the batch of least predicted time to the result, the budget, and
 what a run decides and records when they are `auto`. Step times are faked where a rule's choice is asserted, so the
 tests hold on any machine; no timing is asserted."""
 
@@ -12,9 +12,9 @@ import torch
 import yaml
 
 import hasten
-from hasten import autotune, rules
-from hasten.build import divergence_advice
-from hasten.config import load_recipe, shipped_recipes
+from hasten.recipe.schema import load_recipe, shipped_recipes
+from hasten.run.build import divergence_advice
+from hasten.tune import autotune, rules
 
 
 def test_the_time_rule_weighs_steps_needed_against_step_time():

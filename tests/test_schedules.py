@@ -9,13 +9,8 @@ import pytest
 import torch
 
 import hasten
-from hasten.build import build, global_batch
-from hasten.checkpoint import checkpoints_in, load_checkpoint
 from hasten.cli import main
-from hasten.config import ScheduleConfig, load_recipe
-from hasten.errors import RecipeError
-from hasten.runlog import RunLog
-from hasten.schedules import (
+from hasten.engine.schedules import (
     Scheduler,
     constant,
     cosine,
@@ -33,7 +28,12 @@ from hasten.schedules import (
     warmup_steps,
     warmup_then,
 )
-from hasten.trainer import Hooks, Plan, Trainer
+from hasten.errors import RecipeError
+from hasten.recipe.schema import ScheduleConfig, load_recipe
+from hasten.run.build import build, global_batch
+from hasten.run.trainer import Hooks, Plan, Trainer
+from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
+from hasten.runfolder.log import RunLog
 
 
 def test_constant_is_one_everywhere():

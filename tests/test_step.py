@@ -1,4 +1,4 @@
-"""The one training step (hasten/step.py): gradient-norm clipping in every precision, the per-step training loss
+"""The one training step (hasten/engine/step.py): gradient-norm clipping in every precision, the per-step training loss
 in TensorBoard, and accumulated micro-batches weighted by their share of the examples."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 import hasten
-from hasten.config import load_recipe
+from hasten.engine.precision import make_precision
+from hasten.engine.step import TrainStep
 from hasten.errors import RecipeError
-from hasten.precision import make_precision
-from hasten.step import TrainStep
+from hasten.recipe.schema import load_recipe
 
 
 def tiny_model() -> nn.Module:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from hasten.cli import main
-from hasten.config import load_recipe
 from hasten.experiments.sweep import findings, sweep
+from hasten.recipe.schema import load_recipe
 
 
 def test_two_point_grid_writes_table_results_and_plots(tiny_overrides: list[str], tmp_path: Path) -> None:

@@ -13,13 +13,13 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from hasten.build import Parts, build, trainer_for
-from hasten.checkpoint import load_checkpoint, save_checkpoint
-from hasten.config import load_recipe
 from hasten.models import Residual
-from hasten.runlog import RunLog
-from hasten.trainer import Hooks, Plan, Saving
-from hasten.tricks import Context, Technique, one_hot, smooth, soft_cross_entropy, techniques
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import Parts, build, trainer_for
+from hasten.run.trainer import Hooks, Plan, Saving
+from hasten.runfolder.checkpoint import load_checkpoint, save_checkpoint
+from hasten.runfolder.log import RunLog
+from hasten.techniques import Context, Technique, one_hot, smooth, soft_cross_entropy, techniques
 
 
 def built(tiny_overrides: list[str], *overrides: str) -> Parts:

@@ -10,9 +10,9 @@ import torch
 import yaml
 
 import hasten
-from hasten.build import build
 from hasten.cli import main
-from hasten.config import load_recipe
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import build
 
 
 @pytest.mark.numerics

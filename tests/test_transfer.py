@@ -14,21 +14,16 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hasten.build import build
-from hasten.checkpoint import save_checkpoint
-from hasten.config import ModelConfig, load_recipe
 from hasten.errors import CheckpointError, RecipeError
-from hasten.finetune import (
-    Freeze,
-    discriminative_groups,
-    layer_groups,
-    layer_lr_scales,
-    load_pretrained,
-    pretrained_from_config,
-)
 from hasten.models import build_model
-from hasten.runlog import RunLog
-from hasten.trainer import Plan, Trainer
+from hasten.models.pretrained import load_pretrained, pretrained_from_config
+from hasten.recipe.schema import ModelConfig, load_recipe
+from hasten.run.build import build
+from hasten.run.trainer import Plan, Trainer
+from hasten.runfolder.checkpoint import save_checkpoint
+from hasten.runfolder.log import RunLog
+from hasten.techniques.discriminative import discriminative_groups, layer_groups, layer_lr_scales
+from hasten.techniques.freeze import Freeze
 
 
 def resnet(width: int = 4, classes: int = 10, seed: int = 0) -> torch.nn.Module:

@@ -13,13 +13,13 @@ from torch import nn
 from torch.optim.swa_utils import update_bn
 
 import hasten
-from hasten.build import build
-from hasten.checkpoint import load_checkpoint
-from hasten.config import ModelConfig, load_recipe
 from hasten.models import ResNet, build_model
-from hasten.runlog import RunLog
-from hasten.trainer import Plan, Trainer
-from hasten.tricks import (
+from hasten.recipe.schema import ModelConfig, load_recipe
+from hasten.run.build import build
+from hasten.run.trainer import Plan, Trainer
+from hasten.runfolder.checkpoint import load_checkpoint
+from hasten.runfolder.log import RunLog
+from hasten.techniques import (
     EMA,
     BatchMixing,
     LabelSmoothing,
@@ -34,7 +34,7 @@ from hasten.tricks import (
     warmup_decay,
     zero_init_residual,
 )
-from hasten.tricks.zero_init import ZeroInitResidual
+from hasten.techniques.zero_init import ZeroInitResidual
 
 
 def test_label_smoothing_gives_exact_targets():

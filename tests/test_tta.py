@@ -1,5 +1,5 @@
-"""Translate TTA (train.tta_translate, hasten/tta.py): exact logits on a hand-made linear model, the shift against
-the loader's training translate, the trainer's evaluation, evaluate, predict and exports with it, and its
+"""Translate TTA (train.tta_translate, hasten/techniques/tta.py): exact logits on a hand-made linear model, the shift
+against the loader's training translate, the trainer's evaluation, evaluate, predict and exports with it, and its
 validation against the image side."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from safetensors import safe_open
 from torch import nn
 
 import hasten
-from hasten.build import build, trainer_for
-from hasten.config import load_recipe
 from hasten.data import load_dataset
 from hasten.data.loader import InMemoryLoader, translate
 from hasten.errors import RecipeError
-from hasten.evaluation import evaluate
-from hasten.exporting import export
-from hasten.runlog import RunLog
-from hasten.trainer import Plan
-from hasten.tta import black_fill, shift, tta_logits
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import build, trainer_for
+from hasten.run.trainer import Plan
+from hasten.runfolder.log import RunLog
+from hasten.techniques.tta import black_fill, shift, tta_logits
+from hasten.use.evaluate import evaluate
+from hasten.use.export import export
 
 
 def picker() -> nn.Module:

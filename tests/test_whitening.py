@@ -12,11 +12,11 @@ from resuming import final_weights, resume_into
 from torch import nn
 
 import hasten
-from hasten.build import build, first_train_images, trainer_for
-from hasten.config import load_recipe
-from hasten.runlog import RunLog
-from hasten.trainer import Plan
-from hasten.tricks.whitening import Whitening, image_patches, whiten_first_conv, whitening_filters
+from hasten.recipe.schema import load_recipe
+from hasten.run.build import build, first_train_images, trainer_for
+from hasten.run.trainer import Plan
+from hasten.runfolder.log import RunLog
+from hasten.techniques.whitening import Whitening, image_patches, whiten_first_conv, whitening_filters
 
 
 def test_whitening_filters_exact_on_hand_made_patches():

@@ -32,16 +32,16 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten.build import dataset, scaled_lr, seed_everything, tricks
-from hasten.build import optimizer as make_optimizer
-from hasten.config import Recipe, apply_overrides, load_recipe, validate
 from hasten.data.loader import Augment, channel_stats
-from hasten.distributed import resolve_device
-from hasten.memory import peak_memory_bytes, reset_peak
+from hasten.engine.distributed import resolve_device
+from hasten.engine.memory import peak_memory_bytes, reset_peak
+from hasten.engine.schedules import scheduler
+from hasten.experiments.report import format_bytes, format_seconds, markdown_table
 from hasten.models import build_model
-from hasten.report import format_bytes, format_seconds, markdown_table
-from hasten.schedules import scheduler
-from hasten.tricks import one_hot, param_groups, soft_cross_entropy
+from hasten.recipe.schema import Recipe, apply_overrides, load_recipe, validate
+from hasten.run.build import dataset, scaled_lr, seed_everything, tricks
+from hasten.run.build import optimizer as make_optimizer
+from hasten.techniques import one_hot, param_groups, soft_cross_entropy
 
 LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed", "fp16-master": "16-mixed"}
 
@@ -179,8 +179,8 @@ def train_lightning(recipe: Recipe) -> dict[str, Any]:
 
 
 def train_hasten(recipe: Recipe, run_dir: Path) -> dict[str, Any]:
-    from hasten.build import train
-    from hasten.report import read_metrics
+    from hasten.run.build import train
+    from hasten.runfolder.log import read_metrics
 
     changes = [f"run.dir={run_dir}", "run.progress=false"]
     summary = train(validate(apply_overrides(recipe.model_dump(mode="json"), changes)))

@@ -24,8 +24,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from hasten import __version__
 from hasten.errors import DataError
+from hasten.version import __version__
 
 CHUNK_BYTES = 1 << 20
 MAX_DOWNLOAD_BYTES = 4 << 30  # no file hasten fetches is near this (CIFAR-100: 169 MB); a larger one is refused

@@ -308,7 +308,7 @@ def open_image_folder(
               f"{', '.join(str(classes.index(n)) for n in empty)} so the labels match val/, but the model never "
               "sees an example of them", file=sys.stderr)  # fmt: skip
     if val_fraction:
-        from hasten.data.own import stratified_holdout
+        from hasten.data.user import stratified_holdout
 
         kept, held = stratified_holdout(train.labels, val_fraction, seed)
         train, test = train.take(kept), train.take(held)

@@ -7,16 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy
 
 from hasten.data.cifar import read_cifar
 from hasten.data.idx import read_idx_pair
 from hasten.errors import DataError
-
-if TYPE_CHECKING:
-    from hasten.data.registry import DatasetSpec
 
 # train images [N, C, H, W] uint8, train labels [N] int64, test images, test labels, class names
 Arrays = tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray, numpy.ndarray, Sequence[str]]
@@ -30,7 +27,18 @@ class ReadOptions:
     seed: int = 0
 
 
-Reader = Callable[["DatasetSpec", Path | None, ReadOptions], Arrays]  # folder: None for datasets without files
+class Spec(Protocol):
+    """What a reader reads of a dataset's registry entry (hasten/data/registry.py's DatasetSpec)."""
+
+    name: str
+    files: Any  # role -> FileSpec
+    num_classes: int
+    classes: tuple[str, ...]
+
+    def path_of(self, folder: Path, file: Any) -> Path | None: ...
+
+
+Reader = Callable[[Spec, Path | None, ReadOptions], Arrays]  # folder: None for datasets without files
 
 
 def synthetic_arrays(size: int, seed: int) -> tuple[numpy.ndarray, ...]:
@@ -70,7 +78,7 @@ def digits_arrays() -> tuple[numpy.ndarray, ...]:
     return images[train], labels[train], images[test], labels[test]
 
 
-def _idx_arrays(spec: DatasetSpec, folder: Path) -> tuple[numpy.ndarray, ...]:
+def _idx_arrays(spec: Spec, folder: Path) -> tuple[numpy.ndarray, ...]:
     path = {role: spec.path_of(folder, file) for role, file in spec.files.items()}
     train_images, train_labels = read_idx_pair(path["train_images"], path["train_labels"])
     test_images, test_labels = read_idx_pair(path["test_images"], path["test_labels"])
@@ -85,21 +93,21 @@ def _idx_arrays(spec: DatasetSpec, folder: Path) -> tuple[numpy.ndarray, ...]:
     return train_images, train_labels, test_images, test_labels
 
 
-def read_synthetic(spec: DatasetSpec, folder: Path | None, options: ReadOptions) -> Arrays:
+def read_synthetic(spec: Spec, folder: Path | None, options: ReadOptions) -> Arrays:
     return (*synthetic_arrays(options.synthetic_size, options.seed), spec.classes)
 
 
-def read_digits(spec: DatasetSpec, folder: Path | None, options: ReadOptions) -> Arrays:
+def read_digits(spec: Spec, folder: Path | None, options: ReadOptions) -> Arrays:
     return (*digits_arrays(), spec.classes)
 
 
-def read_idx(spec: DatasetSpec, folder: Path | None, options: ReadOptions) -> Arrays:
+def read_idx(spec: Spec, folder: Path | None, options: ReadOptions) -> Arrays:
     """An MNIST-style dataset: four IDX files (gzipped or not) under their official names in `folder`."""
     assert folder is not None, "load_dataset resolves the folder of a dataset with files"
     return (*_idx_arrays(spec, folder), spec.classes)
 
 
-def read_cifar_spec(spec: DatasetSpec, folder: Path | None, options: ReadOptions) -> Arrays:
+def read_cifar_spec(spec: Spec, folder: Path | None, options: ReadOptions) -> Arrays:
     """CIFAR-10/100: the class names come from the archive's meta file."""
     assert folder is not None, "load_dataset resolves the folder of a dataset with files"
     return read_cifar(folder, spec.name)

@@ -1,13 +1,13 @@
 """`hasten batch-size`: the largest batch that fits, and the recipe overrides that train with it.
 
-The search is `hasten.memory.search_batch_size` (doubling, then bisection) over a `fits(batch_size)` that runs real
-training steps of the recipe (its model, precision, channels_last, activation checkpointing, tricks) on random
-batches of the dataset's image shape:
+The search is `hasten.engine.memory.search_batch_size` (doubling, then bisection) over a `fits(batch_size)`
+that runs real training steps of the recipe (its model, precision, channels_last, activation checkpointing,
+tricks) on random batches of the dataset's image shape:
 
 - CUDA: a size fits when a step does not run out of memory (and, with a budget, when the allocator's peak
   stays within it); out-of-memory is caught, any other error propagates.
 - CPU: a size fits when the bytes the run keeps (weights, optimizer state, fp32 masters) plus one step's peak
-  (hasten.memory.measure_peak) stay within the budget (default: 60% of the memory available now). A size whose
+  (hasten.engine.memory.measure_peak) stay within the budget (default: 60% of the memory available now). A size whose
   linear extrapolation from the last two measurements exceeds the budget by over 25% is not run, so the search
   never allocates far past the budget. The dataset held in memory is not counted.
 
@@ -28,9 +28,7 @@ from typing import Any
 
 import torch
 
-from hasten.build import MIN_AUTO_BATCH, Parts, build, global_batch, scaled_lr, train_size
-from hasten.config import Recipe, apply_overrides, validate
-from hasten.memory import (
+from hasten.engine.memory import (
     NothingFits,
     Search,
     agree_on_min,
@@ -40,8 +38,10 @@ from hasten.memory import (
     search_batch_size,
     state_bytes,
 )
-from hasten.runlog import RunLog
-from hasten.trainer import Plan, Trainer
+from hasten.recipe.schema import Recipe, apply_overrides, validate
+from hasten.run.build import MIN_AUTO_BATCH, Parts, build, global_batch, scaled_lr, train_size
+from hasten.run.trainer import Plan, Trainer
+from hasten.runfolder.log import RunLog
 
 RULES = ("linear", "sqrt", "accumulate")
 PREDICTION_MARGIN = 1.25  # CPU: skip sizes predicted to need more than this x the budget

@@ -34,11 +34,9 @@ from typing import Any
 import torch
 
 import hasten
-from hasten import autotune
-from hasten.build import dataset
 from hasten.clock import Clock, command_started
-from hasten.config import Recipe, apply_overrides, validate
-from hasten.distributed import resolve_device
+from hasten.engine.distributed import resolve_device
+from hasten.engine.precision import compute_dtype
 from hasten.errors import HastenError
 from hasten.experiments.flops import matmul_peak, train_step_flops
 from hasten.experiments.variants import (  # re-exported: the sweep and transfer experiments import them from here
@@ -53,10 +51,12 @@ from hasten.experiments.variants import (  # re-exported: the sweep and transfer
     variant_recipe,
 )
 from hasten.models import build_model
-from hasten.precision import compute_dtype
 from hasten.progress import say
-from hasten.runfolder import owned_output
-from hasten.runlog import environment, write_atomic
+from hasten.recipe.schema import Recipe, apply_overrides, validate
+from hasten.run.build import dataset
+from hasten.runfolder.folder import owned_output
+from hasten.runfolder.log import environment, write_atomic
+from hasten.tune import autotune
 
 __all__ = [
     "NAIVE",
@@ -101,9 +101,9 @@ def bare_step_images_per_second(recipe: Recipe, steps: int = 20, warmup: int = 3
     """Images/s of the recipe's training step alone: the loop's own `train_step` (hooks, precision, optimizer,
     schedule) repeated on one batch already in memory; no data slicing, augmentation, evaluation or logging.
     What the whole run's throughput is measured against: the gap is the loop's overhead."""
-    from hasten.build import build, trainer_for
-    from hasten.runlog import RunLog
-    from hasten.trainer import Plan
+    from hasten.run.build import build, trainer_for
+    from hasten.run.trainer import Plan
+    from hasten.runfolder.log import RunLog
 
     parts = build(recipe)
     plan = Plan(recipe.train.epochs, len(parts.data.classes), measure_step_memory=False, progress=False)
@@ -131,7 +131,7 @@ def run_in_process(
 
         summary = train_naive(recipe, naive_epochs, clock)
         return summary | {"flops_per_image": flops_per_image(recipe)}
-    from hasten.build import train
+    from hasten.run.build import train
 
     summary = train(recipe, clock=clock)
     # the bare step as the run took it: what precision/channels_last=auto chose, not a second probe's choice
@@ -181,7 +181,7 @@ def _worker(spec_path: str, result_path: str) -> int:
 
 
 def machine() -> dict[str, Any]:
-    """Versions and machine (hasten.runlog.environment) plus CPU model, threads, memory and platform."""
+    """Versions and machine (hasten.runfolder.log.environment) plus CPU model, threads, memory and platform."""
     cpu_model = None
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -376,7 +376,7 @@ def _curve(run_dir: Path, summary: dict[str, Any], wall: bool = False) -> list[l
     """[[training seconds (or with `wall`, wall seconds), test accuracy]] at every evaluation (train.eval_every_steps
     too) from the summary's accuracy curve, or (training seconds) at the end of each epoch from the run's
     metrics.csv (a summary without one)."""
-    from hasten.report import read_metrics
+    from hasten.runfolder.log import read_metrics
 
     if summary.get("accuracy_curve"):
         points = summary["accuracy_curve"]
@@ -457,7 +457,7 @@ def bench(
 ) -> tuple[dict[str, Any], list[Path]]:
     """`run_grid`, then results.json, results.csv, report.md and the plots in `out` (default bench/<name>/).
     Returns the results and the files written."""
-    from hasten.report import write_bench_report
+    from hasten.experiments.report import write_bench_report
 
     out = Path(out or Path("bench") / recipe.name)
     with owned_output(out, recipe.run.overwrite, "bench"):  # locked, and never a training run's folder

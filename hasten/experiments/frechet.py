@@ -27,15 +27,23 @@ from pydantic import ValidationError
 from rich.console import Console
 from torch import Tensor, nn
 
-from hasten.checkpoint import load_checkpoint, read_weights
-from hasten.config import ModelConfig, apply_overrides, load_raw, load_recipe, load_yaml, read_text_file, validate
 from hasten.data import ImageDataset
 from hasten.data.loader import channel_stats
 from hasten.errors import CheckpointError, HastenError
-from hasten.experiments.gan_recipe import GanRecipe
 from hasten.models import build_model
 from hasten.models.dcgan import SIZE, padded, signed
-from hasten.own import Trust, embedded_recipe
+from hasten.recipe.gan import GanRecipe
+from hasten.recipe.schema import (
+    ModelConfig,
+    apply_overrides,
+    load_raw,
+    load_recipe,
+    load_yaml,
+    read_text_file,
+    validate,
+)
+from hasten.recipe.trust import Trust, embedded_recipe
+from hasten.runfolder.checkpoint import load_checkpoint, read_weights
 
 NAME = "Fréchet distance on hasten classifier features; not Inception FID"
 
@@ -120,7 +128,7 @@ class ClassifierFeatures:
 
 
 def read_summary(path: Path) -> Any:
-    from hasten.inference import read_summary as read  # here: inference needs the model stack
+    from hasten.use.load import read_summary as read  # here: inference needs the model stack
 
     return read(path)
 
@@ -173,7 +181,7 @@ def train_classifier(recipe: str, overrides: list[str], folder: Path) -> tuple[P
     """Train `recipe` with `overrides` the way `hasten train` does, into `folder`, keeping its weights
     (folder/model.safetensors beside folder/recipe.yaml); reuse them when already trained from the same
     resolved recipe. Returns (weights path, test accuracy, whether they were reused)."""
-    from hasten.build import train  # here: the classifier's training stack is needed only now
+    from hasten.run.build import train  # here: the classifier's training stack is needed only now
 
     raw, origin = load_raw(recipe)
     wanted = validate(

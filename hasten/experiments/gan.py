@@ -5,7 +5,7 @@ Per batch of real images x and noise z (standard normal):
           train.real_label (1, or e.g. 0.9 for one-sided label smoothing, Salimans et al., 2016);
   G step: loss_G = BCE(D(G(z)), 1), the non-saturating loss (Goodfellow et al., 2014) the paper uses, with D's
           parameters frozen for the pass, so the backward pass computes no gradients for them.
-Each network has its own Adam and its own precision object (hasten.precision). In fp16 that is one dynamic
+Each network has its own Adam and its own precision object (hasten.engine.precision). In fp16 that is one dynamic
 loss scaler (torch.amp.GradScaler) per network: each loss is scaled by its own network's scale and each step
 checked for inf/NaN in that network's gradients only, so an overflow in D's step skips only D's step and
 halves only D's scale, and the other way round. D returns logits and the sigmoid lives in the loss, computed
@@ -34,22 +34,13 @@ from rich.console import Console
 from rich.markup import escape
 from torch import Tensor, nn
 
-from hasten.build import seed_everything
-from hasten.checkpoint import (
-    latest_usable,
-    load_checkpoint,
-    prune,
-    remove_stale_temporaries,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
 from hasten.data import ImageDataset, load_dataset
 from hasten.data.loader import InMemoryLoader
-from hasten.distributed import resolve_device
+from hasten.engine.distributed import resolve_device
+from hasten.engine.memory import peak_memory_bytes, reset_peak
+from hasten.engine.precision import Precision, make_precision
 from hasten.errors import CheckpointError, RecipeError, schema_problems
 from hasten.experiments.frechet import QualityProbe, quality_probe
-from hasten.experiments.gan_recipe import GanRecipe, gan_recipe_yaml
 from hasten.experiments.gan_report import (
     GanProgress,
     collapse_warning,
@@ -59,11 +50,20 @@ from hasten.experiments.gan_report import (
     save_grid,
     save_quality_plot,
 )
-from hasten.memory import peak_memory_bytes, reset_peak
 from hasten.models.dcgan import SIZE, Discriminator, Generator, dcgan, padded
-from hasten.precision import Precision, make_precision
-from hasten.runfolder import RunLock, claim_fresh
-from hasten.runlog import RunLog
+from hasten.recipe.gan import GanRecipe, gan_recipe_yaml
+from hasten.run.build import seed_everything
+from hasten.runfolder.checkpoint import (
+    latest_usable,
+    load_checkpoint,
+    prune,
+    remove_stale_temporaries,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from hasten.runfolder.folder import RunLock, claim_fresh
+from hasten.runfolder.log import RunLog
 
 METRICS = [
     "epoch", "step", "loss_d", "loss_g", "d_real", "d_fake", "train_seconds", "images_per_second",
@@ -339,8 +339,8 @@ def end_epoch(
 
 def train_gan(recipe: GanRecipe, trust_code: bool = False) -> dict[str, Any]:
     """Train the GAN recipe; writes the run folder (module docstring) and returns the summary. The folder is
-    locked while the run writes it and obeys the fresh-folder rule, as `hasten train`'s (hasten/runfolder.py).
-    `trust_code`: a classifier file's recipe may name a model.target to import (hasten/own.py)."""
+    locked while the run writes it and obeys the fresh-folder rule, as `hasten train`'s (hasten/runfolder/folder.py).
+    `trust_code`: a classifier file's recipe may name a model.target to import (hasten/recipe/trust.py)."""
     console = Console(stderr=True)
     parts = build_gan(recipe)
     folder = Path(recipe.run.dir or Path("runs") / recipe.name)

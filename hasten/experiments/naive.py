@@ -19,18 +19,18 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from hasten.build import dataset, run_dir, seed_everything
 from hasten.clock import Clock
-from hasten.config import Recipe, apply_overrides, dotted, to_yaml, validate
 from hasten.data import ImageDataset
 from hasten.data.imagefolder import ImageFolder, read_into_memory
 from hasten.data.loader import channel_stats
-from hasten.distributed import resolve_device
+from hasten.engine.distributed import resolve_device
+from hasten.engine.memory import peak_memory_bytes, reset_peak
 from hasten.errors import HastenError
-from hasten.memory import peak_memory_bytes, reset_peak
 from hasten.models import build_model
-from hasten.runlog import RunLog
-from hasten.trainer import METRICS
+from hasten.recipe.schema import Recipe, apply_overrides, dotted, to_yaml, validate
+from hasten.run.build import dataset, run_dir, seed_everything
+from hasten.run.trainer import METRICS
+from hasten.runfolder.log import RunLog
 
 # textbook training as recipe overrides: Adam at 1e-3, a constant LR, no augmentation, no tricks. The naive loop
 # trains this way, and benchmarks/generalization.py's plain baseline too (with hasten's loop and batch 64)

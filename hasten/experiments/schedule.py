@@ -8,7 +8,9 @@ from pathlib import Path
 
 import torch
 
-from hasten.build import (
+from hasten.engine.schedules import trace, warmup_steps
+from hasten.recipe.schema import Recipe
+from hasten.run.build import (
     dataset,
     global_batch,
     loaders,
@@ -18,8 +20,6 @@ from hasten.build import (
     scaled_lr,
     steps_per_epoch,
 )
-from hasten.config import Recipe
-from hasten.schedules import trace, warmup_steps
 
 
 @dataclass

@@ -21,14 +21,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hasten.build import dataset, run_dir
-from hasten.config import Recipe, parse_value
 from hasten.errors import RecipeError
 from hasten.experiments.bench import Variant, grid_variants, parse_vary, run_grid, variant_recipe, write_results
+from hasten.experiments.report import DASH, markdown_table, plot_curves
 from hasten.models import build_model
-from hasten.report import DASH, markdown_table, plot_curves, read_metrics
-from hasten.runfolder import owned_output
-from hasten.runlog import write_atomic
+from hasten.recipe.schema import Recipe, parse_value
+from hasten.run.build import dataset, run_dir
+from hasten.runfolder.folder import owned_output
+from hasten.runfolder.log import read_metrics, write_atomic
 
 INTERPOLATED = 0.01  # train error at or below this counts as fitting the (noisy) training set
 

@@ -7,7 +7,7 @@ Features learned on one image task carry over to another, most of all when the n
 (Yosinski et al., "How transferable are features in deep neural networks?", 2014). Fine-tuning here follows
 Howard & Ruder ("Universal Language Model Fine-tuning for Text Classification", 2018): a new head trained
 alone first (`train.freeze_epochs`), then every layer with smaller LRs for earlier layers
-(`optim.layer_lr_decay`); hasten/finetune.py has the mechanics.
+(`optim.layer_lr_decay`); hasten/models/pretrained.py has the mechanics.
 
 The recipe is the fine-tuning run (transfer-digits: scikit-learn's 8x8 digits upscaled to Fashion-MNIST's
 28x28); its `transfer.pretrain` overrides turn it into the pretraining run, whose final weights
@@ -24,15 +24,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hasten.build import dataset, run_dir
-from hasten.config import Recipe, apply_overrides, validate
 from hasten.data.imagefolder import ImageFolder
 from hasten.errors import HastenError, RecipeError
 from hasten.experiments.bench import Variant, run_grid, run_in_process, run_isolated, variant_recipe, write_results
-from hasten.finetune import WEIGHTS_FILE
-from hasten.report import DASH, markdown_table, plot_curves
-from hasten.runfolder import owned_output
-from hasten.runlog import write_atomic
+from hasten.experiments.report import DASH, markdown_table, plot_curves
+from hasten.models.pretrained import WEIGHTS_FILE
+from hasten.recipe.schema import Recipe, apply_overrides, validate
+from hasten.run.build import dataset, run_dir
+from hasten.runfolder.folder import owned_output
+from hasten.runfolder.log import write_atomic
 
 # what the scratch arm turns off: it starts from random weights, so there is no head to train first
 SCRATCH = ("model.pretrained=null", "train.freeze_epochs=0", "optim.layer_lr_decay=1")
@@ -63,7 +63,7 @@ def pretrain(recipe: Recipe, out: Path, *, isolate: bool = True, log: Log = _std
     stamped["run"].pop("dir")  # the same pretraining copied to another output folder still counts
     wanted = json.dumps(stamped, sort_keys=True)
     if weights.is_file() and stamp.is_file() and stamp.read_text(errors="replace") == wanted:
-        from hasten.inference import read_summary
+        from hasten.use.load import read_summary
 
         try:  # checked before it is reused; an unreadable summary means pretraining again
             summary = read_summary(folder / "summary.json")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hasten.config import Recipe, apply_overrides, dotted, load_recipe, parse_value, validate
 from hasten.errors import RecipeError
+from hasten.recipe.schema import Recipe, apply_overrides, dotted, load_recipe, parse_value, validate
 
 NAIVE = "naive"
 
@@ -47,7 +47,7 @@ class Variant:
 
     name: str
     overrides: tuple[str, ...] = ()
-    kind: str = "recipe"  # "recipe": hasten's loop (hasten.build.train); "naive": the textbook loop
+    kind: str = "recipe"  # "recipe": hasten's loop (hasten.run.build.train); "naive": the textbook loop
 
 
 def split_values(text: str) -> list[str]:

@@ -11,7 +11,7 @@ segments -- the stem, each stage's downsampling unit (conv-BN-ReLU + max-pool) a
 stem's and the first stage's segments keep only their input for backward, recomputing the rest there. That is
 where the memory is: each stage has 4x fewer pixels and 2x the channels of the one before, so half its
 activation memory, and the stem and first downsampling unit run at full resolution. Measured on the 28x28
-reference model at batch 256 (hasten.memory.measure_peak): checkpointing only the residual blocks cuts the step's
+reference model at batch 256 (hasten.engine.memory.measure_peak): checkpointing only the residual blocks cuts the step's
 peak by ~17%; the stem and stage 1, 44%; adding stage 2 gives the same 44% for ~40% more step time instead of
 ~10%. The last segment is never checkpointed (backward would recompute it at once). Parameter names do not
 change, so checkpoints load either way.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from hasten.memory import checkpointed
+from hasten.engine.memory import checkpointed
 
 
 def conv_bn(c_in: int, c_out: int) -> nn.Sequential:
@@ -101,3 +101,17 @@ class ResNet(nn.Module):
                 for layer in segment:
                     x = layer(x)
         return self.head(self.pool(x).flatten(1))
+
+
+def zero_init_residual(model: nn.Module) -> list[str]:
+    """Set the last BN gamma of every residual block to 0; returns the names of the parameters it zeroed (empty:
+    the model has none). A residual block is hasten's `Residual` or, in a user's model, any module whose
+    `last_bn` is a BatchNorm layer: the norm that ends its residual branch."""
+    zeroed = []
+    for name, module in model.named_modules():
+        last_bn = getattr(module, "last_bn", None)  # the documented hook for a user's residual block
+        if isinstance(module, Residual) or isinstance(last_bn, nn.modules.batchnorm._BatchNorm):
+            nn.init.zeros_(module.last_bn.weight)
+            bn_name = next(n for n, m in module.named_modules() if m is module.last_bn)
+            zeroed.append(f"{name}.{bn_name}.weight")
+    return zeroed

@@ -1,0 +1,340 @@
+"""Data-parallel training on torch.distributed: torchrun's environment, the process group, DDP, rank helpers.
+
+One process per device (TensorFlow's "mirrored strategy" in PyTorch terms): each holds a full model copy,
+takes its share of every batch, and DDP all-reduces gradients during backward. NCCL on CUDA, gloo on CPU.
+`hasten train --devices N` starts N workers through torchrun's own launcher (`torch.distributed.run`), so a
+job started from the CLI behaves exactly like `torchrun --nproc-per-node N -m hasten train ...`: the elastic
+agent watches the workers and stops the whole job, non-zero, when one fails.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hasten.errors import RecipeError
+
+# how long a collective may wait for a missing peer before the job fails instead of hanging
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=int(os.environ.get("HASTEN_DIST_TIMEOUT_MIN", "10")))
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """The process's place in the job, from torchrun's environment variables (single process without them)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    restart_count: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT: > 0 after an elastic restart
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str] | None = None) -> DistEnv:
+        env = os.environ if environ is None else environ
+        return cls(
+            rank=int(env.get("RANK", 0)),
+            world_size=int(env.get("WORLD_SIZE", 1)),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        )
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def resolve_device(name: str) -> torch.device:
+    """The recipe's `device`: "auto" is CUDA when there is a GPU, else the CPU; anything else as torch reads it.
+    The one place "auto" is decided."""
+    requested = ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+    device = torch.device(requested)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RecipeError(f"device: {requested} asked for, but this PyTorch build sees no CUDA device (use device=cpu)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise RecipeError(f"device: {requested}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise RecipeError(f"device: {requested} asked for, but MPS is not available here (use device=cpu)")
+    return device
+
+
+def device_for(env: DistEnv, requested: str) -> torch.device:
+    """The device of this process: its own GPU (by local rank) under CUDA, else the CPU."""
+    device = resolve_device(requested)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def init(env: DistEnv, device: torch.device) -> None:
+    """Join the process group torchrun described (no-op for a single process)."""
+    if not env.is_distributed or dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    # torchrun's store outlives an elastic restart, and the process group's keys (each rank's address) would be
+    # read back from the failed attempt; a prefix per attempt keeps the restarted workers to their own keys
+    store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size, timeout=COLLECTIVE_TIMEOUT))
+    store = dist.PrefixStore(f"hasten/attempt-{env.restart_count}", store)
+    pinned = device if device.type == "cuda" else None
+    dist.init_process_group(
+        backend, store=store, rank=env.rank, world_size=env.world_size, timeout=COLLECTIVE_TIMEOUT, device_id=pinned
+    )
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size() -> int:
+    """Processes in the job: the process group's size when one is up, else 1."""
+    return dist.get_world_size() if _initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if _initialized() else 0
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def wrap(model: nn.Module, device: torch.device) -> nn.Module:
+    """The model wrapped in DistributedDataParallel when there are several processes, else unchanged (build
+    converts to SyncBatchNorm before, when train.sync_batchnorm asks)."""
+    if world_size() == 1:
+        return model
+    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a DDP (or torch.compile) wrapper, whose state_dict has the plain keys."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+@contextmanager
+def no_sync(model: nn.Module, skip: bool) -> Iterator[None]:
+    """Skip DDP's gradient all-reduce inside (accumulation micro-steps that do not step; hasten.engine.step)."""
+    if skip and isinstance(model, nn.parallel.DistributedDataParallel):
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise sum over all processes (identity for one process)."""
+    if world_size() == 1:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+@torch.no_grad()
+def average_batch_norm_statistics(model: nn.Module) -> None:
+    """Replace every batch-norm layer's running mean and variance by their average over the ranks."""
+    world = world_size()
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.running_mean is not None:
+            for buffer in (module.running_mean, module.running_var):
+                dist.all_reduce(buffer)
+                buffer.div_(world)
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when `flag` is true on any rank (e.g. a stop signal seen by one)."""
+    return agree([flag], device)[0]
+
+
+def agree(flags: list[bool], device: torch.device) -> list[bool]:
+    """Each flag true on every rank when it is true on any rank: one all-reduce for several decisions."""
+    if world_size() == 1:
+        return list(flags)
+    tensor = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in tensor.tolist()]
+
+
+def gather_objects(value: Any) -> list[Any]:
+    """`value` of every rank, in rank order, on every rank (a one-item list for one process)."""
+    if world_size() == 1:
+        return [value]
+    values: list[Any] = [None] * world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def broadcast_object(value: Any, src: int = 0) -> Any:
+    """`value` from rank `src` on every rank."""
+    if world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        dist.barrier()
+
+
+LAUNCHER_PID = "HASTEN_LAUNCHER_PID"  # set by `launch` for its workers: the process they must not outlive
+PEER_LOST_EXIT = 75  # a worker's exit code when another rank vanished under it: a consequence, not a cause
+LAUNCHER_GONE_GRACE_SECONDS = 60  # after the launcher died: time to checkpoint and stop before exiting regardless
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow), else the count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def die_with_launcher(launcher: int) -> None:
+    """In a worker of `launch`: end when the launcher process `launcher` dies, however it dies (SIGKILL
+    included), instead of living on as an orphan holding memory and cores. Linux's PR_SET_PDEATHSIG delivers
+    SIGTERM at once (the run checkpoints and stops as after any SIGTERM); elsewhere, and as a backstop, a thread
+    watches the parent pid and sends SIGTERM itself, then exits after LAUNCHER_GONE_GRACE_SECONDS."""
+    import signal
+    import threading
+    import time
+
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(LAUNCHER_GONE_GRACE_SECONDS)
+        os._exit(128 + int(signal.SIGTERM))
+
+    threading.Thread(target=watch, name="hasten-launcher-watch", daemon=True).start()
+
+
+def launch(nproc: int, args: list[str], *, max_restarts: int = 0, script: str | None = None) -> int:
+    """Run `python -m hasten ARGS` (or `python SCRIPT ARGS`) in `nproc` worker processes through torchrun's
+    launcher, on this machine, with a free rendezvous port.
+
+    Returns the job's exit code. A worker that fails makes torchrun stop the others (SIGTERM, then SIGKILL
+    after its grace period) and the job exit with the failed worker's code, after a line naming its rank;
+    with `max_restarts`, torchrun first restarts all workers that many times (they resume from the last
+    checkpoint). SIGINT/SIGTERM to this process are passed on to the workers, which checkpoint and stop.
+    """
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    target = [script] if script else ["-m", "hasten"]
+    # torchrun would set 1 thread per worker and warn; share the cores instead (a GPU worker needs few)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // nproc)))
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # the workers end with this process (die_with_launcher)
+    # the elastic agent logs each failure at length (and a summary block); the lines below say it in one each
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    options = ["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--monitor-interval=0.5"]
+    try:
+        run(get_args_parser().parse_args([*options, *target, *args]))
+    except ChildFailedError as error:
+        failures = error.failures
+        codes = {rank_id: failure.exitcode for rank_id, failure in sorted(failures.items())}
+        print(f"hasten: {describe_failures(codes)}", file=sys.stderr)
+        return job_exit_code([failure.exitcode for _, failure in sorted(failures.items())])
+    except SignalException as stop:
+        print(f"hasten: stopped by {stop.sigval.name}; the workers were asked to checkpoint and stop", file=sys.stderr)
+        return 128 + int(stop.sigval)
+    return 0
+
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
+
+
+def _consequence(code: int) -> bool:
+    """A worker's exit that follows from another's failure: it lost its peer, or torchrun stopped it (SIGTERM)."""
+    import signal
+
+    return code in (PEER_LOST_EXIT, -int(signal.SIGTERM), 128 + int(signal.SIGTERM))
+
+
+def describe_failures(codes: dict[int, int]) -> str:
+    """One line for a failed job: each rank that failed of its own (exit code, or the signal that killed it), then
+    the ranks that were only stopped with it."""
+    causes = {rank_id: code for rank_id, code in codes.items() if not _consequence(code)} or codes
+    parts = []
+    for rank_id, code in causes.items():
+        if code < 0:
+            parts.append(f"worker rank {rank_id} was killed by signal {-code} ({_signal_name(-code)})")
+        elif code == PEER_LOST_EXIT:
+            parts.append(f"worker rank {rank_id} stopped: another rank vanished under it")
+        else:
+            parts.append(f"worker rank {rank_id} failed with exit code {code}")
+    stopped = [str(rank_id) for rank_id in codes if rank_id not in causes]
+    if stopped:
+        parts.append(f"rank {', '.join(stopped)} {'was' if len(stopped) == 1 else 'were'} stopped with it")
+    return "; ".join(parts)
+
+
+def job_exit_code(codes: list[int]) -> int:
+    """The exit code of a job whose workers ended with `codes` (negative: killed by that signal). The cause wins
+    over its consequences: a worker's own failure (exit > 0) or a death by a signal other than the SIGTERM torchrun
+    sends the others, before a rank that only lost its peer (PEER_LOST_EXIT) or was stopped by torchrun."""
+    import signal
+
+    consequences = (PEER_LOST_EXIT, -int(signal.SIGTERM), 128 + int(signal.SIGTERM))  # 143: stopped, checkpointed
+    causes = [code for code in codes if code not in consequences and code != 0] or [c for c in codes if c] or [1]
+    first = next((code for code in causes if code > 0 and code != PEER_LOST_EXIT), causes[0])
+    return first if first > 0 else 128 - first  # a signal's death as the shell reports it
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether `error`, raised in a worker of a job with several processes, says another rank vanished (its
+    process died, its connection closed) rather than what went wrong here."""
+    if world_size_from_env() < 2:
+        return False
+    if isinstance(error, getattr(dist, "DistError", ())):
+        return True
+    text = str(error)
+    markers = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "gloo", "NCCL", "ProcessGroup")
+    return isinstance(error, RuntimeError) and any(marker in text for marker in markers)
+
+
+def world_size_from_env() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1

@@ -1,0 +1,72 @@
+"""The user's own model, beside the recipe: from Python (`hasten.train(recipe, model=...)`) or from YAML by import
+path (`model.name=import model.target=pkg.mod:fn model.args={...}`), the `class_path`/`init_args` idea of
+LightningCLI; and the check, before training starts, that it maps the data's images to its classes' logits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from hasten.errors import RecipeError
+from hasten.progress import say
+from hasten.recipe.schema import ModelConfig
+from hasten.recipe.trust import call_target, import_target
+
+
+def own_model(config: ModelConfig, model: Any, image_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The user's model: `model`, an nn.Module or a callable returning one (a class, a factory: called after the
+    run's seed is set, with num_classes / in_channels / image_size when it takes them), or with None the
+    recipe's model.target called with model.args (and those three the same way). Zero-init applies where the
+    model has residual blocks ending in batch norm; elsewhere a note says it was skipped."""
+    key = "model"
+    if model is None:
+        if config.name != "import":
+            raise RecipeError(
+                "model.name=object: this run's model was a Python object; pass it again: hasten.train(..., model=...)"
+            )
+        model, key = import_target(config.target or "", "model.target"), f"model.target={config.target}"
+    if not isinstance(model, nn.Module):
+        shape = dict(num_classes=num_classes, in_channels=image_shape[0], image_size=tuple(image_shape[1:]))
+        model = call_target(model, config.args if key != "model" else {}, key, **shape)
+    if not isinstance(model, nn.Module):
+        raise RecipeError(f"{key}: expected an nn.Module (or a callable returning one), got {type(model).__name__}")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise RecipeError(f"{key}: the model {type(model).__name__} has no trainable parameters")
+    if config.zero_init_residual:
+        from hasten.models.resnet import zero_init_residual
+
+        if not zero_init_residual(model):
+            say(
+                f"model.zero_init_residual: {type(model).__name__} has no residual blocks ending in batch norm "
+                "(hasten.models.Residual, or a module with a `last_bn` BatchNorm attribute); skipped"
+            )
+    return model
+
+
+def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int, device: torch.device) -> None:
+    """Before training: the model maps a batch of 2 images of `image_shape` to (2, num_classes) logits; a
+    RecipeError naming the shapes otherwise. Runs in eval mode without gradients, on zeros (no RNG drawn, no
+    batch-norm statistics changed)."""
+    name = type(model).__name__
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros(2, *image_shape, device=device))
+    except Exception as error:  # any failure of the user's forward: say what it was given
+        raise RecipeError(
+            f"model {name}: its forward fails on a batch of 2 images of shape {tuple(image_shape)} (C, H, W): "
+            f"{type(error).__name__}: {error}"
+        ) from None
+    finally:
+        model.train(was_training)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise RecipeError(
+            f"model {name}: returns {got} for a batch of 2 images of shape {tuple(image_shape)}; it must return "
+            f"class logits of shape (2, {num_classes}) for the data's {num_classes} classes (labels "
+            f"0..{num_classes - 1}; give the class names, data.classes, if there are more than the labels show)"
+        )

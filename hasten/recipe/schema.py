@@ -1,0 +1,829 @@
+"""The recipe: every knob of a run, validated in one place.
+
+A recipe is a YAML file (or the name of one shipped in `hasten/recipes/`), then dotted `key=value`
+overrides from the command line, then `Recipe.model_validate`. Unknown keys, wrong types and values out of
+range are all reported together, each naming its dotted field, as one `RecipeError` (exit code 2).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import importlib.resources
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hasten.data.preprocessing import MAX_IMAGE_SIDE
+from hasten.data.registry import DATASETS
+from hasten.errors import RecipeError
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+MAX_SYNTHETIC = 1_000_000  # images of the synthetic set: each is drawn one by one (a million take ~1 GB)
+Fraction = Annotated[float, Field(ge=0, lt=1)]
+
+
+class Section(BaseModel):
+    """Base of every recipe section: unknown keys are errors, values are checked on assignment too, and no float
+    setting may be NaN or infinite."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+class AugmentConfig(Section):
+    # random horizontal flip, per sample, on the whole batch; auto: on where the dataset is mirror-invariant
+    # (Fashion-MNIST, CIFAR), off where a mirror changes the class (digits, letters) and for unknown data;
+    # alternate: derandomised (airbench): random per image in epoch 1, then each epoch the opposite of the one
+    # before (honoured on any dataset, with a warning note where a mirror may change the class)
+    flip: bool | Literal["auto", "alternate"] = "auto"
+    # random shift of up to this many pixels (zero padding); auto: 1/32 of the image side in runs of 5 epochs or more,
+    # none in shorter ones, which it slows more than it regularises (hasten/tune/rules.py)
+    translate: Annotated[int, Field(ge=0)] | Literal["auto"] = 0
+    # ... but never more than this fraction of the image's shorter side: 2 pixels suit 28x28 images, while an 8x8
+    # digit moved 2 pixels loses a quarter of itself (digits at 2 epochs: 87.5% with it, 98.9% without)
+    translate_max_fraction: Annotated[float, Field(ge=0, le=0.5)] = 0.1
+
+
+# the registry's datasets, a folder of images by class, and the user's own data (hasten/run/user.py)
+DatasetName = Literal[(*DATASETS, "imagefolder", "import", "object")]
+
+
+class DataConfig(Section):
+    # import: data.target's function returns the data; object: given in Python (hasten.train(data=...))
+    name: DatasetName = "fashion-mnist"
+    root: str | None = None  # a folder holding the dataset's files under their official names
+    download: bool = True  # allow fetching from the official address (checked against a pinned SHA-256)
+    subset: Annotated[int, Field(ge=1)] | None = None  # first N training images
+    test_subset: Annotated[int, Field(ge=1)] | None = None  # first N test images
+    synthetic_size: Annotated[int, Field(ge=8, le=MAX_SYNTHETIC)] = 512  # training images of the synthetic set
+    augment: AugmentConfig = AugmentConfig()
+    # resize every image to size x size pixels; None: as stored
+    size: Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)] | None = None
+    rgb: bool | None = None  # true: 3 channels (grey repeated); false: 1 (luma); None: as stored
+    workers: Annotated[int, Field(ge=0)] | None = None  # imagefolder: DataLoader worker processes; None: auto
+    # imagefolder: decode every image once and train from memory (no decoding per epoch); auto: when the decoded
+    # images take at most a quarter of the memory available (and 4 GiB); false: decode each epoch, in workers
+    in_memory: bool | Literal["auto"] = "auto"
+    per_class: Annotated[int, Field(ge=1)] | None = None  # at most the first N training images of each class
+    # fraction of training labels moved to another class, seeded (Nakkiran et al., 2019); test labels stay
+    label_noise: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    # the user's own data (hasten/run/user.py): "pkg.mod:fn" returning (train, test[, class_names]) or a train part
+    target: str | None = None
+    args: dict[str, Any] = {}  # keyword arguments of data.target
+    classes: list[str] | None = None  # class names (recorded in recipe.yaml; given ones name the labels 0..K-1)
+    # a seeded, stratified share of the training data held out as the evaluation split, for data without one
+    val_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.0
+
+    @model_validator(mode="after")
+    def _folder_needs_root(self) -> DataConfig:
+        if self.name == "imagefolder" and not self.root:
+            raise ValueError("data.root: an image folder needs data.root=DIR (holding train/<class>/ and val/<class>/)")
+        if self.name == "import" and not self.target:
+            raise ValueError("data.target: data.name=import needs data.target=package.module:function")
+        return self
+
+
+class ModelConfig(Section):
+    # import: model.target's callable returns the nn.Module; object: given in Python (hasten.train(model=...))
+    name: Literal["resnet", "sequential", "import", "object"] = "resnet"
+    width: Annotated[int, Field(ge=1)] = 32  # channels of the first ResNet stage; later stages double it
+    blocks: list[Annotated[int, Field(ge=0)]] = [1, 1, 1]  # residual blocks per ResNet stage
+    layers: list[str | dict[str, Any]] | None = None  # the layer list of a sequential model
+    zero_init_residual: bool = False  # start each residual branch's last BN gamma at 0 (Goyal et al.)
+    # ResNet: channels of each stage (one per model.blocks entry) in place of width * 2**stage; null: from width
+    widths: list[Annotated[int, Field(ge=1)]] | None = None
+    # patch-whitening init of the first Conv2d, frozen when every filter is set (hasten/techniques/whitening.py)
+    whiten: bool = False
+    whiten_eps: Annotated[float, Field(gt=0)] = 5e-4  # added to each eigenvalue before 1/sqrt: caps the gain
+    whiten_images: Annotated[int, Field(ge=1)] = 5000  # training images the whitening patches come from
+    init: Literal["default", "dirac"] = "default"  # dirac: 3x3 convs start as the identity on their inputs
+    # every BatchNorm layer: running-statistics momentum (torch's convention), epsilon; null keeps the model's
+    bn_momentum: Annotated[float, Field(gt=0, le=1)] | None = None
+    bn_eps: Annotated[float, Field(gt=0)] | None = None
+    bn_weight: Literal["learn", "frozen"] = "learn"  # frozen: BN scales fixed at 1, only the shifts train
+    # weights to start from: a safetensors file, a hasten checkpoint, a state dict, or an http(s) URL
+    pretrained: str | None = None
+    pretrained_sha256: str | None = None  # pinned SHA-256 of the file at a pretrained URL (required for URLs)
+    pretrained_strict: bool = True  # false: load what fits, report the rest, instead of stopping
+    reset_head: bool = False  # a fresh classifier head even when the class count matches the weights'
+    target: str | None = None  # import: "package.module:callable"; object: the class trained (recorded)
+    args: dict[str, Any] = {}  # keyword arguments of model.target
+    parameters: int | None = None  # recorded: the parameter count of the model trained (not read back)
+
+    @model_validator(mode="after")
+    def _layers_for_sequential(self) -> ModelConfig:
+        if self.name == "import" and not self.target:
+            raise ValueError("model.target: model.name=import needs model.target=package.module:callable")
+        if self.name == "sequential" and not self.layers:
+            raise ValueError("model.layers: a sequential model needs a non-empty layer list")
+        if self.name == "resnet" and not self.blocks:
+            raise ValueError("model.blocks: a resnet needs at least one stage")
+        if self.widths is not None and self.name != "resnet":
+            raise ValueError("model.widths: only hasten's ResNet (model.name=resnet) has stages to set the widths of")
+        if self.widths is not None and len(self.widths) != len(self.blocks):
+            raise ValueError(
+                f"model.widths: one width per stage: {len(self.widths)} given for the {len(self.blocks)} stages of "
+                f"model.blocks={self.blocks}"
+            )
+        if self.zero_init_residual and self.bn_weight == "frozen":
+            raise ValueError(
+                "model.bn_weight: frozen BN scales with model.zero_init_residual=true would keep the zeroed scales at "
+                "0 for ever and switch those residual branches off; set one of the two"
+            )
+        url = self.pretrained is not None and self.pretrained.startswith(("http://", "https://"))
+        if url and not self.pretrained_sha256:
+            raise ValueError(
+                "model.pretrained_sha256: weights from a URL need their pinned SHA-256 (sha256sum of the file)"
+            )
+        return self
+
+
+class OptimConfig(Section):
+    # muon: conv filters orthogonalised by Muon (engine/optimizers.py), every other parameter Nesterov SGD at `lr`
+    name: Literal["sgd", "adamw", "adam", "muon"] = "sgd"
+    # peak learning rate, per `base_batch` examples when that is set; auto: picked by a short LR range test before
+    # training (hasten/tune/lr_find.py, AUTO_RULE; calibrated in benchmarks/lr_auto.py)
+    lr: float | Literal["auto"] = 0.1  # (checked positive below: one error, not one per member of the union)
+    base_batch: Annotated[int, Field(ge=1)] | None = None  # batch size `lr` is given for; None: no scaling
+    scaling: Literal["linear", "sqrt"] = "linear"  # how lr grows with the global batch
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    nesterov: bool = True
+    betas: tuple[Fraction, Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
+    weight_decay: Annotated[float, Field(ge=0)] = 5e-4
+    no_bias_decay: bool = True  # no weight decay on biases and normalisation parameters
+    # discriminative fine-tuning (Howard & Ruder, 2018): each layer below the head gets this times the LR of
+    # the layer above it; 1: one LR for all
+    layer_lr_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
+    # muon: peak LR of the conv filters, per step whatever the batch (no scaling rule: the orthogonalised update
+    # has the same size at any batch); the LR schedule drives it too
+    muon_lr: PositiveFloat = 0.02
+    # muon: the filters' momentum (torch.optim.Muon's lerp form), kept fixed by one-cycle's momentum cycling
+    muon_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.95
+
+    @model_validator(mode="after")
+    def _muon_lr_is_given(self) -> OptimConfig:
+        if self.name == "muon" and self.lr == "auto":
+            raise ValueError(
+                "optim.lr: auto is not available with optim.name=muon: the range test would sweep the filters' "
+                "optim.muon_lr with the other parameters' LR; give optim.lr"
+            )
+        return self
+
+    @field_validator("lr", mode="before")
+    @classmethod
+    def _positive_lr(cls, lr: Any) -> Any:
+        # before the union is tried: one message for a number out of range, not one per member of the union
+        if isinstance(lr, (int, float)) and not isinstance(lr, bool) and not (math.isfinite(lr) and lr > 0):
+            raise ValueError(
+                f"optim.lr: the peak learning rate must be a finite number greater than 0, or auto (got {lr!r})"
+            )
+        return lr
+
+
+class ScheduleConfig(Section):
+    """LR schedule over the run, stepped every optimizer step; see hasten/engine/schedules.py for the papers.
+
+    `linear`: after the warm-up the LR falls in a straight line to `floor` x the peak at the end (linear-to-zero).
+    airbench's triangular schedule is `one-cycle` with `anneal: linear`: `start` x peak rising to the peak at
+    `peak` of the run, then falling to `end` x peak (with `momentum: null` for its fixed momentum)."""
+
+    name: Literal["constant", "step", "cosine", "linear", "cyclic", "one-cycle"] = "constant"
+    # linear warmup before any schedule: a fraction of the run (< 1) or a count of optimizer steps (>= 1)
+    warmup: Annotated[float, Field(ge=0)] = 0.0
+    # the LR rises to its peak over at least this many optimizer steps (times the batch rule's LR factor when
+    # above 1; at most half the run): one-cycle's rise is lengthened, other schedules get a warmup. 0: off
+    min_warmup_steps: Annotated[int, Field(ge=0)] = 50
+    floor: Annotated[float, Field(ge=0, le=1)] = 0.0  # cosine, linear: final LR as a fraction of the peak
+    milestones: list[Annotated[float, Field(gt=0, lt=1)]] = [0.5, 0.75]  # step: fractions of the run
+    gamma: Annotated[float, Field(gt=0, le=1)] = 0.1  # step: LR factor per milestone; exp_range: per cycle
+    cycles: Annotated[int, Field(ge=1)] = 4  # cyclic: full triangles over the run (after warmup)
+    mode: Literal["triangular", "triangular2", "exp_range"] = "triangular"  # cyclic (Smith, 2017)
+    low: Annotated[float, Field(ge=0)] = 0.1  # cyclic: lower bound as a fraction of the peak; below 1
+    peak: Annotated[float, Field(gt=0, lt=1)] = 0.25  # one-cycle: where in the run the LR peaks
+    start: Annotated[float, Field(ge=0, le=1)] = 0.04  # one-cycle: starting LR as a fraction of the peak
+    end: Annotated[float, Field(ge=0, le=1)] = 0.0  # one-cycle: final LR as a fraction of the peak
+    anneal: Literal["linear", "cosine"] = "linear"  # one-cycle: shape of each phase
+    # one-cycle and cyclic: [low, high] momentum (Adam: beta1), cycled opposite to the LR; null: optim's fixed
+    momentum: tuple[Fraction, Fraction] | None = (0.85, 0.95)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScheduleConfig:
+        problems = []
+        if self.warmup >= 1 and self.warmup != int(self.warmup):
+            problems.append(
+                f"schedule.warmup: {self.warmup:g} is neither a fraction of the run (< 1) nor a whole step count"
+            )
+        if self.low >= 1:
+            problems.append(
+                f"schedule.low: cyclic bounds reversed: the lower bound ({self.low:g} x the peak LR) must be below "
+                "the peak (optim.lr), e.g. 0.1"
+            )
+        if self.momentum is not None and self.momentum[0] > self.momentum[1]:
+            problems.append(f"schedule.momentum: bounds reversed: give [low, high], got {list(self.momentum)}")
+        if any(b <= a for a, b in zip(self.milestones, self.milestones[1:], strict=False)):
+            problems.append(f"schedule.milestones: must increase, got {self.milestones}")
+        if problems:
+            raise ValueError("\n  - ".join(problems))
+        return self
+
+
+class TrainConfig(Section):
+    # auto: enough optimizer steps for the data (hasten/tune/rules.py), decided at start and recorded
+    epochs: Annotated[int, Field(ge=1)] | Literal["auto"] = 5
+    # per process; auto: the batch of least predicted time to the result on this machine (hasten/tune/rules.py)
+    batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = 256
+    # 256, not larger: on a CPU, fashion-fast's evaluation (one view or six) ran ~1.7x faster in batches of 256 than
+    # of 1024, whose activations overflow the caches (docs/results/wallclock.md); a GPU hardly minds
+    eval_batch_size: Annotated[int, Field(ge=1)] = 256
+    # also evaluate every N optimizer steps (0: only at epoch ends), so time to accuracy resolves to seconds; the
+    # evaluations are excluded from training time, as the epoch-end ones are, and listed in summary.json
+    eval_every_steps: Annotated[int, Field(ge=0)] = 0
+    # how the evaluations before the last one (each epoch's end, train.eval_every_steps) are made: "plain", every
+    # test image once without test-time augmentation (a sixth of a flip+shift TTA evaluation's wall time; the
+    # accuracy it reports is a little lower, so time to accuracy is never flattered); "tta", as the last one. The
+    # last evaluation, the one the run reports, always uses the TTA of train.tta_flip and train.tta_translate
+    mid_eval: Literal["plain", "tta"] = "plain"
+    # NHWC memory format for the model and the batches (conv nets); auto: timed at start-up (hasten/tune/autotune.py)
+    channels_last: bool | Literal["auto"] = False
+    accumulate: Annotated[int, Field(ge=1)] = 1  # micro-batches of batch_size summed into one optimizer step
+    compile: bool = False  # torch.compile the model; falls back to eager, with a message, where it cannot
+    checkpoint_activations: bool = False  # recompute ResNet blocks' activations in backward (torch.utils.checkpoint)
+    # any model: recompute these named submodules' activations in backward (null with checkpoint_activations on a
+    # model that is not hasten's ResNet: each top-level child but the last)
+    checkpoint_modules: list[str] | None = None
+    # evaluate on the image and its mirror, averaging the logits; auto: where flips are allowed (as data.augment.flip)
+    tta_flip: bool | Literal["auto"] = "auto"
+    # evaluate on the image and copies shifted diagonally by (+t, +t) and (-t, -t) pixels too (airbench's TTA: weights
+    # 1/2, 1/4, 1/4; edges filled as training's translate fills them); below half the image side. 0: off
+    tta_translate: Annotated[int, Field(ge=0)] = 0
+    # progressive resizing (Howard, fast.ai DAWNBench): training images start at this fraction of their side and
+    # grow linearly to full size by train.progressive_until of the optimizer steps; evaluation at full size. 0: off
+    progressive_resize: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    progressive_until: Annotated[float, Field(gt=0, le=1)] = 0.5  # fraction of the run's optimizer steps
+    # on small datasets the batch is halved (down to 16) until an epoch has at least this many optimizer steps,
+    # the LR following by optim.scaling; 0: batch_size as given (benchmarks/generalization.py measures why)
+    min_steps_per_epoch: Annotated[int, Field(ge=0)] = 128
+    threads: Annotated[int, Field(ge=1)] | None = None  # torch intra-op threads; None: torch's default
+    freeze_epochs: Annotated[int, Field(ge=0)] = 0  # train only the classifier head for N epochs, then all
+    on_nan: Literal["raise", "skip"] = "raise"  # a non-finite loss: stop naming the step, or skip that update
+    # clip the global gradient norm to this before each update (after fp16's unscaling); null or 0: off
+    clip_grad_norm: Annotated[float, Field(ge=0)] | None = None
+    # several processes (hasten train --devices N, torchrun): what becomes of the training samples that do not
+    # divide by the ranks each epoch: "pad" repeats a few so all ranks get as many (DistributedSampler's
+    # default), "drop" leaves them out of that epoch (its drop_last). Evaluation always counts each image once.
+    remainder: Literal["pad", "drop"] = "pad"
+    sync_batchnorm: bool = False  # several processes: batch-norm statistics over the global batch (SyncBatchNorm)
+
+
+class TricksConfig(Section):
+    """The bag of tricks (hasten/techniques/); each 0 means off."""
+
+    label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0  # eps: targets moved eps towards uniform
+    mixup: Annotated[float, Field(ge=0)] = 0.0  # alpha of Beta(alpha, alpha); 0: off, negative: error
+    cutmix: Annotated[float, Field(ge=0)] = 0.0  # alpha of Beta(alpha, alpha); 0: off; with mixup: one per batch
+    ema: float = 0.0  # decay of the weights' moving average per optimizer step, in (0, 1); 0: off
+    # (warmed up: min(ema, (1 + t) / (10 + t)) after t steps, so a short run does not evaluate its initial weights)
+    # training images over which the average's batch-norm statistics are recomputed before it is evaluated;
+    # 0: keep the averaged running statistics. 1,024: as accurate as 4,096 on fashion-fast's checkpoints from step 60
+    # to the end (within 0.15 points, either way; without it, 11 points lower at step 60), a quarter of the seconds
+    ema_bn_images: Annotated[int, Field(ge=0)] = 1024
+    cutout: Annotated[int, Field(ge=0)] = 0  # side in pixels of the square zeroed in each image (DeVries, 2017); 0: off
+    # Lookahead (Zhang et al., 2019): every k optimizer steps the slow weights move lookahead_alpha of the way to
+    # the live ones, which are reset to them; k=0: off
+    lookahead_steps: Annotated[int, Field(ge=0)] = 0
+    lookahead_alpha: Annotated[float, Field(gt=0, le=1)] = 0.5
+
+    @model_validator(mode="after")
+    def _ema_decay(self) -> TricksConfig:
+        if self.ema != 0 and not 0 < self.ema < 1:
+            raise ValueError(f"tricks.ema: the decay must be in (0, 1), e.g. 0.99, or 0 for off (got {self.ema:g})")
+        return self
+
+
+class LossScaleConfig(Section):
+    """Dynamic loss scaling of fp16 and fp16-master (Micikevicius et al., 2018): halve on inf/NaN, grow after
+    `growth_interval` clean steps."""
+
+    init: PositiveFloat = 65536.0  # the scale the loss is multiplied by at the first step (2**16)
+    growth_interval: Annotated[int, Field(ge=1)] = 2000  # clean optimizer steps before the scale doubles
+
+
+def unsafe_folder(path: str | Path) -> str | None:
+    """Why `path` may not be a folder hasten writes a run or results into (the filesystem root, the home folder or
+    one above it: run.overwrite would move the user's files), or None."""
+    try:
+        resolved = Path(path).expanduser().resolve()
+        home = Path.home().resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+    if resolved == Path(resolved.anchor):
+        return "the filesystem root"
+    if resolved == home or resolved in home.parents:
+        return "your home folder" if resolved == home else f"a folder above your home folder ({home})"
+    return None
+
+
+def _own_run_folder(folder: str | None) -> str | None:
+    reason = unsafe_folder(folder) if folder else None
+    if reason:
+        raise ValueError(f"run.dir: {folder!r} is {reason}; a run needs a folder of its own, e.g. runs/NAME")
+    return folder
+
+
+# `run.dir` of every recipe kind (training, the GAN): None or a folder that is not the root or the home folder
+RunFolder = Annotated[str | None, AfterValidator(_own_run_folder)]
+
+
+class RunConfig(Section):
+    dir: RunFolder = None  # default: runs/<recipe name>, or runs/<recipe name>-<data.name> on other data
+    # a fresh run into a run.dir holding another run's files: move those into run.dir/replaced-<UTC time>/
+    # (never deleted) instead of refusing
+    overwrite: bool = False
+    progress: bool = True  # rich progress bar
+    tensorboard: bool = True
+    thresholds: list[Annotated[float, Field(gt=0, le=1)]] = [0.90, 0.91, 0.92, 0.93, 0.94]
+    save_weights: bool = False  # write the final weights to run.dir/model.safetensors (for model.pretrained)
+    save_every: Annotated[int, Field(ge=0)] = 1  # checkpoint every N epochs (0: not at epoch ends)
+    save_every_steps: Annotated[int, Field(ge=0)] = 0  # and/or every N optimizer steps (0: off)
+    keep: Annotated[int, Field(ge=1)] = 2  # newest checkpoints kept in run.dir/checkpoints (the best one too)
+
+
+class SweepConfig(Section):
+    """`hasten sweep`'s grid when the command line gives no --vary (hasten/experiments/sweep.py)."""
+
+    vary: list[str] = []  # KEY=V1,V2,... items, as --vary takes them
+
+
+class TransferConfig(Section):
+    """`hasten transfer` (hasten/experiments/transfer.py): the pretraining run and the fine-tuning set sizes."""
+
+    pretrain: list[str] = []  # key=value overrides that turn this recipe into the pretraining run
+    per_class: list[Annotated[int, Field(ge=1)] | None] = [10, 50, None]  # training images per class; null: all
+
+
+class Recipe(Section):
+    name: str = "run"
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0  # torch and numpy seeds are unsigned 64-bit
+    # auto: the fastest numerically safe mode on this machine, timed at start-up (hasten/tune/autotune.py)
+    precision: Literal["fp32", "bf16", "fp16", "fp16-master", "auto"] = "fp32"
+    loss_scale: LossScaleConfig = LossScaleConfig()  # fp16 and fp16-master only
+    device: str = "auto"  # auto: cuda when available, else cpu
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    optim: OptimConfig = OptimConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    train: TrainConfig = TrainConfig()
+    tricks: TricksConfig = TricksConfig()
+    run: RunConfig = RunConfig()
+    sweep: SweepConfig = SweepConfig()
+    resume: str | None = None  # "auto": the newest complete checkpoint in run.dir; or a checkpoint's path
+    # dotted keys (or whole sections) that may differ from the checkpoint's recipe on resume; also written
+    # resume.allow_changes=[...] or `resume: {from: auto, allow_changes: [...]}`
+    resume_allow_changes: list[str] = []
+    transfer: TransferConfig = TransferConfig()
+
+    @model_validator(mode="after")
+    def _compatible(self) -> Recipe:
+        if self.tricks.lookahead_steps and self.precision == "fp16-master":
+            raise ValueError(
+                "tricks.lookahead_steps: the lookahead resets the model's weights, but under precision=fp16-master "
+                "the optimizer steps fp32 master copies and writes them back over the weights; use bf16 or fp16"
+            )
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resume_section(cls, data: Any) -> Any:
+        """`resume` may be a section {from, allow_changes}: stored as `resume` and `resume_allow_changes`."""
+        if isinstance(data, dict) and isinstance(data.get("resume"), dict):
+            data = dict(data)
+            section = dict(data.pop("resume"))
+            data["resume"] = section.pop("from", None)
+            if "allow_changes" in section:
+                data["resume_allow_changes"] = section.pop("allow_changes")
+            if section:
+                unknown = ", ".join(map(str, section))
+                raise ValueError(f"resume: unknown key(s) {unknown} (it takes from, allow_changes)")
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        if not name.strip() or any(c in name for c in "/\\\0") or name.strip() in (".", ".."):
+            raise ValueError(
+                f"name: {name!r} must be a plain folder name (no '/', '\\', '..'): it names runs/<name>, which a "
+                "run may not leave (set run.dir to write elsewhere)"
+            )
+        return name
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, device: str) -> str:
+        if not DEVICE.fullmatch(device):
+            raise ValueError(f"device: {device!r} is not auto, cpu, cuda, cuda:N or mps")
+        return device
+
+
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+DEFAULT_RECIPE = "default"
+
+
+def shipped_recipes() -> list[str]:
+    """Names of the recipes that ship inside the package."""
+    folder = importlib.resources.files("hasten.recipe") / "shipped"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+MAX_YAML_NODES = 100_000  # values a recipe may expand to through YAML aliases (`*name`); real recipes hold ~100
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a document whose aliases expand to more than MAX_YAML_NODES values, or
+    refer to themselves: a few hundred bytes of nested aliases ("billion laughs") would otherwise become
+    gigabytes once the recipe is copied, merged and validated."""
+
+    def compose_document(self) -> yaml.Node:
+        node = super().compose_document()
+        sizes: dict[int, int] = {}
+        open_nodes: set[int] = set()
+
+        def expanded(n: yaml.Node) -> int:  # values `n` stands for once every alias is copied out
+            if id(n) in sizes:
+                return sizes[id(n)]
+            if id(n) in open_nodes:
+                raise yaml.YAMLError("an alias refers to the value that contains it (a recursive structure)")
+            open_nodes.add(id(n))
+            children = n.value if isinstance(n, yaml.SequenceNode) else []
+            if isinstance(n, yaml.MappingNode):
+                children = [part for pair in n.value for part in pair]
+            total = 1
+            for child in children:
+                total += expanded(child)
+                if total > MAX_YAML_NODES:
+                    raise yaml.YAMLError(
+                        f"its aliases expand to more than {MAX_YAML_NODES:,} values (an alias bomb?); "
+                        "write the values out or use fewer nested aliases"
+                    )
+            open_nodes.discard(id(n))
+            sizes[id(n)] = total
+            return total
+
+        if node is not None:
+            expanded(node)
+        return node
+
+    def compose_mapping_node(self, anchor: str | None) -> yaml.MappingNode:
+        """A mapping that sets a key twice is an error naming both lines (YAML would keep the last silently)."""
+        node = super().compose_mapping_node(anchor)
+        seen: dict[str, int] = {}
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                if key.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key.value!r} (first set on line {seen[key.value]}): a recipe "
+                        "sets each key once", key.start_mark,
+                    )  # fmt: skip
+                seen[key.value] = key.start_mark.line + 1
+        return node
+
+
+def load_yaml(text: str, origin: str) -> Any:
+    """`text` parsed as YAML with BoundedLoader; a RecipeError naming `origin` when it is not valid or too big."""
+    try:
+        return yaml.load(text, Loader=BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise RecipeError(f"{origin}: not a usable recipe: nested too deeply") from None
+    except yaml.YAMLError as error:
+        raise RecipeError(f"{origin}: not valid YAML: {error}") from None
+
+
+def read_text_file(path: Path, what: str) -> str:
+    """A UTF-8 text file's contents; a RecipeError naming the file when it is unreadable, binary or not UTF-8."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise RecipeError(f"{what} {path}: cannot read it: {error.strerror or error}") from None
+    if b"\0" in data:
+        raise RecipeError(f"{what} {path}: a binary file, not a YAML recipe")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RecipeError(f"{what} {path}: not UTF-8 text (byte {error.start}): not a YAML recipe") from None
+
+
+RECIPE_SUFFIXES = (".yaml", ".yml")
+
+
+def _read_yaml(source: str | Path) -> tuple[dict[str, Any], str, Path | None]:
+    """The raw mapping of a recipe given as a path or a shipped name, where it came from, and the folder of its
+    file (None for a shipped recipe). A file must be YAML by name (.yaml or .yml): any other file is refused
+    before it is read, so nothing of it is echoed back."""
+    path = Path(source)
+    if path.suffix in RECIPE_SUFFIXES or path.is_file():  # a folder named like a recipe does not shadow it
+        if not path.is_file():
+            raise RecipeError(f"recipe file not found: {path}")
+        if path.suffix.lower() not in RECIPE_SUFFIXES:
+            raise RecipeError(f"{path}: not a recipe file (a recipe is YAML, named .yaml or .yml)")
+        text, origin, folder = read_text_file(path, "recipe"), str(path), path.parent
+    else:
+        shipped = importlib.resources.files("hasten.recipe") / "shipped" / f"{source}.yaml"
+        if not str(source) or not shipped.is_file():
+            raise RecipeError(
+                f"unknown recipe {str(source)!r}: not a file, and not one of the shipped recipes "
+                f"({', '.join(shipped_recipes())})"
+            )
+        text, origin, folder = shipped.read_text(encoding="utf-8"), f"shipped recipe {str(source)!r}", None
+    raw = load_yaml(text, origin)
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{origin}: a recipe must be a mapping of keys to values, got {type(raw).__name__}")
+    raw.setdefault("name", path.stem if path.suffix in RECIPE_SUFFIXES else str(source))
+    return raw, origin, folder
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """`top` laid over `base`, section by section."""
+    merged = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def load_raw(source: str | Path | None, _seen: tuple[str, ...] = ()) -> tuple[dict[str, Any], str]:
+    """A recipe's mapping, with `extends: OTHER` resolved (the other recipe's keys under this one's). OTHER is a
+    shipped recipe's name, or a .yaml file found from the folder of the recipe that extends it (as an include
+    is), not from the current folder."""
+    raw, origin, folder = _read_yaml(source or DEFAULT_RECIPE)
+    parent = raw.pop("extends", None)
+    if parent is not None:
+        if not isinstance(parent, str) or not parent.strip():
+            raise RecipeError(f"{origin}: extends must name a recipe, got {parent!r}")
+        target: str | Path = parent
+        looks_like_path = Path(parent).suffix in RECIPE_SUFFIXES or "/" in parent or "\\" in parent
+        if looks_like_path or Path(parent).is_file():
+            base_folder = folder if folder is not None else Path.cwd()
+            target = (base_folder / Path(parent).expanduser()).resolve()
+            if not target.is_file():
+                raise RecipeError(f"{origin}: extends: {parent}: no such recipe file (looked for {target})")
+            if target.suffix.lower() not in RECIPE_SUFFIXES:
+                raise RecipeError(f"{origin}: extends: {parent}: not a recipe file (a recipe is YAML, .yaml or .yml)")
+        key = str(target)
+        if key in _seen or (folder is not None and key == str(Path(source or "").resolve())):
+            chain = " -> ".join((*_seen, key))
+            raise RecipeError(f"{origin}: recipes extend each other in a loop: {chain}")
+        base, _ = load_raw(target, _seen + (key,))
+        base.pop("name", None)
+        raw = _merge(base, raw)
+    return raw, origin
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value as YAML would read it, so `0.2`, `1e-3`, `true`, `null`, `[1,2]` get their types."""
+    try:
+        value = yaml.load(text, Loader=BoundedLoader) if text.strip() else ""  # noqa: S506 - a SafeLoader
+    except yaml.constructor.ConstructorError as error:
+        if "duplicate key" in str(error.problem):  # a mapping that sets a key twice is refused, not taken as text
+            raise RecipeError(f"{text!r}: {error.problem}") from None
+        return text
+    except (yaml.YAMLError, RecursionError):
+        return text
+    if isinstance(value, str):
+        try:  # YAML 1.1 reads `1e-3` as a string; users mean a number
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+SHORTHAND = {"resume": "from"}  # a top-level value that may also be written as a section: resume=auto
+
+
+def dotted(tree: Any, key: str) -> Any:
+    """The value at dotted `key` (`train.epochs`) of a nested dict such as a dumped recipe; KeyError when the path
+    is not there."""
+    node = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(key)
+        node = node[part]
+    return node
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`raw` with each `dotted.key=value` set; a malformed override is an error naming it."""
+    result = copy.deepcopy(raw)
+    problems = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            problems.append(f"{item!r}: an override is written key=value, e.g. optim.lr=0.2")
+            continue
+        *parents, leaf = key.split(".")
+        node = result
+        for i, part in enumerate(parents):
+            if i == 0 and part in SHORTHAND and not isinstance(node.get(part), (dict, type(None))):
+                node[part] = {SHORTHAND[part]: node[part]}  # `resume=auto resume.allow_changes=[...]`
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                problems.append(f"{key}: {'.'.join(parents[: i + 1])} is a value, not a section")
+                break
+            node = child
+        else:
+            try:
+                value = parse_value(text)
+            except RecipeError as error:
+                problems.append(f"{key}: {error}")
+                continue
+            if not parents and leaf in SHORTHAND and isinstance(node.get(leaf), dict) and not isinstance(value, dict):
+                node[leaf][SHORTHAND[leaf]] = value  # `resume=auto` keeps the section's allow_changes
+            else:
+                node[leaf] = value
+    if problems:
+        raise RecipeError("bad override(s):\n" + "\n".join(f"  - {p}" for p in problems))
+    return result
+
+
+MOVED = {
+    "train.label_smoothing": "tricks.label_smoothing",
+    "run.resume": "resume",
+}  # keys that moved, so old recipes get a pointer
+
+
+# values hasten records itself (the user's Python object given to hasten.train), not ones a user types
+INTERNAL_VALUES = ("object",)
+# where a value is not one of the names: what else the user may have meant
+OTHER_WAYS = {
+    "model.name": "your own model: model.name=import model.target=package.module:callable",
+    "data.name": "your own data: data.name=import data.target=package.module:function, or a folder of images: "
+    "data.name=imagefolder data.root=DIR",
+}
+
+
+def _fields_of(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every dotted key of a recipe model, sections included (`train`, `train.epochs`, ...)."""
+    keys = []
+    for name, info in model.model_fields.items():
+        keys.append(prefix + name)
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            keys += _fields_of(info.annotation, f"{prefix}{name}.")
+    return keys
+
+
+def closest_key(dotted: str, root: type[BaseModel]) -> str | None:
+    """The valid key nearest to an unknown `dotted` one (`train.epoch` -> `train.epochs`, `lr` -> `optim.lr`)."""
+    keys = _fields_of(root)
+    leaf = dotted.rsplit(".", 1)[-1]
+    same_section = [k for k in keys if k.rsplit(".", 1)[0] == dotted.rsplit(".", 1)[0] and "." in dotted]
+    for pool, word in ((same_section, dotted), (keys, dotted)):
+        found = difflib.get_close_matches(word, pool, n=1, cutoff=0.75)
+        if found:
+            return found[0]
+    by_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]  # the right key in another section
+    if by_leaf:
+        return by_leaf[0]
+    found = difflib.get_close_matches(leaf, [k.rsplit(".", 1)[-1] for k in keys], n=1, cutoff=0.8)
+    return next((k for k in keys if found and k.rsplit(".", 1)[-1] == found[0]), None)
+
+
+def _describe(error: dict[str, Any], root: type[BaseModel] | None = None) -> str:
+    field = ".".join(str(part) for part in error["loc"]) or "recipe"
+    if error["type"] == "extra_forbidden":
+        if field in MOVED:
+            return f"{field}: unknown key (moved to {MOVED[field]})"
+        guess = closest_key(field, root) if root is not None else None
+        return f"{field}: unknown key" + (f" (did you mean {guess}?)" if guess else "")
+    if error["type"] == "literal_error":
+        allowed = [v for v in re.findall(r"'([^']*)'", str((error.get("ctx") or {}).get("expected", ""))) if
+                   v not in INTERNAL_VALUES]  # fmt: skip
+        given = error.get("input")
+        guess = difflib.get_close_matches(str(given), allowed, n=1, cutoff=0.6) if allowed else []
+        text = f"{field}: {given!r} is not one of {', '.join(allowed)}"
+        text += f" (did you mean {guess[0]}?)" if guess else ""
+        return text + (f"; for {OTHER_WAYS[field]}" if field in OTHER_WAYS else "")
+    if error["type"] == "union":  # _joined_unions: what each member of the field's union takes
+        parts = sorted(error["parts"], key=lambda part: part.startswith("or "))
+        return f"{field}: {error.get('input')!r}: should be {', '.join(parts)}"
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] in ("value_error", "assertion_error") and ": " in message:
+        return message  # our validators already start with the field name
+    return f"{field}: {message} (got {str(repr(error.get('input')))[:200]})"
+
+
+_UNION_MEMBER = re.compile(r"^(constrained-\w+|int|float|str|bool|literal\[.*\])$")
+
+
+def _joined_unions(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pydantic reports a value that fits no member of a union (`int >= 1 | "auto"`) once per member, each at
+    the field plus the member's tag: one problem per field instead, naming what each member would take."""
+    joined: list[dict[str, Any]] = []
+    by_field: dict[tuple, dict[str, Any]] = {}
+    for error in errors:
+        loc = tuple(error["loc"])
+        if not (loc and isinstance(loc[-1], str) and _UNION_MEMBER.match(loc[-1])):
+            joined.append(error)
+            continue
+        if error["type"] == "literal_error":
+            wanted = ", ".join(re.findall(r"'([^']*)'", str((error.get("ctx") or {}).get("expected", ""))))
+            part = f"or one of {wanted}" if "," in wanted else f"or {wanted}"
+        else:
+            part = error["msg"].removeprefix("Value error, ").removeprefix("Input should be ")
+        if loc[:-1] in by_field:
+            by_field[loc[:-1]]["parts"].append(part)
+        else:
+            by_field[loc[:-1]] = {"type": "union", "loc": loc[:-1], "input": error.get("input"), "parts": [part]}
+            joined.append(by_field[loc[:-1]])
+    return joined
+
+
+def _origin_of(error: dict[str, Any], overrides: list[str]) -> str | None:
+    """The override (`key=value`) the problem comes from, when its key is the problem's field, a section around
+    it, or a key inside it; None when it comes from the recipe itself."""
+    field = ".".join(str(part) for part in error["loc"])
+    for item in reversed(overrides):
+        key = item.partition("=")[0]
+        if key and (key == field or field.startswith(key + ".") or (field and key.startswith(field + "."))):
+            return item
+    return None
+
+
+def recipe_error(
+    exc: ValidationError, origin: str, overrides: list[str] | None = None, root: type[BaseModel] | None = None
+) -> RecipeError:
+    """One `RecipeError` listing every problem of a failed validation, each naming its dotted field (and the
+    nearest valid key for an unknown one, from `root`'s fields); a problem an override made is attributed to the
+    command line, the others to `origin`."""
+    found = [(_describe(error, root), _origin_of(error, overrides or [])) for error in _joined_unions(exc.errors())]
+    if overrides and all(where is not None for _, where in found):  # the recipe itself is fine: say so
+        lines = [line if line.startswith(where.partition("=")[0] + ":") else f"{line} (from {where})"
+                 for line, where in found]  # fmt: skip
+        header = f"the command line (over {origin}): {len(lines)} problem(s)"
+    else:
+        lines = [line + (f" (from the command line: {where})" if where else "") for line, where in found]
+        header = f"{origin}: {len(lines)} problem(s)"
+    return RecipeError(header + ":\n" + "\n".join(f"  - {line}" for line in lines))
+
+
+def validate(raw: dict[str, Any], origin: str = "recipe", overrides: list[str] | None = None) -> Recipe:
+    """A validated `Recipe`, or one `RecipeError` that lists every problem, each naming its field (problems from
+    `overrides`, already applied to `raw`, are attributed to the command line)."""
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as exc:
+        raise recipe_error(exc, origin, overrides, Recipe) from None
+
+
+def image_folder_layout(folder: str | Path) -> bool:
+    """Whether `folder` is laid out as an image folder: a train/ folder of class folders."""
+    train = Path(folder) / "train"
+    return train.is_dir() and any(p.is_dir() for p in train.iterdir())
+
+
+def load_recipe(source: str | None = None, overrides: list[str] | None = None) -> Recipe:
+    """The recipe named or at `source` (default: the default recipe) with `overrides` applied and validated.
+    `source` may also be an image folder (DIR/train/<class>/...): the default recipe on it, as with
+    `data.name=imagefolder data.root=DIR`."""
+    overrides = list(overrides or [])
+    shipped = (
+        source is not None and (importlib.resources.files("hasten.recipe") / "shipped" / f"{source}.yaml").is_file()
+    )
+    if source is not None and not shipped and Path(source).is_dir():
+        if not image_folder_layout(source):
+            raise RecipeError(
+                f"{source} is a folder, not a recipe: give a recipe (.yaml or a shipped name), or a folder of images "
+                "laid out as train/<class>/*.png and val/<class>/... (hasten train DIR trains the default recipe on it)"
+            )
+        overrides = ["data.name=imagefolder", f"data.root={source}", *overrides]
+        source = None
+    raw, origin = load_raw(source)
+    recipe = validate(apply_overrides(raw, overrides or []), origin, overrides)
+    section = raw.get("data")
+    own_data = section.get("name", DataConfig().name) if isinstance(section, dict) else DataConfig().name
+    if recipe.run.dir is None and recipe.name == DEFAULT_RECIPE:  # the default recipe's run is named by its data
+        recipe.run.dir = str(Path("runs") / data_label(recipe.data))
+    elif recipe.run.dir is None and recipe.data.name != own_data:  # never in the folder of the recipe's own data
+        recipe.run.dir = str(Path("runs") / f"{recipe.name}-{recipe.data.name}")
+    return recipe
+
+
+def data_label(data: DataConfig) -> str:
+    """A folder name for the data a recipe trains on: an image folder's own name, else the dataset's."""
+    if data.name == "imagefolder" and data.root:
+        name = Path(data.root).expanduser().resolve().name
+        if name and name not in (".", "..") and not name.startswith("."):
+            return name
+    return data.name
+
+
+def to_yaml(recipe: Recipe) -> str:
+    """The resolved recipe as YAML, as saved beside every run."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

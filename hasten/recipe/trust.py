@@ -1,0 +1,115 @@
+"""The trust boundary (the idea of Hugging Face's `trust_remote_code=False`): a recipe read back from a run folder,
+checkpoint or export is data, not a program. Code that rebuilds a run from such a recipe does it inside
+`embedded_recipe(source, trust)`, and there `import_target` imports nothing the recipe names unless the user
+named the same target themselves or passed `--trust-code` (`trust_code=True`): the refusal names the target
+and the flag. The gate sits in `import_target`, the one function that turns a recipe's import path into code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import sys
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hasten.errors import HastenError, RecipeError
+
+USER_SOURCES = ("import", "object")  # model.name / data.name values that stand for the user's own objects
+# keyword arguments a model or data target receives from hasten when its signature has them and the recipe's
+# args do not set them: what the data says the model must take in and put out
+SHAPE_ARGUMENTS = ("num_classes", "in_channels", "image_size")
+
+
+class UntrustedCode(HastenError):
+    """A run folder, checkpoint or export names code to import, and the user has not said to trust it (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Trust:
+    """Which import paths a recipe from a run folder, checkpoint or export may make hasten import: none by default;
+    those the user names again (`named`: dotted key -> target, e.g. {"model.target": "pkg.nets:make"}); any with
+    `code` (`--trust-code`, `trust_code=True`)."""
+
+    code: bool = False
+    named: Mapping[str, str] = field(default_factory=dict)
+
+    def allows(self, key: str, target: str) -> bool:
+        return self.code or self.named.get(key) == target
+
+
+_EMBEDDED: ContextVar[tuple[str, Trust] | None] = ContextVar("hasten_embedded_recipe", default=None)
+
+
+@contextlib.contextmanager
+def embedded_recipe(source: str, trust: Trust) -> Iterator[None]:
+    """Inside the block the recipe at work is `source`'s (a run folder, checkpoint or export): `import_target`
+    imports only what `trust` allows. Nested blocks keep the outer (stricter or equal) source's name."""
+    token = _EMBEDDED.set((source, trust))
+    try:
+        yield
+    finally:
+        _EMBEDDED.reset(token)
+
+
+def check_trusted(path: str, key: str) -> None:
+    """UntrustedCode when a recipe from a file (`embedded_recipe`) names `key`=`path` and the user did not trust it."""
+    scope = _EMBEDDED.get()
+    if scope is None or scope[1].allows(key, path):
+        return
+    source, _ = scope
+    raise UntrustedCode(
+        f"{source} names {key}={path}: hasten imports no code that a run folder, checkpoint or export names (it is "
+        f"data, not a program). If you trust its author, pass --trust-code (Python: trust_code=True), or name the "
+        f"same target yourself ({key}={path})"
+    )
+
+
+def import_target(path: str, key: str) -> Any:
+    """The object at `path` ("package.module:name" or "package.module.name"), importable from sys.path or the
+    current folder; RecipeError naming `key` and `path` otherwise. Inside `embedded_recipe`, UntrustedCode unless
+    the user trusted it: checked before anything is imported."""
+    check_trusted(path, key)
+    module_name, sep, attribute = path.partition(":")
+    if not sep:
+        module_name, _, attribute = path.rpartition(".")
+    if not module_name or not attribute:
+        raise RecipeError(f"{key}={path}: write an import path as package.module:name")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        here = str(Path.cwd())
+        if here in sys.path or not isinstance(error, ModuleNotFoundError):
+            raise RecipeError(f"{key}={path}: cannot import module {module_name!r} ({error})") from None
+        sys.path.append(here)  # the `hasten` script does not look in the current folder; `python -m hasten` does
+        return import_target(path, key)
+    target: Any = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise RecipeError(f"{key}={path}: module {module_name!r} has no attribute {attribute!r}")
+        target = getattr(target, part)
+    return target
+
+
+def call_target(target: Any, args: dict[str, Any], key: str, **shape: Any) -> Any:
+    """`target(**args)`, adding each of `shape` (SHAPE_ARGUMENTS) that its signature takes and `args` lacks."""
+    if not callable(target):
+        raise RecipeError(f"{key}: {target!r} is not callable")
+    try:
+        parameters = inspect.signature(target).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: pass args alone
+        parameters = {}
+    extra = {name: value for name, value in shape.items() if name in parameters and name not in args}
+    try:
+        return target(**args, **extra)
+    except TypeError as error:  # wrong or missing arguments: name the key the user can fix
+        raise RecipeError(f"{key}: calling {getattr(target, '__qualname__', target)} failed: {error}") from None
+
+
+def describe_class(obj: object) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"

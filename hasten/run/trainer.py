@@ -1,0 +1,857 @@
+"""The training loop: small, readable, with a few fixed hook points.
+
+Per batch: `on_batch` hooks (mixup, cutmix) take and return (images, soft targets); forward under the
+precision's autocast; backward; the precision's step (which may skip on inf/NaN); the LR schedule advances
+only when the step was taken; `after_step` hooks (EMA) see the model. Each epoch ends with an evaluation on
+the test set, a row of metrics.csv and TensorBoard scalars.
+
+Evaluations cost the wall-clock time a user waits on, so only the last one is the full one (test-time
+augmentation: up to 6 views of every test image); those before it (each epoch's end, `Plan.eval_every_steps`)
+look at every test image once (`Plan.mid_eval="plain"`, 1/6 of the cost) unless the plan asks for the full one.
+Every evaluation is timed on two clocks: the training seconds so far, and the wall seconds since the command
+started (`Plan.clock`, hasten/clock.py: start-up, probe, data and evaluations included).
+
+Checkpoints (hasten/runfolder/checkpoint.py) are taken at optimizer-step boundaries: every `save_every_steps` steps, at
+the end of every `save_every_epochs`-th epoch, and when SIGINT/SIGTERM asks the run to stop (the current step
+finishes first; a second SIGINT aborts at once). They hold everything the run depends on, down to the RNG
+states and the epoch's running loss, so a resumed run continues exactly as if never stopped.
+
+Gradient accumulation (`Plan.accumulate` = k): the gradients of k micro-batches are summed, each one's mean
+loss weighted by its share of the step's examples, then one optimizer step is taken; so a step equals one batch
+of k x batch_size (exactly, without batch norm). The epoch's last group may hold fewer micro-batches; it is
+stepped all the same, weighted by what it holds. Grads live only within a group: checkpoint at step boundaries
+(`State.batch` a multiple of k). The second optimizer step of the run is profiled for `peak_step_memory_bytes`.
+
+Several processes (DDP): every rank runs this loop on its shard; the decisions that must be the same everywhere
+(a non-finite loss on some rank, a stop signal seen by some rank) are agreed by one all-reduce per step;
+evaluation runs on each rank's split of the test set, sums reduced, so the accuracy is over every test image
+once; a checkpoint gathers each rank's own state (RNG streams, mixing generator, epoch sums) and rank 0
+writes it. Only rank 0's RunLog writes files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import signal
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import TypeAdapter, ValidationError
+from torch import Tensor, nn
+
+from hasten.clock import Clock
+from hasten.data.loader import InMemoryLoader
+from hasten.engine.distributed import all_reduce_sum, any_rank, gather_objects, rank, unwrap, world_size
+from hasten.engine.loss import soft_cross_entropy
+from hasten.engine.memory import measure_peak, peak_memory_bytes, reset_peak
+from hasten.engine.precision import Precision
+from hasten.engine.schedules import Scheduler
+from hasten.engine.step import StepResult, TrainStep, steps_per_epoch
+from hasten.errors import CheckpointError, HastenError
+from hasten.progress import EpochProgress, say
+from hasten.runfolder.checkpoint import (
+    load_model_weights,
+    prune,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    training_checkpoint,
+)
+from hasten.runfolder.log import RunLog
+from hasten.techniques import Technique
+from hasten.techniques.tta import black_fill, tta_views, views
+from hasten.version import __version__
+
+BatchHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+StepHook = Callable[[nn.Module], None]
+GRAD_NORM_EVERY = 10  # optimizer steps between TensorBoard's grad_norm_per_step points (reading it syncs)
+
+RECENT_STEPS = 20  # the training loss judged against ln(C) is the mean of this many last steps after the warm-up
+
+METRICS = [
+    "epoch",
+    "step",
+    "lr",
+    "train_loss",
+    "train_accuracy",
+    "test_loss",
+    "test_accuracy",
+    "train_seconds",
+    "images_per_second",
+    "loss_scale",
+]
+
+
+# a training loss this many times a uniform guess's, ln(classes), is a warning at once (not learning: at the end)
+UNLEARNT_MARGIN = 2.0
+
+
+@dataclass
+class Plan:
+    """What the loop is asked to do, apart from the objects it drives."""
+
+    epochs: int
+    num_classes: int
+    tta_flip: bool = False
+    tta_translate: int = 0  # pixels: evaluation also averages diagonally shifted copies (hasten/techniques/tta.py)
+    thresholds: Sequence[float] = (0.90, 0.91, 0.92, 0.93, 0.94)
+    progress: bool = True
+    accumulate: int = 1  # micro-batches per optimizer step (gradient accumulation)
+    measure_step_memory: bool = True  # profile one step's peak memory (the run's second optimizer step)
+    on_nan: str = "raise"  # a non-finite loss: "raise" (stop, naming the step) or "skip" (no update, counted)
+    rise_steps: int = 0  # optimizer steps of LR warm-up: the training loss is judged against ln(C) after them
+    loss: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy  # (logits, soft targets) -> mean loss
+    clip_grad_norm: float | None = None  # clip the global gradient norm to this before each update; None/0: off
+    eval_every_steps: int = 0  # also evaluate every N optimizer steps (0: only at epoch ends)
+    # what the divergence warning advises: overrides the run's own recipe accepts (build.divergence_advice)
+    divergence_advice: Sequence[str] = ("optim.lr=...",)
+    # the evaluations before the last: "plain", every test image once (no test-time augmentation); "tta": as the last
+    mid_eval: str = "plain"
+    clock: Clock = field(default_factory=Clock)  # wall seconds since the command started (hasten/clock.py)
+
+
+@dataclass
+class Saving:
+    """Where and when checkpoints are written; `recipe` is stored in each, so a checkpoint says what it was."""
+
+    folder: Path
+    every_epochs: int = 1  # 0: not at epoch ends
+    every_steps: int = 0  # 0: off
+    keep: int = 2  # newest kept, besides the best
+    recipe: dict[str, Any] = field(default_factory=dict)
+    protect: tuple[Path, ...] = ()  # never pruned: e.g. the checkpoint a run with allowed recipe changes resumed
+
+
+class Interrupted(HastenError):
+    """SIGINT or SIGTERM stopped the run after a checkpoint was written; exit code 128 + the signal number."""
+
+    def __init__(self, signum: int, checkpoint: Path | None):
+        where = f"; checkpoint {checkpoint}" if checkpoint else ""
+        super().__init__(f"stopped by {signal.Signals(signum).name} at a step boundary{where}")
+        self.exit_code = 128 + signum
+
+
+class NonFiniteLoss(HastenError):
+    """The loss became inf/NaN with `train.on_nan=raise`; the last good checkpoint is kept."""
+
+    exit_code = 1
+
+
+@dataclass
+class Hooks:
+    """What the loop calls and the checkpoint gathers; `from_techniques` fills it from technique objects, so a
+    technique's hooks and its state come from one place. Plain callables may be added for tests and tools."""
+
+    on_batch: list[BatchHook] = field(default_factory=list)
+    after_step: list[StepHook] = field(default_factory=list)
+    eval_model: Callable[[nn.Module], nn.Module] | None = None  # e.g. the EMA copy instead of the live model
+    stateful: dict[str, Any] = field(default_factory=dict)  # hooks with state_dict() (EMA, mixing RNG), by name
+    rank_local: set[str] = field(default_factory=set)  # names in `stateful` whose state differs per rank
+    techniques: list[Technique] = field(default_factory=list)  # the objects the fields above came from
+
+    @classmethod
+    def from_techniques(cls, techniques: Sequence[Technique]) -> Hooks:
+        """Each technique's loop hooks, as it declares them, and its state under its name."""
+        hooks = cls(techniques=list(techniques))
+        for technique in techniques:
+            if "on_batch" in technique.hooks:
+                hooks.on_batch.append(technique.on_batch)
+            if "after_step" in technique.hooks:
+                hooks.after_step.append(technique.after_step)
+            if "eval_model" in technique.hooks:
+                if hooks.eval_model is not None:
+                    raise TypeError(f"{technique.name}: a second technique that chooses the evaluated model")
+                hooks.eval_model = technique.eval_model
+            if technique.stateful:
+                hooks.stateful[technique.name] = technique
+                if technique.rank_local:
+                    hooks.rank_local.add(technique.name)
+        return hooks
+
+
+@dataclass
+class State:
+    """Where the run is; what a checkpoint needs besides the objects' own state_dicts."""
+
+    epoch: int = 0  # epochs completed
+    batch: int = 0  # batches completed in the current epoch
+    step: int = 0  # optimizer steps taken
+    skipped_steps: int = 0
+    train_seconds: float = 0.0
+    time_to_accuracy: dict[str, float | None] = field(default_factory=dict)
+    best_accuracy: float = 0.0
+    nonfinite_steps: int = 0  # steps skipped for a non-finite loss (train.on_nan=skip)
+    # the current epoch's running sums, so a run resumed mid-epoch reports the same epoch metrics
+    epoch_loss_sum: float = 0.0
+    epoch_correct: int = 0
+    epoch_seen: int = 0
+    epoch_seconds: float = 0.0
+    best_checkpoint: str | None = None  # file name of the checkpoint with the best test accuracy
+    warnings: list[str] = field(default_factory=list)  # what looked wrong (divergence, chance accuracy), in order
+    last_row: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics: a finished run's summary
+    # every evaluation, mid-epoch ones (Plan.eval_every_steps) too: [train_seconds, step, test_accuracy, wall_seconds]
+    accuracy_curve: list[list[float]] = field(default_factory=list)
+    wall_seconds: float = 0.0  # the run's wall-clock seconds when this state was saved (a resume goes on from it)
+    eval_seconds: float = 0.0  # of those, the seconds spent evaluating
+
+
+def wall_time_to_accuracy(curve: Sequence[Sequence[float]], thresholds: Sequence[str]) -> dict[str, float | None]:
+    """For each threshold ("0.93"), the wall seconds of the first evaluation at or above it in `curve` (points
+    [train_seconds, step, accuracy, wall_seconds]); None where none reached it (or the point has no wall time)."""
+    result: dict[str, float | None] = {}
+    for key in thresholds:
+        reached = next((point for point in curve if point[2] >= float(key)), None)
+        result[key] = reached[3] if reached is not None and len(reached) > 3 else None
+    return result
+
+
+_POSITION = TypeAdapter(State)  # a checkpoint's `trainer` section, checked against State's field types
+
+
+def trainer_position(saved: Any, source: str) -> State:
+    """The loop's position stored in a checkpoint as a State, its fields of State's types and its counts not
+    negative; CheckpointError naming `source` and the field otherwise."""
+    try:
+        position = _POSITION.validate_python(dict(saved) if isinstance(saved, dict) else saved)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise CheckpointError(f"{source}: trainer.{field}: {first['msg']} (got {first.get('input')!r})") from None
+    counts = ("epoch", "batch", "step", "skipped_steps", "nonfinite_steps", "epoch_seen")
+    negative = [name for name in counts if getattr(position, name) < 0]
+    clocks = [name for name in ("train_seconds", "wall_seconds")
+              if not (math.isfinite(getattr(position, name)) and getattr(position, name) >= 0)]  # fmt: skip
+    if negative or clocks:
+        name = (negative + clocks)[0]
+        raise CheckpointError(f"{source}: trainer.{name}: {getattr(position, name)!r} is not a count of the run")
+    return position
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, source: str) -> None:
+    """After loading a checkpoint's optimizer state: each per-parameter tensor (momentum, Adam's moments) has as
+    many elements as its parameter (Muon keeps filters' momentum flattened), so a mismatch is named now rather than
+    failing inside the first step."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for name, value in optimizer.state.get(param, {}).items():
+                if isinstance(value, Tensor) and value.dim() > 0 and value.numel() != param.numel():
+                    raise CheckpointError(
+                        f"{source}: optimizer state {name!r} of shape {tuple(value.shape)} does not fit its parameter "
+                        f"of shape {tuple(param.shape)}"
+                    )
+
+
+def _abort_on_second_sigint(read_end: int, stderr_fd: int) -> None:
+    """Watcher thread: read signal numbers from the wakeup pipe until it closes; on the second SIGINT, end the
+    process at once with 130 (the last checkpoint stays; the step in progress is lost). The message goes to
+    `stderr_fd`, a copy of the original stderr: sys.stderr's lock may be held by the interrupted main thread,
+    and fd 2 may be pointed at /dev/null for the moment (hasten.engine.memory hides the profiler's native output)."""
+    interrupts = 0
+    try:
+        while chunk := os.read(read_end, 64):
+            interrupts += chunk.count(signal.SIGINT)
+            if interrupts >= 2:
+                os.write(stderr_fd, b"interrupted: second Ctrl-C, aborting without a checkpoint\n")
+                os._exit(130)
+    finally:
+        os.close(read_end)
+        os.close(stderr_fd)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Scheduler | torch.optim.lr_scheduler.LRScheduler,
+        precision: Precision,
+        loaders: tuple[InMemoryLoader, InMemoryLoader],
+        plan: Plan,
+        log: RunLog,
+        hooks: Hooks | None = None,
+        saving: Saving | None = None,
+    ):
+        self.model, self.optimizer, self.scheduler, self.precision = model, optimizer, scheduler, precision
+        self.train_loader, self.test_loader = loaders
+        self.plan, self.log, self.hooks, self.saving = plan, log, hooks or Hooks(), saving
+        self.device = next(model.parameters()).device
+        self.state = State(time_to_accuracy={f"{t:.2f}": None for t in plan.thresholds})
+        self.stepper = TrainStep(
+            model, optimizer, precision, plan.num_classes, self.hooks.on_batch, plan.clip_grad_norm, plan.loss
+        )
+        self.peak_step_memory_bytes: int | None = None  # hasten.engine.memory.measure_peak of one optimizer step
+        self.stop_signal: int | None = None  # set by SIGINT/SIGTERM; acted on at the next step boundary
+        self.resumed = False
+        self.bar: EpochProgress | None = None
+        self.recent_losses: deque[float] = deque(maxlen=RECENT_STEPS)  # training losses of the last steps
+        self.wall_before = 0.0  # wall seconds of the run before this process (a resumed run's earlier ones)
+        self.startup_seconds: float | None = None  # wall seconds from the command's start to the first step
+        self.one_view_accuracy: float | None = None  # the last full evaluation's accuracy on the plain view alone
+        self.seconds_per_view: float | None = None  # an evaluation's measured seconds per view: what the ETA assumes
+        self.pace = (0, 0.0)  # (batches, training seconds) this process has trained: the ETA's pace
+
+    def wall_seconds(self) -> float:
+        """The run's wall-clock seconds so far: since the command's start, plus a resumed run's earlier ones."""
+        return self.wall_before + self.plan.clock.seconds()
+
+    # ----- checkpoints -----
+
+    def _rank_state(self) -> dict[str, Any]:
+        """What differs per rank: RNG streams, rank-local hooks (the mixing generator), the epoch's running sums."""
+        s = self.state
+        return {
+            "rng": rng_state(),
+            "hooks": {name: self.hooks.stateful[name].state_dict() for name in sorted(self.hooks.rank_local)},
+            "epoch_sums": {"epoch_loss_sum": s.epoch_loss_sum, "epoch_correct": s.epoch_correct,
+                           "epoch_seen": s.epoch_seen, "epoch_seconds": s.epoch_seconds},
+        }  # fmt: skip
+
+    def state_dict(self, ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Everything the run depends on, as a checkpoint holds it (tensors and plain containers only).
+        `ranks`: every rank's `_rank_state()`, gathered (a collective); default: this process's alone."""
+        shared = {k: v for k, v in self.hooks.stateful.items() if k not in self.hooks.rank_local}
+        return {
+            "format": 2,
+            "hasten_version": __version__,
+            "recipe": self.saving.recipe if self.saving else {},
+            "model": unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "precision": self.precision.state_dict(),
+            "hooks": {name: hook.state_dict() for name, hook in shared.items()},
+            "trainer": dataclasses.asdict(self.state),
+            "ranks": ranks if ranks is not None else [self._rank_state()],
+        }
+
+    def load_state_dict(self, state: dict[str, Any], source: str = "checkpoint") -> None:
+        """Continue from `state` (a `state_dict()`); CheckpointError naming `source` when it does not fit.
+        Fails closed: whatever a malformed checkpoint makes the loading raise becomes a CheckpointError."""
+        try:
+            self._load_state_dict(state, source)
+        except HastenError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a malformed checkpoint can break any step of the loading
+            raise CheckpointError(f"{source} is malformed: {type(error).__name__}: {error}") from None
+
+    def _load_state_dict(self, state: dict[str, Any], source: str) -> None:
+        missing = [k for k in ("model", "optimizer", "scheduler", "trainer") if k not in state]
+        if "ranks" not in state and "rng" not in state:
+            missing.append("ranks")
+        if missing:
+            raise CheckpointError(f"{source} is not a hasten training checkpoint: it lacks {', '.join(missing)}")
+        training_checkpoint(state, source)  # every section of the types the trainer writes, before any is used
+        trainer_position(state["trainer"], source)  # its types, before anything is loaded
+        mine = self._own_rank_state(state, source)
+        load_model_weights(unwrap(self.model), state["model"], source)
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            check_optimizer_state(self.optimizer, source)
+            self.scheduler.load_state_dict(state["scheduler"])
+            self._load_precision(state, source)
+            for name, hook in self.hooks.stateful.items():
+                saved = state.get("hooks", {}) | mine.get("hooks", {})
+                if name not in saved:
+                    raise CheckpointError(f"{source} has no state for {name} (was it trained with another recipe?)")
+                hook.load_state_dict(saved[name])
+        except (ValueError, KeyError, RuntimeError) as error:
+            raise CheckpointError(f"{source} does not fit this run's optimizer or schedule: {error}") from None
+        self.state = trainer_position(dict(state["trainer"]) | mine.get("epoch_sums", {}), source)
+        self.wall_before = self.state.wall_seconds  # this process's own seconds add to the stopped run's
+        set_rng_state(mine["rng"])
+        self.resumed = True
+
+    def _load_precision(self, state: dict[str, Any], source: str) -> None:
+        """The loss scaler's (or fp32 masters') state; another precision's state is named as such."""
+        try:
+            self.precision.load_state_dict(state.get("precision") or {})
+        except (KeyError, ValueError, TypeError, RuntimeError) as error:
+            recipe = state.get("recipe") if isinstance(state.get("recipe"), dict) else {}
+            saved = recipe.get("precision", "another precision")
+            raise CheckpointError(
+                f"{source} was trained with precision={saved}; its precision state does not fit "
+                f"precision={self.precision.name} ({type(error).__name__}: {error}): resume with precision={saved}"
+            ) from None
+
+    def _own_rank_state(self, state: dict[str, Any], source: str) -> dict[str, Any]:
+        """This rank's part of a checkpoint. Another number of processes may resume from an epoch's end (each
+        rank then takes the state of rank r mod the old count), never from mid-epoch: the shards would change."""
+        ranks = state.get("ranks") or [{"rng": state["rng"], "hooks": {}}]  # format 1: one process
+        here, saved = world_size(), len(ranks)
+        if saved != here:
+            if state["trainer"].get("batch", 0):
+                raise CheckpointError(
+                    f"{source} was written mid-epoch by {saved} process(es) and this run has {here}: resume it with "
+                    f"--devices {saved}, or from a checkpoint taken at the end of an epoch"
+                )
+            if rank() == 0:
+                say(f"{source}: written by {saved} process(es), resumed with {here}")
+        return ranks[rank() % saved]
+
+    def save(self, *, end_of_epoch: bool = False, accuracy: float | None = None) -> Path | None:
+        """Write a checkpoint and prune old ones, keeping the newest and the best. Every rank calls this at the
+        same point: each one's own state is gathered, and rank 0 writes."""
+        if self.saving is None:
+            return None
+        ranks = gather_objects(self._rank_state())
+        if not self.log.enabled:
+            return None
+        folder = self.saving.folder
+        self.state.wall_seconds = round(self.wall_seconds(), 3)
+        path = save_checkpoint(self.state_dict(ranks), folder / f"step-{self.state.step}.pt")
+        if end_of_epoch and accuracy is not None and accuracy >= self.state.best_accuracy:
+            self.state.best_checkpoint = path.name
+        best = (folder / self.state.best_checkpoint,) if self.state.best_checkpoint else ()
+        prune(folder, self.saving.keep, protect=best + tuple(self.saving.protect))
+        return path
+
+    def _keep_epoch_sums(self, loss_sum: Tensor, correct: Tensor, seen: int, seconds: float) -> None:
+        self.state.epoch_loss_sum, self.state.epoch_correct = loss_sum.item(), int(correct.item())
+        self.state.epoch_seen, self.state.epoch_seconds = seen, seconds
+
+    @contextlib.contextmanager
+    def stop_on_signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM ask for a stop at the next step boundary; a second SIGINT aborts at once, even in the
+        middle of a long step: Python runs signal handlers only between bytecodes, so a watcher thread reads the
+        signals from a wakeup pipe (written by the C-level handler) and ends the process with 130."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def request(signum: int, frame: object) -> None:
+            if self.stop_signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self.stop_signal = signum
+
+        previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        try:
+            stderr_fd = os.dup(2)
+        except OSError:  # no stderr (a detached service): the abort is silent
+            stderr_fd = os.open(os.devnull, os.O_WRONLY)
+        watcher = threading.Thread(target=_abort_on_second_sigint, args=(read_end, stderr_fd), daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            signal.set_wakeup_fd(previous_fd)
+            os.close(write_end)  # the watcher reads end-of-file and returns
+            watcher.join(timeout=1)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _check_stop(self, stop: bool | None = None) -> None:
+        """Checkpoint and stop when a signal came to any rank (`stop`: already agreed across the ranks)."""
+        if stop if stop is not None else any_rank(self.stop_signal is not None, self.device):
+            checkpoint = self.save()
+            raise Interrupted(self.stop_signal or signal.SIGTERM, checkpoint)
+
+    # ----- the loop -----
+
+    def steps_per_epoch(self) -> int:
+        return steps_per_epoch(len(self.train_loader), self.plan.accumulate)
+
+    def _group_examples(self, group: int) -> int:
+        """Examples in the `group`-th optimizer step of an epoch: k micro-batches, fewer in the epoch's last."""
+        loader, k = self.train_loader, self.plan.accumulate
+        first, end = group * k, min((group + 1) * k, len(loader))  # micro-batch indices [first, end)
+        return loader.batch_span(end - 1)[1] - loader.batch_span(first)[0]
+
+    def train_step(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """One optimizer step on one batch (hasten.engine.step, then the schedule and `after_step` hooks); returns the
+        (detached) loss and the count of correct predictions."""
+        result = self.stepper.backward([(images, labels)], 1, len(labels), self.stop_signal is not None)
+        self._finish_step(result)
+        return result.last_loss, result.correct
+
+    def _finish_step(self, result: StepResult) -> None:
+        """After a step's backward: the update, or what a non-finite loss asks for; the per-step scalars."""
+        if result.nonfinite:
+            self._nonfinite(result.last_loss)
+        else:
+            self.optimizer_step()
+        self.log.scalar("train_loss_per_step", result.loss, self.state.step)  # no sync: the step read it
+        if not result.nonfinite and self.state.step > self.plan.rise_steps:
+            self.recent_losses.append(result.loss)  # judged against ln(C) at the epoch's end
+        norm = self.precision.grad_norm
+        if norm is not None and (self.state.step - 1) % GRAD_NORM_EVERY == 0:  # steps 1, 11, 21, ...
+            self.log.scalar("grad_norm_per_step", norm.item(), self.state.step)  # a sync, so not every step
+
+    def _nonfinite(self, loss: Tensor) -> None:
+        """A micro-batch's loss was inf/NaN (on this or another rank): skip the update (train.on_nan=skip) or
+        stop naming the step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.plan.on_nan == "skip":
+            self.state.nonfinite_steps += 1
+            return
+        kept = f"; the last good checkpoint is in {self.saving.folder}" if self.saving else ""
+        value = f"became {loss.item()}" if not torch.isfinite(loss) else "became non-finite on another rank"
+        raise NonFiniteLoss(
+            f"the training loss {value} at step {self.state.step + 1} (epoch {self.state.epoch + 1}, "
+            f"batch {self.state.batch}){kept}; lower optim.lr, or set train.on_nan=skip to skip such steps"
+        )
+
+    def optimizer_step(self) -> None:
+        """Apply the accumulated gradients; the schedule and `after_step` hooks only follow a step that was taken."""
+        if self.stepper.apply():
+            self.log.scalar("lr_per_step", self.optimizer.param_groups[0]["lr"], self.state.step)  # the LR just used
+            self.scheduler.step()
+            self.state.step += 1
+            for after in self.hooks.after_step:
+                after(self.model)
+        else:
+            self.state.skipped_steps += 1
+
+    @torch.no_grad()
+    def evaluate(self, live: bool = False) -> tuple[float, float]:
+        """The full evaluation: test loss and accuracy over the whole test set with the plan's test-time
+        augmentation; each rank evaluates its split, the sums are reduced. The model evaluated is the hooks'
+        `eval_model` (the EMA copy) unless `live`. The same pass's accuracy on the plain view alone is kept as
+        `one_view_accuracy`."""
+        loss, accuracy, self.one_view_accuracy = self._measure(live=live, tta=True)
+        return loss, accuracy
+
+    def evaluate_between(self) -> tuple[float, float]:
+        """An evaluation before the last (each epoch's end, `Plan.eval_every_steps`): every test image once, with
+        no test-time augmentation (`Plan.mid_eval="plain"`), or the full evaluation (`"tta"`)."""
+        if self.plan.mid_eval == "tta":
+            return self.evaluate()
+        loss, accuracy, _ = self._measure(live=False, tta=False)
+        return loss, accuracy
+
+    @torch.no_grad()
+    def _measure(self, live: bool, tta: bool) -> tuple[float, float, float]:
+        """(loss, accuracy, plain-view accuracy) over the test set, timed into `State.eval_seconds` and shown."""
+        plan, loader = self.plan, self.test_loader
+        flip, translate = (plan.tta_flip, plan.tta_translate) if tta else (False, 0)
+        passes = views(flip, translate)
+        started = time.perf_counter()
+        what = "live weights" if live else "final" if tta else "plain"
+        detail = f"{loader.num_samples:,} test images, {what}, {passes} view{'s' * (passes > 1)}"
+        with self._showing(detail, len(loader)) as advance:
+            model = unwrap(self.model)  # the plain module: no DDP forward hooks or buffer broadcasts in evaluation
+            model = self.hooks.eval_model(model) if self.hooks.eval_model and not live else model  # EMA: calibrated
+            calibrated = time.perf_counter()
+            was_training = model.training
+            model.eval()
+            loss_sum = torch.zeros((), device=self.device)
+            correct = torch.zeros((), device=self.device, dtype=torch.long)
+            plain_correct = torch.zeros((), device=self.device, dtype=torch.long)
+            count = 0
+            fill = black_fill(loader.mean, loader.std) if translate else 0.0  # what training's translate pads
+            for images, labels in loader:
+                with self.precision.autocast():
+                    logits, plain = tta_views(model, images, flip, translate, fill)
+                loss_sum += torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+                correct += (logits.argmax(1) == labels).sum()
+                plain_correct += (plain.argmax(1) == labels).sum()
+                count += len(labels)
+                advance()
+            model.train(was_training)
+            sums = [loss_sum.item(), correct.item(), plain_correct.item(), count]
+            loss_total, correct_total, plain_total, count_total = all_reduce_sum(sums, self.device)
+        done = time.perf_counter()
+        self.seconds_per_view = (done - calibrated) / passes
+        self.state.eval_seconds += done - started
+        count_total = max(count_total, 1)
+        return loss_total / count_total, correct_total / count_total, plain_total / count_total
+
+    def _showing(self, text: str, batches: int) -> contextlib.AbstractContextManager[Callable[[], None]]:
+        """The progress bar's evaluation line while an evaluation runs (a no-op without a bar)."""
+        if self.bar is not None and self.bar.enabled and self.log.enabled:
+            return self.bar.evaluation(text, batches)
+        return contextlib.nullcontext(lambda: None)
+
+    def record_accuracy(self, test_accuracy: float, train_seconds: float) -> None:
+        """An evaluation after `train_seconds` of training, at the wall seconds of now: thresholds first reached,
+        the best so far, the curve."""
+        seconds = round(train_seconds, 3)
+        for key in self.state.time_to_accuracy:
+            if self.state.time_to_accuracy[key] is None and test_accuracy >= float(key):
+                self.state.time_to_accuracy[key] = seconds
+        self.state.best_accuracy = max(self.state.best_accuracy, test_accuracy)
+        wall = round(self.wall_seconds(), 3)
+        self.state.accuracy_curve.append([seconds, self.state.step, round(test_accuracy, 6), wall])
+
+    def _evaluate_mid_epoch(self, seconds_in_epoch: float) -> float:
+        """`Plan.eval_every_steps`: an evaluation between two steps of an epoch, timed at the training seconds so
+        far; returns the seconds it took, which the epoch's clock leaves out."""
+        _sync(self.device)
+        paused = time.perf_counter()
+        test_loss, test_accuracy = self.evaluate_between()
+        self.record_accuracy(test_accuracy, self.state.train_seconds + seconds_in_epoch)  # (the epoch adds its own)
+        self.log.scalar("test_accuracy_per_step", test_accuracy, self.state.step)
+        self.log.scalar("test_loss_per_step", test_loss, self.state.step)
+        _sync(self.device)
+        return time.perf_counter() - paused
+
+    # ----- what must not pass silently -----
+
+    def warn(self, text: str) -> None:
+        """A warning the user sees (the progress line, or stderr) and summary.json keeps."""
+        self.state.warnings.append(text)
+        if not self.log.enabled:
+            return
+        if self.bar is not None and self.bar.enabled:
+            self.bar.note(f"warning: {text}")
+        else:
+            say(f"warning: {text}")
+
+    def _diverged(self, text: str) -> None:
+        """Non-finite statistics or test loss: a divergence, stopped with `train.on_nan=raise`, else a warning."""
+        if self.plan.on_nan == "raise":
+            kept = f"; the last good checkpoint is in {self.saving.folder}" if self.saving else ""
+            raise NonFiniteLoss(f"{text}{kept}; lower optim.lr, or set train.on_nan=skip to go on regardless")
+        self.warn(text)
+
+    def check_health(self, row: dict[str, float]) -> None:
+        """After an epoch's evaluation: non-finite batch-norm statistics or test loss are a divergence; a training
+        loss above ln(C), the loss of a uniform guess whatever the (smoothed, mixed) targets, after the warm-up
+        means the run is not learning (Goyal et al.'s large-batch failure looks like this)."""
+        epoch, uniform = self.state.epoch, math.log(self.plan.num_classes)
+        bad = [name for name, buffer in unwrap(self.model).named_buffers()
+               if buffer.is_floating_point() and not bool(torch.isfinite(buffer).all())]  # fmt: skip
+        if bad:
+            self._diverged(f"epoch {epoch}: batch-norm statistics became non-finite ({', '.join(bad[:3])})")
+        if not math.isfinite(row["test_loss"]):
+            self._diverged(f"epoch {epoch}: the test loss is {row['test_loss']}")
+        # the loss of the last steps after the warm-up: an epoch's mean also holds its first, untrained steps
+        late = statistics.fmean(self.recent_losses) if self.recent_losses else None
+        # clearly worse than a guess (or not finite) is said at once; a loss near the guess's may be a plateau a
+        # small set's first epochs sit on, so it is said only when the run ends on it
+        worse = late is not None and late > UNLEARNT_MARGIN * uniform
+        ends_on_it = late is not None and late > uniform and epoch >= self.plan.epochs
+        if not math.isfinite(row["train_loss"]) or worse or ends_on_it:
+            shown = row["train_loss"] if late is None or not math.isfinite(row["train_loss"]) else late
+            self.warn(
+                f"epoch {epoch}: training loss {shown:.3f} (its last steps) is above ln({self.plan.num_classes}) = "
+                f"{uniform:.3f}, a uniform guess: the run diverged or is not learning; try "
+                f"{', '.join(self.plan.divergence_advice)}"
+            )
+
+    def check_result(self, test_accuracy: float) -> None:
+        """At the end: an accuracy near chance is a warning, never just a number."""
+        chance = 1 / self.plan.num_classes
+        if test_accuracy < chance + 0.1 * (1 - chance):
+            self.warn(
+                f"test accuracy {test_accuracy:.2%} is at chance level ({chance:.2%} for {self.plan.num_classes} "
+                "classes): the model did not learn; see the training loss per epoch in metrics.csv"
+            )
+
+    def train_epoch(self, bar: EpochProgress) -> dict[str, float]:
+        self.model.train()
+        self.train_loader.set_epoch(self.state.epoch)
+        loss_sum = torch.tensor(self.state.epoch_loss_sum, device=self.device)  # nonzero when resumed mid-epoch
+        correct = torch.tensor(self.state.epoch_correct, device=self.device, dtype=torch.long)
+        seen = self.state.epoch_seen
+        _sync(self.device)
+        started = time.perf_counter() - self.state.epoch_seconds
+        resumed_seconds, first_batch = self.state.epoch_seconds, self.state.batch  # what this process did not train
+        batches = iter(self.train_loader.batches(self.state.batch))
+        count, k = len(self.train_loader), self.plan.accumulate
+        if self.startup_seconds is None:  # this process's start-up: from the command to its first training step
+            self.plan.clock.mark("run folder and loop")
+            self.startup_seconds = round(self.plan.clock.seconds(), 3)
+        while self.state.batch < count:
+            # one optimizer step over the rest of this group of k micro-batches (the epoch's last group may be
+            # short: it is stepped all the same, each micro-batch weighted by its share of the group's examples)
+            group, first = self.state.batch // k, self.state.batch
+            micro_batches = min((group + 1) * k, count) - first
+            with self._probe_step_memory():
+                asked = lambda: self.stop_signal is not None  # noqa: E731  (read once the step's backward is done)
+                result = self.stepper.backward(batches, micro_batches, self._group_examples(group), asked)
+                self._finish_step(result)
+            self.state.batch += micro_batches
+            loss_sum += result.loss_sum
+            correct += result.correct
+            seen += result.examples
+            if any(bar.due(b) for b in range(first + 1, self.state.batch + 1)):
+                elapsed = time.perf_counter() - started
+                eta = self.eta(self.state.batch - first_batch, elapsed - resumed_seconds)
+                bar.update(self.state.batch, loss=loss_sum.item() / seen, accuracy=correct.item() / seen,
+                           images_per_second=seen / max(elapsed, 1e-9), eta_seconds=eta)  # fmt: skip
+            every = self.plan.eval_every_steps
+            if every and self.state.step % every == 0 and self.state.batch < count and not result.nonfinite:
+                started += self._evaluate_mid_epoch(time.perf_counter() - started)  # (the epoch's end evaluates)
+            self._at_step_boundary(result, (loss_sum, correct, seen, time.perf_counter() - started))
+        _sync(self.device)
+        seconds = time.perf_counter() - started
+        self.pace = (self.pace[0] + count - first_batch, self.pace[1] + seconds - resumed_seconds)
+        self.state.train_seconds += seconds
+        self.state.epoch += 1
+        self.state.batch = 0
+        self._keep_epoch_sums(torch.zeros(()), torch.zeros(()), 0, 0.0)
+        loss_total, correct_total, seen_total = all_reduce_sum([loss_sum.item(), correct.item(), seen], self.device)
+        return {  # over all ranks
+            "train_loss": loss_total / max(seen_total, 1),
+            "train_accuracy": correct_total / max(seen_total, 1),
+            "images_per_second": seen_total / max(seconds, 1e-9),
+        }
+
+    def eta(self, batches_now: int, seconds_now: float) -> float | None:
+        """Seconds left in the run, estimated: the batches still to train at this process's pace so far (the
+        `batches_now` of this epoch in `seconds_now` included), and the evaluations still to come at their measured
+        cost per view (before one is measured: a forward pass as a third of a training step); None before a pace."""
+        batches, seconds = self.pace[0] + batches_now, self.pace[1] + seconds_now
+        if batches < 2:
+            return None
+        per_batch, count, plan = seconds / batches, len(self.train_loader), self.plan
+        left = (plan.epochs - self.state.epoch) * count - self.state.batch
+        per_view = self.seconds_per_view
+        if per_view is None:  # no evaluation yet: a forward pass over the test set, as a third of a training step
+            test_images = len(self.test_loader) * self.test_loader.batch_size
+            per_view = test_images / self.train_loader.batch_size * per_batch / 3
+        full = views(plan.tta_flip, plan.tta_translate)
+        between = 1 if plan.mid_eval == "plain" else full
+        steps_left = -(-left // plan.accumulate)
+        mid = plan.epochs - self.state.epoch - 1 + (steps_left // plan.eval_every_steps if plan.eval_every_steps else 0)
+        live = 1 if self.hooks.eval_model is not None else 0  # the live weights' check at the end: one view
+        return left * per_batch + per_view * (max(mid, 0) * between + full + live)
+
+    def _at_step_boundary(self, result: StepResult, epoch_sums: tuple[Tensor, Tensor, int, float]) -> None:
+        """A step checkpoint every `saving.every_steps` steps; on a stop request (agreed by the step), a checkpoint
+        and `Interrupted`. The epoch's running sums (loss, correct, seen, seconds) are kept in the state first, so
+        a run resumed from here reports the same epoch metrics."""
+        every = self.saving.every_steps if self.saving else 0
+        if (every and self.state.step % every == 0 and not result.nonfinite) or result.stop:
+            self._keep_epoch_sums(*epoch_sums)
+            if not result.stop:
+                self.save()
+        self._check_stop(result.stop)
+
+    @contextlib.contextmanager
+    def _probe_step_memory(self) -> Iterator[None]:
+        """Around the run's second optimizer step (the first with optimizer state; the first when the run has one):
+        its peak memory becomes `peak_step_memory_bytes`. Elsewhere: nothing."""
+        probe_at = 1 if self.plan.epochs * self.steps_per_epoch() > 1 else 0
+        due = self.plan.measure_step_memory and self.peak_step_memory_bytes is None
+        if not (due and self.state.step + self.state.skipped_steps == probe_at):
+            yield
+            return
+        with measure_peak(self.device) as peak:
+            yield
+        self.peak_step_memory_bytes = peak.bytes
+
+    def fit(self) -> dict[str, Any]:
+        """Train for the planned epochs; returns the summary (also written to summary.json). Resumed from the
+        run's last checkpoint (stopped during the final evaluation or before the summary was written), it only
+        writes the summary again, from the metrics that checkpoint holds."""
+        if self.state.epoch >= self.plan.epochs:
+            if self.state.last_row and self.state.epoch == self.plan.epochs:
+                return self.summary(self.state.last_row, self.wall_seconds())
+            raise CheckpointError(
+                f"nothing to resume: the checkpoint is at the end of a {self.state.epoch}-epoch run; raise "
+                "train.epochs to train longer"
+            )
+        reset_peak(self.device)
+        if self.resumed:  # rows of epochs after the checkpoint were never checkpointed: they are redone
+            self.log.resume_metrics(METRICS, upto_epoch=self.state.epoch)
+        else:
+            self.log.start_metrics(METRICS)
+        self.log.open_board()  # TensorBoard's import and files now, in the start-up, not in the first step
+        bar = EpochProgress(len(self.train_loader), enabled=self.plan.progress and self.log.enabled)
+        self.bar, live = bar, {}
+        with self.stop_on_signals(), bar:
+            while self.state.epoch < self.plan.epochs:
+                bar.start_epoch(self.state.epoch + 1, self.plan.epochs)
+                row = self.train_epoch(bar)
+                final = self.state.epoch == self.plan.epochs
+                test_loss, test_accuracy = self.evaluate() if final else self.evaluate_between()
+                self.check_health(row | {"test_loss": test_loss})
+                self.record_accuracy(test_accuracy, self.state.train_seconds)
+                row.update(
+                    epoch=self.state.epoch,
+                    step=self.state.step,
+                    lr=self.optimizer.param_groups[0]["lr"],
+                    test_loss=test_loss,
+                    test_accuracy=test_accuracy,
+                    train_seconds=round(self.state.train_seconds, 3),
+                    loss_scale=self.precision.loss_scale,
+                )
+                self.log.epoch(row, self.state.step)
+                views_used = self._views(full=final or self.plan.mid_eval == "tta")
+                bar.end_epoch(row, views=views_used, wall_seconds=self.wall_seconds())
+                if final:  # the end, judged before the last checkpoint keeps it
+                    self.check_result(test_accuracy)
+                    live = self.compare_live(test_accuracy)
+                self.state.last_row = dict(row)
+                every = self.saving.every_epochs if self.saving else 0
+                if (every and self.state.epoch % every == 0) or final:
+                    self.save(end_of_epoch=True, accuracy=test_accuracy)
+                if not final:  # after the last epoch the run is done: its summary follows
+                    self._check_stop()
+        return self.summary(row, self.wall_seconds()) | live
+
+    def _views(self, full: bool) -> int:
+        """Forward passes per test image of a full evaluation (test-time augmentation) or of a plain one."""
+        return views(self.plan.tta_flip, self.plan.tta_translate) if full else 1
+
+    def compare_live(self, evaluated_accuracy: float) -> dict[str, float]:
+        """With an EMA (or any other evaluated copy), the live weights' accuracy too, on the plain view of each test
+        image (a sixth of a full evaluation with flip and shift TTA), and a warning when the evaluated copy is
+        clearly worse on the same view (by more than 2 points), which a working average never is."""
+        if self.hooks.eval_model is None:
+            return {}
+        model = unwrap(self.model)
+        if self.hooks.eval_model(model) is model:
+            return {}
+        _, live_accuracy, _ = self._measure(live=True, tta=False)
+        evaluated = self.one_view_accuracy if self.one_view_accuracy is not None else evaluated_accuracy
+        if evaluated < live_accuracy - 0.02:
+            self.warn(
+                f"the evaluated weight average scores {evaluated:.2%}, the live weights {live_accuracy:.2%} "
+                "(each on the plain test images): the average lags this run (shorten it with a lower tricks.ema, "
+                "or set tricks.ema=0)"
+            )
+        return {"live_test_accuracy": live_accuracy}
+
+    def summary(self, last: dict[str, float], wall_seconds: float) -> dict[str, Any]:
+        """The run's results. Two clocks: `wall_seconds` and `time_to_accuracy_wall` count from the command's start
+        (start-up, probe, data and evaluations included: the clock a user waits on), `train_seconds` and
+        `time_to_accuracy` the training steps alone."""
+        loader = self.train_loader  # images over all ranks
+        images = len(loader) and loader.shard_size * loader.world_size * self.state.epoch
+        summary = {
+            "test_accuracy": last["test_accuracy"],
+            "test_loss": last["test_loss"],
+            "best_test_accuracy": self.state.best_accuracy,
+            "train_accuracy": last["train_accuracy"],
+            "train_loss": last["train_loss"],
+            "epochs": self.state.epoch,
+            "steps": self.state.step,
+            "skipped_steps": self.state.skipped_steps,
+            "nonfinite_steps": self.state.nonfinite_steps,
+            "wall_seconds": round(wall_seconds, 3),
+            "train_seconds": round(self.state.train_seconds, 3),
+            "images_per_second": round(images / max(self.state.train_seconds, 1e-9), 1),
+            "peak_memory_bytes": peak_memory_bytes(self.device),  # whole run; CPU: process RSS high-water mark
+            "peak_step_memory_bytes": self.peak_step_memory_bytes,  # one step's tensors (hasten.engine.memory)
+            "time_to_accuracy": dict(self.state.time_to_accuracy),
+            "time_to_accuracy_wall": wall_time_to_accuracy(self.state.accuracy_curve, self.state.time_to_accuracy),
+            "startup_seconds": self.startup_seconds,  # this process's: from the command to its first training step
+            "startup": dict(self.plan.clock.marks),  # where the start-up went, seconds per phase
+            "eval_seconds": round(self.state.eval_seconds, 3),
+            "mid_eval": self.plan.mid_eval,  # how the evaluations before the last were made
+            # [train_seconds, step, accuracy, wall_seconds] at every evaluation
+            "accuracy_curve": [list(point) for point in self.state.accuracy_curve],
+            "one_view_test_accuracy": self.one_view_accuracy,  # the final evaluation's, on the plain view alone
+            "warnings": list(self.state.warnings),
+        }
+        self.log.summary(summary)
+        return summary

@@ -1,0 +1,120 @@
+"""The default recipe's rules: settings decided from the data and the machine instead of written down, so that a
+folder no one here has seen gets a batch, a budget and a learning rate that suit it.
+
+Each rule is a pure function of what it reads (the number of training images, the budget asked for, the step
+times the start-up probe measured), so a test can pin it; `resolve` (hasten/run/build.py) calls them, prints one line
+per decision and records the values in recipe.yaml. The constants are measured, not guessed: docs/defaults.md
+holds the measurements that chose them and the command that made each.
+
+- **Batch, by time to the result** (`train.batch_size: auto`). After McCandlish et al. ("An Empirical Model of
+  Large-Batch Training", 2018): the optimizer steps a run needs to reach a given loss fall with the batch as
+  S(B) = S_min (1 + B_noise / B): far below the gradient noise scale B_noise a bigger batch saves steps in
+  proportion, far above it, none. A step takes t(B) seconds on this machine, which the probe measures for each
+  candidate batch. The time to the result is S(B) t(B), so the rule picks the candidate that minimises
+  (1 + B_noise / B) t(B): on a GPU, where t(B) hardly grows with B, a large batch; on a CPU, where it grows almost
+  in proportion, a small one. Candidates are powers of two from MIN_BATCH, capped so the run keeps at least
+  MIN_RUN_STEPS optimizer steps (a 400-image set trained for one epoch at batch 64 takes 7 steps and learns
+  nothing).
+- **Budget** (`train.epochs: auto`): enough optimizer steps for a small set to converge (RUN_STEPS), at least
+  MIN_EPOCHS passes over a large one, at most MAX_EPOCHS.
+- **Learning rate across batches**: the recipe gives Adam's LR per `optim.base_batch` images and scales it by the
+  square root of the batch (`optim.scaling: sqrt`; Malladi et al., "On the SDEs and Scaling Rules for Adaptive
+  Gradient Algorithms", 2022), which the rule's batches then follow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+PROBE_BATCH = 128  # precision and layout are timed at this batch (or the largest candidate, when smaller)
+MIN_BATCH = 16  # below this the batch-norm statistics of one batch get too noisy to train with
+MAX_BATCH = 512  # per process; beyond it no measured set gained time
+NOISE_BATCH = 64  # B_noise of S(B) = S_min (1 + B_noise / B), calibrated in docs/defaults.md
+MIN_RUN_STEPS = 64  # the batch is capped so the run (all its epochs) takes at least this many optimizer steps
+RUN_STEPS = 600  # train.epochs=auto: optimizer steps that small sets need (docs/defaults.md)
+MIN_EPOCHS = 5  # train.epochs=auto: passes over a large set at least
+MAX_EPOCHS = 60  # train.epochs=auto: passes over a tiny set at most
+
+
+def steps_per_epoch(images: int, batch: int, world: int = 1, accumulate: int = 1) -> int:
+    return -(-images // (batch * world * accumulate))
+
+
+def batch_candidates(images: int, epochs: int | None, world: int = 1, accumulate: int = 1) -> list[int]:
+    """Per-process batches the rule may choose: powers of two from MIN_BATCH to MAX_BATCH whose run of `epochs`
+    (None: the epochs `auto_epochs` would give it) over `images`, split over `world` processes with `accumulate`
+    micro-batches a step, keeps MIN_RUN_STEPS optimizer steps. MIN_BATCH alone when even it leaves fewer: the
+    run is then as long as its budget allows."""
+    candidates, batch = [MIN_BATCH], 2 * MIN_BATCH
+    while batch <= MAX_BATCH:
+        run_epochs = epochs if epochs is not None else auto_epochs(images, batch, world, accumulate)
+        if run_epochs * steps_per_epoch(images, batch, world, accumulate) < MIN_RUN_STEPS:
+            break
+        candidates.append(batch)
+        batch *= 2
+    return candidates
+
+
+def timed_sizes(candidates: list[int]) -> list[int]:
+    """The candidates the probe times: the smallest, the largest and one between (the others are read off the line
+    through them, `step_time_line`): a step's time is close to linear in the batch, a + b B."""
+    if len(candidates) <= 3:
+        return list(candidates)
+    return [candidates[0], candidates[len(candidates) // 2], candidates[-1]]
+
+
+def step_time_line(seconds: Mapping[int, float], candidates: list[int]) -> dict[int, float]:
+    """Each candidate's step time from the timed ones: measured where measured, else on the least-squares line
+    t(B) = a + b B through them (a and b not below 0)."""
+    points = [(batch, t) for batch, t in seconds.items() if math.isfinite(t)]
+    if len(points) < 2:
+        return {batch: seconds.get(batch, math.inf) for batch in candidates}
+    mean_b = sum(b for b, _ in points) / len(points)
+    mean_t = sum(t for _, t in points) / len(points)
+    spread = sum((b - mean_b) ** 2 for b, _ in points)
+    slope = max(0.0, sum((b - mean_b) * (t - mean_t) for b, t in points) / spread)
+    intercept = max(0.0, mean_t - slope * mean_b)
+    return {batch: seconds.get(batch, intercept + slope * batch) for batch in candidates}
+
+
+def predicted_cost(batch: int, step_seconds: float, noise_batch: float = NOISE_BATCH) -> float:
+    """Seconds to the result, up to a factor the batch does not change: S(B) t(B) / S_min."""
+    return (1 + noise_batch / batch) * step_seconds
+
+
+def choose_batch(step_seconds: Mapping[int, float], noise_batch: float = NOISE_BATCH) -> int:
+    """The batch of least predicted time to the result among those timed; ties (within 1%) go to the smaller
+    batch, which takes more steps for the same time."""
+    costs = {batch: predicted_cost(batch, seconds, noise_batch) for batch, seconds in step_seconds.items()
+             if math.isfinite(seconds)}  # fmt: skip
+    if not costs:
+        raise ValueError("no batch was timed")
+    best = min(costs.values())
+    return min(batch for batch, cost in costs.items() if cost <= best * 1.01)
+
+
+def auto_epochs(images: int, batch: int, world: int = 1, accumulate: int = 1) -> int:
+    """train.epochs=auto: enough epochs for RUN_STEPS optimizer steps, at least MIN_EPOCHS, at most MAX_EPOCHS."""
+    return max(MIN_EPOCHS, min(MAX_EPOCHS, -(-RUN_STEPS // steps_per_epoch(images, batch, world, accumulate))))
+
+
+AUTO_TRANSLATE_FRACTION = 1 / 32  # data.augment.translate=auto: shifts of up to this share of the image side
+AUTO_TRANSLATE_EPOCHS = 5  # ... in runs of at least this many epochs (docs/defaults.md)
+
+
+def auto_translate(side: int, epochs: int) -> int:
+    """data.augment.translate=auto: pixels of random shift for images of `side` pixels trained `epochs` epochs."""
+    return round(side * AUTO_TRANSLATE_FRACTION) if epochs >= AUTO_TRANSLATE_EPOCHS else 0
+
+
+def describe_batch_choice(seconds: Mapping[int, float], chosen: int, measured: Mapping[int, float]) -> str:
+    """The line `hasten train` prints for `train.batch_size: auto`: each candidate's images/s (measured ones
+    marked) and predicted time to the result relative to the chosen batch's."""
+    cost = {batch: predicted_cost(batch, t) for batch, t in seconds.items()}
+    shown = ", ".join(f"{batch}{'*' if batch in measured else ''} {batch / seconds[batch]:,.0f}/s "
+                      f"x{cost[batch] / cost[chosen]:.2f}" for batch in seconds)  # fmt: skip
+    return (
+        f"train.batch_size=auto -> {chosen}: least predicted time to the result, (1 + {NOISE_BATCH}/B) x step time "
+        f"(batch images/s time; *: timed): {shown}"
+    )

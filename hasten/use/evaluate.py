@@ -1,0 +1,274 @@
+"""`hasten evaluate`: a run's evaluated model measured again, on its own test data or on other data.
+
+On the run's own data it repeats the run's evaluation exactly (the same test loader, normalisation, weights
+from `evaluated_state_dict`, precision autocast and memory format), so its accuracy with the run's TTA setting
+equals summary.json's `test_accuracy`. It reports accuracy, top-k accuracy and per-class accuracy with and
+without flip test-time augmentation (and with the run's translate TTA, `train.tta_translate`, when it used one;
+hasten/techniques/tta.py), and writes the confusion matrix (CSV and PNG) and evaluation.json, as
+timm's validate.py does for ImageNet models.
+
+Other data: `data.*` overrides (e.g. `data.name=imagefolder data.root=DIR`); its images are brought to the
+run's size and channel count, and normalised with the run's training statistics, never their own.
+
+The checkpoint is data (hasten/recipe/trust.py's trust boundary): a `model.target` or `data.target` its recipe names is
+imported only with `trust_code`, or when the overrides name the same target. The results are written into a
+temporary folder beside the output folder and moved into place once all are written, so a full disk or any
+other failure leaves no half-written evaluation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import errno
+import io
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from hasten.errors import DataError, HastenError, RecipeError
+from hasten.recipe.schema import apply_overrides, parse_value, validate
+from hasten.recipe.trust import Trust, embedded_recipe
+from hasten.runfolder.checkpoint import disk_full_message
+from hasten.runfolder.folder import RunFolderError, check_output
+from hasten.techniques.tta import black_fill, tta_logits
+from hasten.use.load import RunFacts, checkpoint_of, evaluated_state_dict, facts_from_checkpoint, network
+
+# what evaluate may change: the data, and how it runs; the model and its training are the checkpoint's
+ALLOWED_OVERRIDES = ("data.", "train.eval_batch_size=", "train.threads=", "device=", "model.target=")
+OUTPUT_FILES = ("confusion.csv", "confusion.png", "evaluation.json")  # what an evaluation writes
+SETTINGS = {"plain": (False, 0), "flip_tta": (True, 0)}  # result name -> (flip TTA, translate TTA pixels)
+
+
+def settings(tta_flip: bool, tta_translate: int) -> tuple[dict[str, tuple[bool, int]], str]:
+    """The TTA settings evaluate measures, by result name, and the name of the run's own: plain and flip always,
+    and the run's translate TTA (with its flip setting) when it had one."""
+    measured = dict(SETTINGS)
+    if tta_translate:
+        name = "flip_translate_tta" if tta_flip else "translate_tta"
+        measured[name] = (tta_flip, tta_translate)
+        return measured, name
+    return measured, "flip_tta" if tta_flip else "plain"
+
+
+def _test_loader(recipe: Any, data: Any, facts: RunFacts, device: torch.device) -> Any:
+    """The test loader the run's evaluation used, normalised with the run's training statistics."""
+    from hasten.data.imagefolder import BatchDecoder, ImageFolder, ImageFolderLoader, default_workers
+    from hasten.data.loader import InMemoryLoader
+
+    mean, std = torch.tensor(facts.mean), torch.tensor(facts.std)
+    common = dict(mean=mean, std=std, remainder="split", channels_last=recipe.train.channels_last, device=device)
+    if isinstance(data, ImageFolder):
+        decoder = BatchDecoder(data.test, data.mode, data.size, data.resize)
+        workers = default_workers() if recipe.data.workers is None else recipe.data.workers
+        return ImageFolderLoader(decoder, recipe.train.eval_batch_size, workers=workers, **common)
+    return InMemoryLoader(data.test_images, data.test_labels, recipe.train.eval_batch_size, **common)
+
+
+def named_targets(overrides: Sequence[str]) -> dict[str, str]:
+    """The import paths the user names in `overrides` (model.target=..., data.target=...): trusted as named."""
+    named = {}
+    for item in overrides:
+        key, _, text = item.partition("=")
+        if key in ("model.target", "data.target"):
+            named[key] = str(parse_value(text))
+    return named
+
+
+def _recipe(state: dict[str, Any], facts: RunFacts, overrides: Sequence[str], source: str) -> Any:
+    bad = [o for o in overrides if not o.startswith(ALLOWED_OVERRIDES)]
+    if bad:
+        raise RecipeError(
+            f"evaluate: {', '.join(bad)}: only data.* keys, train.eval_batch_size, train.threads and device can be "
+            "changed (the model and its training are the checkpoint's)"
+        )
+    saved = (
+        (state["recipe"].get("model") or {}).get("target") if isinstance(state["recipe"].get("model"), dict) else None
+    )
+    named = named_targets(overrides).get("model.target")
+    if named is not None and named != saved:
+        raise RecipeError(
+            f"evaluate: model.target={named}: the checkpoint's model is {saved or 'hasten built-in'}; model.target= "
+            "may only name the same target, to trust it"
+        )
+    raw = apply_overrides(state["recipe"], list(overrides))
+    if any(o.startswith("data.") for o in overrides):  # other data: brought to the run's input, unless told
+        channels, height, width = facts.image_shape
+        data = raw.setdefault("data", {})
+        if height == width and not any(o.startswith("data.size=") for o in overrides):
+            data["size"] = height
+        if channels in (1, 3) and not any(o.startswith("data.rgb=") for o in overrides):
+            data["rgb"] = channels == 3
+        if not any(o.startswith("data.classes=") for o in overrides):
+            data["classes"] = None  # the run's class names describe its own data; other data brings its own
+    return validate(raw, f"the recipe in {source} with {' '.join(overrides)}" if overrides else source)
+
+
+def _measure(logits: Tensor, labels: Tensor, num_classes: int, top_k: int) -> dict[str, Any]:
+    predicted = logits.argmax(1)
+    correct = int((predicted == labels).sum())
+    k = min(top_k, num_classes)
+    in_top = (logits.topk(k, dim=1).indices == labels[:, None]).any(1)
+    confusion = torch.bincount(labels * num_classes + predicted, minlength=num_classes**2).view(num_classes, -1)
+    return {
+        "accuracy": correct / max(len(labels), 1),  # as the trainer computes it: correct / count
+        "correct": correct,
+        "count": len(labels),
+        f"top{k}_accuracy": int(in_top.sum()) / max(len(labels), 1),
+        "confusion": confusion,
+    }
+
+
+def _write_confusion(confusion: Tensor, classes: list[str], folder: Path, title: str) -> list[Path]:
+    """confusion.csv (rows: true class, columns: predicted) and confusion.png."""
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(["true \\ predicted", *classes])
+    for name, row in zip(classes, confusion.tolist(), strict=True):
+        writer.writerow([name, *row])
+    (folder / "confusion.csv").write_text(text.getvalue(), encoding="utf-8", errors="backslashreplace")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(classes)
+    fig, ax = plt.subplots(figsize=(max(5, 0.5 * n + 2), max(4, 0.5 * n + 1.5)))
+    ax.imshow(confusion.numpy(), cmap="Blues")
+    if n <= 30:  # names and counts stay legible up to about this many classes
+        ax.set_xticks(range(n), classes, rotation=60, ha="right", fontsize=8)
+        ax.set_yticks(range(n), classes, fontsize=8)
+        peak = int(confusion.max()) or 1
+        for (i, j), value in zip(torch.cartesian_prod(torch.arange(n), torch.arange(n)).tolist(),
+                                 confusion.flatten().tolist(), strict=True):  # fmt: skip
+            ax.text(j, i, str(value), ha="center", va="center", fontsize=7,
+                    color="white" if value > peak / 2 else "black")  # fmt: skip
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(folder / "confusion.png", dpi=120)
+    plt.close(fig)
+    return [folder / "confusion.csv", folder / "confusion.png"]
+
+
+def evaluate(
+    source: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    top_k: int = 5,
+    out: str | Path | None = None,
+    trust_code: bool = False,
+) -> dict[str, Any]:
+    """Evaluate the model a run evaluated (`source`: run folder or checkpoint) on its test data, or on the
+    data `overrides` name; returns the results (also written, with the confusion matrix, to `out`). A
+    `model.target`/`data.target` the checkpoint names is imported only with `trust_code` or named in `overrides`."""
+    from hasten.data.preprocessing import held_out_split
+    from hasten.engine.distributed import resolve_device
+    from hasten.engine.precision import make_precision
+    from hasten.run.build import dataset
+
+    path, state = checkpoint_of(source)
+    trust = Trust(code=trust_code, named=named_targets(overrides))
+    facts = facts_from_checkpoint(path, state, trust)
+    recipe = _recipe(state, facts, overrides, str(path))
+    if out is not None:
+        _check_output_folder(Path(out))  # before the data is read: a refused folder costs nothing
+    if recipe.train.threads:
+        torch.set_num_threads(recipe.train.threads)
+    device = resolve_device(recipe.device)
+    with embedded_recipe(str(path), trust):
+        data = dataset(recipe)
+    if len(data.classes) != len(facts.classes) or tuple(data.image_shape) != tuple(facts.image_shape):
+        raise DataError(
+            f"data.name={recipe.data.name}: {len(data.classes)} classes of {tuple(data.image_shape)} images, but "
+            f"{path} was trained on {len(facts.classes)} classes of {tuple(facts.image_shape)} images"
+        )
+    precision = make_precision(recipe.precision, device, recipe.loss_scale.init, recipe.loss_scale.growth_interval)
+    model = network(facts, evaluated_state_dict(state), str(path), prepare=precision.prepare, trust=trust).to(device)
+    if recipe.train.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    measured, headline = settings(facts.tta_flip, facts.tta_translate)
+    logits: dict[str, list[Tensor]] = {name: [] for name in measured}
+    labels: list[Tensor] = []
+    loader = _test_loader(recipe, data, facts, device)
+    fill = black_fill(loader.mean, loader.std)  # the edge of a shifted image, as the trainer fills it
+    with torch.no_grad():  # not around make_precision: its probe runs a backward pass
+        for images, batch_labels in loader:
+            with precision.autocast():  # the trainer's evaluation, op for op
+                for name, (flip, translate) in measured.items():
+                    logits[name].append(tta_logits(model, images, flip, translate, fill).cpu())
+            labels.append(batch_labels.cpu())
+    targets = torch.cat(labels)
+    results = {name: _measure(torch.cat(parts), targets, len(facts.classes), top_k) for name, parts in logits.items()}
+    for result in results.values():
+        confusion = result["confusion"]
+        per_class = confusion.diag() / confusion.sum(1).clamp_min(1)
+        result["per_class_accuracy"] = dict(zip(facts.classes, per_class.tolist(), strict=True))
+    own_data = not any(o.startswith("data.") for o in overrides)
+    folder = Path(out) if out else path.parent.parent / ("evaluation" if own_data else f"evaluation-{recipe.data.name}")
+    test_split = held_out_split(data)
+    files = [folder / name for name in OUTPUT_FILES]
+    summary = {
+        "source": str(path),
+        "data": recipe.data.name,
+        "split": test_split,
+        "images": len(targets),
+        "run_tta_flip": facts.tta_flip,
+        "run_tta_translate": facts.tta_translate,
+        "run_setting": headline,  # the result computed as the run evaluated
+        "accuracy": results[headline]["accuracy"],  # the run's setting: summary.json's test_accuracy on its data
+        "recorded_test_accuracy": facts.test_accuracy if own_data else None,
+        "classes": facts.classes,
+        "data_classes": list(data.classes),
+        "results": {name: {k: v for k, v in r.items() if k != "confusion"} for name, r in results.items()},
+        "confusion": results[headline]["confusion"].tolist(),
+        "files": [str(f) for f in files],
+    }
+    title = f"{recipe.name}: {recipe.data.name} {test_split} ({headline})"
+    with staged_output(folder) as stage:
+        _write_confusion(results[headline]["confusion"], facts.classes, stage, title)
+        (stage / "evaluation.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+def _check_output_folder(folder: Path) -> None:
+    """The folder an evaluation writes may be new, an earlier evaluation's, or any folder that holds none of the
+    files it writes; never a run folder's own files (RUN/checkpoints), nor files of another kind."""
+    check_output(folder / OUTPUT_FILES[-1], overwrite=True, what="evaluate --out:")
+    if folder.exists() and not folder.is_dir():
+        raise RunFolderError(f"evaluate --out: {folder} is a file; give a folder")
+    ours = [folder / name for name in OUTPUT_FILES if (folder / name).exists()]
+    if ours and not (folder / "evaluation.json").is_file():
+        names = ", ".join(p.name for p in ours)
+        raise RunFolderError(f"evaluate --out: {folder} holds {names} that no evaluation wrote; give another folder")
+
+
+@contextlib.contextmanager
+def staged_output(folder: Path) -> Any:
+    """A temporary folder beside `folder` to write the results into; once the block ends they are moved into
+    `folder` (made, or an earlier evaluation's files replaced). On any failure the temporary folder goes and
+    `folder` is as it was; a full disk is a HastenError saying how much space is free."""
+    _check_output_folder(folder)
+    stage = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(stage, ignore_errors=True)
+        stage.mkdir()
+        yield stage
+        if not folder.exists():
+            os.rename(stage, folder)
+        else:
+            for item in sorted(stage.iterdir()):
+                os.replace(item, folder / item.name)
+    except OSError as error:
+        space = f"; it {disk_full_message(folder, 1 << 20)}" if error.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        raise HastenError(f"evaluate: cannot write {folder}: {error.strerror or error}{space}") from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
