@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def audit_writes(folder: Path, rank: int) -> None:
@@ -50,16 +51,16 @@ def inject(fault: str, rank: int) -> None:
     kind, fault_rank, fault_step = fault.split(":")
     if rank != int(fault_rank) or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return
-    step_once = Trainer.optimizer_step
+    finish_once = Trainer._finish_step  # the update and what follows it
 
-    def optimizer_step(self: Trainer) -> None:
-        step_once(self)
+    def finish_step(self: Trainer, result: Any) -> None:
+        finish_once(self, result)
         if self.state.step == int(fault_step):
             if kind == "raise":
                 raise RuntimeError(f"injected failure on rank {rank} at step {fault_step}")
             os.kill(os.getpid(), signal.SIGKILL if kind == "kill" else signal.SIGTERM)
 
-    Trainer.optimizer_step = optimizer_step
+    Trainer._finish_step = finish_step
 
 
 def main() -> int:

@@ -447,8 +447,9 @@ def resolve(
 ) -> tuple[Recipe, tuple[str, ...]]:
     """Every setting the recipe leaves open, decided once: flips, shifts and TTA from the data; the user's model
     and data recorded; precision, memory layout and batch from the machine (or as the run being resumed chose
-    them); the budget from the data. One line per decision is printed; the returned recipe holds the values and
-    the keys the machine decided (a resume may decide them again)."""
+    them); the budget from the data; optim.lr=auto by a range test. One line per decision is printed; the returned
+    recipe holds the values (it is the one recipe.yaml records and `assemble` builds from, unchanged), with the keys
+    the machine decided (a resume may decide them again)."""
     world = world_size()
     recipe, notes = resolve_for_data(recipe, data, world)
     if user_objects(recipe, given_model, given_data):  # fail before anything is timed or trained
@@ -462,6 +463,8 @@ def resolve(
     if distributed.is_main():
         for note in notes:
             say(note)
+    if recipe.optim.lr == "auto":  # last: the range test runs the run as decided so far
+        recipe = resolve_lr(recipe, data, model, device)
     return recipe, machine_keys
 
 
@@ -502,9 +505,11 @@ def assemble(
     device: torch.device,
     machine_keys: tuple[str, ...] = (),
     clock: Clock | None = None,
+    announce: bool = True,
 ) -> Parts:
     """The run's objects from the resolved `recipe`, which is not changed: loaders, the techniques and their hooks,
-    the model on its device, layout and precision, the optimizer and its schedule; DDP around the model."""
+    the model on its device, layout and precision, the optimizer and its schedule; DDP around the model.
+    `announce=False` (a trial assembly, for optim.lr=auto's range test) says nothing."""
     rank, world = distributed.rank(), world_size()
     clock = clock or Clock()
     scale = recipe.loss_scale
@@ -522,7 +527,9 @@ def assemble(
     for technique in _at(made, "on_model"):
         technique.on_model(model)
     if recipe.model.pretrained:
-        say(pretrained_from_config(model, recipe.model).describe())
+        report = pretrained_from_config(model, recipe.model)
+        if announce:
+            say(report.describe())
     model = model.to(device)
     if recipe.train.checkpoint_activations or recipe.train.checkpoint_modules:
         model = checkpoint_activations(model, recipe.train.checkpoint_modules)
@@ -552,10 +559,6 @@ def assemble(
     if world > 1:
         seed_everything((recipe.seed * 1_000_003 + rank) % 2**63)  # after the weights: dropout masks differ per rank
         model = distributed.wrap(model, device)  # after the EMA copy and the optimizer, which hold the inner model
-    parts = Parts(recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks)
-    if recipe.optim.lr == "auto":
-        pick_lr(parts)
-        recipe, lr, schedule = parts.recipe, parts.lr, parts.scheduler
     compiled = False
     if recipe.train.compile:  # last: the EMA copy above stays eager
         model, failure = compile_model(model, next(iter(train_loader))[0], precision.autocast)
@@ -665,25 +668,26 @@ def choose_on_machine(
     return recipe, tuple(key for key in asked), notes
 
 
-def pick_lr(parts: Parts) -> None:
-    """optim.lr=auto: a short LR range test on the built run picks the peak LR (lr_find.AUTO_RULE); the optimizer
-    and the schedule are set to it, and the recipe records it as `optim.lr` (per `optim.base_batch`)."""
+def resolve_lr(recipe: Recipe, data: Any, model: nn.Module, device: torch.device) -> Recipe:
+    """optim.lr=auto: a short LR range test picks the peak LR (lr_find.AUTO_RULE), run on a trial assembly of the
+    run (a copy of `model` with the run's loader, batch hooks, precision and optimizer, built at a placeholder LR and
+    then dropped); the returned recipe records it as `optim.lr` (per `optim.base_batch`). The random streams are
+    left as they were."""
     from hasten.tune.lr_find import AUTO_RULE, AUTO_START, AUTO_STEPS, auto_lr, lr_find
 
-    recipe = parts.recipe
-    result = lr_find(parts, start=AUTO_START, steps=AUTO_STEPS)
+    trial_recipe = recipe.model_copy(deep=True)
+    trial_recipe.train.compile = False  # the sweep's few steps are not worth a compile
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        trial = assemble(trial_recipe, data, copy.deepcopy(model), device, announce=False)
+        result = lr_find(trial, start=AUTO_START, steps=AUTO_STEPS)
     peak = auto_lr(result)
-    for group in parts.optimizer.param_groups:  # discriminative LRs keep their ratios to the peak
-        group["initial_lr"] = group["initial_lr"] * peak / parts.lr
-        group["lr"] = group["initial_lr"]
+    recipe = recipe.model_copy(deep=True)
     scale = lr_scale(recipe)
     recipe.optim.lr = peak / scale
-    parts.lr = peak
-    steps = optimizer_steps(recipe, parts.train_loader)
-    parts.scheduler = scheduler(parts.optimizer, recipe.schedule, steps, scale)
     if distributed.is_main():
         per = f" ({peak / scale:.4g} per {recipe.optim.base_batch})" if recipe.optim.base_batch else ""
         say(f"optim.lr=auto: peak LR {peak:.4g}{per} from a {len(result.lrs)}-step range test ({AUTO_RULE})")
+    return recipe
 
 
 def trainer_for(parts: Parts, plan: Plan, log: RunLog, saving: Saving | None = None) -> Trainer:
@@ -810,12 +814,33 @@ def train(
     folder = run_dir(recipe)
     lock = RunLock(folder) if distributed.is_main() else contextlib.nullcontext()
     with lock:
-        return _train_locked(recipe, parts, folder, loss, clock)
+        trainer, log = start_run(recipe, parts, folder, loss, clock)
+        # signals stay caught until the run returns: a stop once the last epoch is done lets the summary be written
+        # and the run end with 0 (its work is complete), instead of killing it mid-write
+        try:
+            with trainer.stop_on_signals():
+                summary = trainer.fit()
+                model = distributed.unwrap(parts.model)
+                if recipe.run.save_weights and log.enabled:  # the weights evaluated: the EMA copy when there is one
+                    save_weights(parts.hooks.eval_model(model) if parts.hooks.eval_model else model, log.dir)
+                summary |= {"run_dir": str(log.dir), "lr": parts.lr, "global_batch": global_batch(recipe)}
+                summary |= {"world_size": world_size(), "precision": recipe.precision}  # auto: as chosen
+                summary |= {"channels_last": recipe.train.channels_last}
+                summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader)  # for evaluate/predict
+                summary["evaluated_on"] = evaluated_on(recipe)
+                summary["wall_seconds"] = round(trainer.wall_seconds(), 3)  # everything, from the command's start
+                log.summary(summary)
+                distributed.barrier()  # the ranks end together, once rank 0 has written everything
+        finally:
+            log.close()
+        return summary
 
 
-def _train_locked(
+def start_run(
     recipe: Recipe, parts: Parts, folder: Path, loss: Callable[[Tensor, Tensor], Tensor] | None, clock: Clock
-) -> dict[str, Any]:
+) -> tuple[Trainer, RunLog]:
+    """The loop over the built `parts`, ready in its (locked) run folder: resumed from a checkpoint when the recipe
+    asks, the folder claimed, recipe.yaml written, the warnings and the resolved LR scaling said."""
     checkpoint = resume_from(recipe, folder / "checkpoints")  # before anything in the run folder is written
     claim_run_folder(recipe, folder, checkpoint, parts.machine_keys)
     log = RunLog(folder, enabled=distributed.is_main(), tensorboard=recipe.run.tensorboard)
@@ -872,21 +897,4 @@ def _train_locked(
         o = recipe.optim
         rule = f"{o.scaling} rule from {o.lr:g} per {o.base_batch}" if o.base_batch else "no optim.base_batch: as given"
         say(f"global batch {batch} ({how}); peak LR {parts.lr:.4g} ({rule})")
-    # signals stay caught until the run returns: a stop once the last epoch is done lets the summary be written
-    # and the run end with 0 (its work is complete), instead of killing it mid-write
-    try:
-        with trainer.stop_on_signals():
-            summary = trainer.fit()
-            model = distributed.unwrap(parts.model)
-            if recipe.run.save_weights and log.enabled:  # the weights evaluated: the EMA copy when there is one
-                save_weights(parts.hooks.eval_model(model) if parts.hooks.eval_model else model, log.dir)
-            summary |= {"run_dir": str(log.dir), "lr": parts.lr, "global_batch": batch, "world_size": world_size()}
-            summary |= {"precision": recipe.precision, "channels_last": recipe.train.channels_last}  # auto: chosen
-            summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader)  # for evaluate/predict
-            summary["evaluated_on"] = evaluated_on(recipe)
-            summary["wall_seconds"] = round(trainer.wall_seconds(), 3)  # everything, from the command's start
-            log.summary(summary)
-            distributed.barrier()  # the ranks end together, once rank 0 has written everything
-    finally:
-        log.close()
-    return summary
+    return trainer, log

@@ -481,11 +481,19 @@ class Trainer:
         return result.last_loss, result.correct
 
     def _finish_step(self, result: StepResult) -> None:
-        """After a step's backward: the update, or what a non-finite loss asks for; the per-step scalars."""
+        """After a step's backward: the update (the precision's optimizer step on the accumulated gradients, clipped
+        first when asked; the schedule and `after_step` hooks only follow a step that was taken), or what a
+        non-finite loss asks for; the per-step scalars."""
         if result.nonfinite:
             self._nonfinite(result.last_loss)
+        elif self.precision.step(self.optimizer, self.stepper.clip_grad_norm):  # False: fp16's scaler skipped it
+            self.log.scalar("lr_per_step", self.optimizer.param_groups[0]["lr"], self.state.step)  # the LR just used
+            self.scheduler.step()
+            self.state.step += 1
+            for after in self.hooks.after_step:
+                after(self.model)
         else:
-            self.optimizer_step()
+            self.state.skipped_steps += 1
         self.log.scalar("train_loss_per_step", result.loss, self.state.step)  # no sync: the step read it
         if not result.nonfinite and self.state.step > self.plan.rise_steps:
             self.recent_losses.append(result.loss)  # judged against ln(C) at the epoch's end
@@ -506,17 +514,6 @@ class Trainer:
             f"the training loss {value} at step {self.state.step + 1} (epoch {self.state.epoch + 1}, "
             f"batch {self.state.batch}){kept}; lower optim.lr, or set train.on_nan=skip to skip such steps"
         )
-
-    def optimizer_step(self) -> None:
-        """Apply the accumulated gradients; the schedule and `after_step` hooks only follow a step that was taken."""
-        if self.stepper.apply():
-            self.log.scalar("lr_per_step", self.optimizer.param_groups[0]["lr"], self.state.step)  # the LR just used
-            self.scheduler.step()
-            self.state.step += 1
-            for after in self.hooks.after_step:
-                after(self.model)
-        else:
-            self.state.skipped_steps += 1
 
     @torch.no_grad()
     def evaluate(self, live: bool = False) -> tuple[float, float]:
@@ -767,7 +764,7 @@ class Trainer:
         self.log.open_board()  # TensorBoard's import and files now, in the start-up, not in the first step
         bar = EpochProgress(len(self.train_loader), enabled=self.plan.progress and self.log.enabled)
         self.bar, live = bar, {}
-        with self.stop_on_signals(), bar:
+        with bar:  # SIGINT/SIGTERM: the caller's `stop_on_signals` (hasten.run.build.train), installed once per run
             while self.state.epoch < self.plan.epochs:
                 bar.start_epoch(self.state.epoch + 1, self.plan.epochs)
                 row = self.train_epoch(bar)
