@@ -11,6 +11,7 @@ plot into docs/results/ (bench/ itself is not kept in git), and rewrites the par
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -48,6 +49,25 @@ def after_title(report: Path) -> str:
     return "\n".join(lines[1:] if lines and lines[0].startswith("# ") else lines).strip()
 
 
+PLOT_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
+
+
+def copy_report(source: Path, target: Path, plots: dict[str, str]) -> None:
+    """A bench report copied into docs/results/ with its plot links fixed: a plot kept beside it (`plots`: the
+    bench's file name -> its name in docs/results/) is linked by its kept name, and the line of any other plot
+    (bench/ is not in git) is left out, so the copy never links to a missing file."""
+    lines = []
+    for line in source.read_text().splitlines():
+        links = PLOT_LINK.findall(line)
+        if any(name not in plots for name in links):
+            continue
+        for name in links:
+            line = line.replace(f"]({name})", f"]({plots[name]})")
+        lines.append(line)
+    text = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
+    target.write_text(text)
+
+
 def section() -> str:
     DOCS.mkdir(parents=True, exist_ok=True)
     parts = [BEGIN, "## Results", ""]
@@ -55,8 +75,9 @@ def section() -> str:
     if headline is None:
         parts += ["`bench/headline` has not been run here: `" + COMMANDS["headline"] + "`.", ""]
     else:
-        shutil.copy(BENCH / "headline" / "report.md", DOCS / "headline.md")
         shutil.copy(BENCH / "headline" / "accuracy_vs_time.png", DOCS / "headline-accuracy-vs-time.png")
+        plots = {"accuracy_vs_time.png": "headline-accuracy-vs-time.png"}
+        copy_report(BENCH / "headline" / "report.md", DOCS / "headline.md", plots)
         parts += [
             "The textbook loop, the default recipe and the shortest recipe to 91%, side by side in one run "
             f"({headline['repeats']} repeats, interleaved, medians; each run in its own process):",
@@ -78,16 +99,16 @@ def section() -> str:
         ]
     f94 = load("fashion-94")
     if f94 is not None:
-        shutil.copy(BENCH / "fashion-94" / "report.md", DOCS / "fashion-94.md")
+        copy_report(BENCH / "fashion-94" / "report.md", DOCS / "fashion-94.md", {})
         parts += ["94% needs a wider network and longer training (`fashion-94`):", "", "```", COMMANDS["fashion-94"]]
         parts += ["```", "", bench_table(f94, "train"), ""]
     peers = BENCH / "peers" / "report.md"
     if peers.is_file():
-        shutil.copy(peers, DOCS / "peers.md")
+        copy_report(peers, DOCS / "peers.md", {})
         parts += ["### Against PyTorch Lightning", "", "```", COMMANDS["peers"], "```", "", after_title(peers), ""]
     distributed = BENCH / "distributed" / "report.md"
     if distributed.is_file():
-        shutil.copy(distributed, DOCS / "distributed.md")
+        copy_report(distributed, DOCS / "distributed.md", {})
         parts += [
             "### One process against two, and large batches",
             "",
