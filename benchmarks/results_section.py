@@ -1,11 +1,12 @@
-"""The README's Results section, generated from the benchmark outputs in bench/ (nothing typed by hand).
+"""The Results section of docs/benchmarks.md, generated from the benchmark outputs in bench/ (nothing typed by hand).
 
     .venv/bin/python benchmarks/results_section.py        # after the benchmarks below have run
 
 Reads bench/headline (hasten bench fashion-fast --also fashion-sprint), bench/fashion-94, bench/peers (make
 bench-peers) and bench/distributed (benchmarks/distributed.py); copies their reports and the accuracy-vs-time
-plot into docs/results/ (bench/ itself is not kept in git), and rewrites the part of README.md between the
-`<!-- results:begin -->` and `<!-- results:end -->` markers. A benchmark that has not run is left out, saying so.
+plot into docs/results/ (bench/ itself is not kept in git), and rewrites the part of docs/benchmarks.md between
+the `<!-- results:begin -->` and `<!-- results:end -->` markers. A benchmark that has not run is left out, saying
+so. Links in the section are relative to docs/, where the page is.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from hasten.report import bench_table
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH, DOCS = ROOT / "bench", ROOT / "docs" / "results"
+PAGE = ROOT / "docs" / "benchmarks.md"  # the page that holds the section; its links are relative to its folder
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 COMMANDS = {
     "headline": "hasten bench fashion-fast --also fashion-sprint --naive-epochs 3 --repeats 2 --out bench/headline",
@@ -79,7 +81,7 @@ def section() -> str:
         plots = {"accuracy_vs_time.png": "headline-accuracy-vs-time.png"}
         copy_report(BENCH / "headline" / "report.md", DOCS / "headline.md", plots)
         parts += [
-            "The textbook loop, the default recipe and the shortest recipe to 91%, side by side in one run "
+            "The textbook loop, `fashion-fast` and the shortest recipe to 91%, side by side in one run "
             f"({headline['repeats']} repeats, interleaved, medians; each run in its own process):",
             "",
             "```",
@@ -92,9 +94,9 @@ def section() -> str:
             "after each epoch, on all 10,000 test images) first reached the threshold; (Nx) is the speed-up "
             "over the naive loop; of bare step: the run's images/s over its training step's alone "
             "(training / wall time). Full report with the spread over repeats and the recipes: "
-            "[docs/results/headline.md](docs/results/headline.md).",
+            "[docs/results/headline.md](results/headline.md).",
             "",
-            "![test accuracy against training time](docs/results/headline-accuracy-vs-time.png)",
+            "![test accuracy against training time](results/headline-accuracy-vs-time.png)",
             "",
         ]
     f94 = load("fashion-94")
@@ -112,7 +114,7 @@ def section() -> str:
         parts += [
             "### One process against two, and large batches",
             "",
-            f"`{COMMANDS['distributed']}`: [docs/results/distributed.md](docs/results/distributed.md).",
+            f"`{COMMANDS['distributed']}`: [docs/results/distributed.md](results/distributed.md).",
             "",
         ]
     parts.append(END)
@@ -120,14 +122,14 @@ def section() -> str:
 
 
 def main() -> int:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    text = PAGE.read_text()
+    page = PAGE.relative_to(ROOT)
     if BEGIN not in text or END not in text:
-        sys.exit(f"README.md has no {BEGIN} ... {END} block to fill")
+        sys.exit(f"{page} has no {BEGIN} ... {END} block to fill")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(head + section() + tail)
-    print(f"README.md results section rewritten; reports in {DOCS.relative_to(ROOT)}/")
+    PAGE.write_text(head + section() + tail)
+    print(f"{page} results section rewritten; reports in {DOCS.relative_to(ROOT)}/")
     return 0
 
 
