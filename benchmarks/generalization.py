@@ -35,7 +35,7 @@ with another where they are the same (plain at the recipe's 5 epochs is plain at
 plain and naive runs made by other hasten source (their recipe and data unchanged), and the report counts them;
 `--fresh` runs everything again; `--report-only` runs nothing and reports the cache as it is.
 
-    .venv/bin/python benchmarks/generalization.py                              # everything: hours (README)
+    .venv/bin/python benchmarks/generalization.py                              # everything: hours
     .venv/bin/python benchmarks/generalization.py --only letters,few-shot      # two datasets, 5 budgets, 5 seeds
     .venv/bin/python benchmarks/generalization.py --only letters --budgets 3 --seeds 0,1 --jobs 2
     .venv/bin/python benchmarks/generalization.py --recipe my.yaml --only scenes optim.lr=0.1  # extra overrides

@@ -1,6 +1,6 @@
 """The recipe: every knob of a run, validated in one place.
 
-A recipe is a YAML file (or the name of one shipped in `hasten/recipes/`), then dotted `key=value`
+A recipe is a YAML file (or the name of one shipped in `hasten/recipe/shipped/`), then dotted `key=value`
 overrides from the command line, then `Recipe.model_validate`. Unknown keys, wrong types and values out of
 range are all reported together, each naming its dotted field, as one `RecipeError` (exit code 2).
 """
