@@ -618,16 +618,18 @@ class Recipe(Section):
         "fp16 weights with fp32 master copies. auto: the fastest numerically safe mode on this machine, timed at "
         "start-up (hasten/autotune.py).",
     )
-    loss_scale: LossScaleConfig = Field(LossScaleConfig(), description="fp16 and fp16-master only.")
+    loss_scale: LossScaleConfig = Field(LossScaleConfig(), description="Read by precision=fp16 and fp16-master only.")
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps; auto: cuda when available, else cpu.")
     data: DataConfig = Field(DataConfig(), description="The dataset and how it is read.")
     model: ModelConfig = Field(ModelConfig(), description="The network and its initialisation.")
     optim: OptimConfig = Field(OptimConfig(), description="The optimizer.")
-    schedule: ScheduleConfig = Field(ScheduleConfig(), description="The LR (and momentum) schedule.")
+    schedule: ScheduleConfig = Field(ScheduleConfig(), description="How the LR (and momentum) change over the run.")
     train: TrainConfig = Field(TrainConfig(), description="The training loop and its evaluations.")
-    tricks: TricksConfig = Field(TricksConfig(), description="The bag of tricks.")
+    tricks: TricksConfig = Field(
+        TricksConfig(), description="Regularisation and weight-averaging techniques added to the loop."
+    )
     run: RunConfig = Field(RunConfig(), description="The run folder: logs, checkpoints, outputs.")
-    sweep: SweepConfig = Field(SweepConfig(), description="hasten sweep's grid.")
+    sweep: SweepConfig = Field(SweepConfig(), description="Read by hasten sweep only.")
     resume: str | None = Field(
         None,
         description="auto: the newest complete checkpoint in run.dir; or a checkpoint's path. Also written as a "
@@ -638,7 +640,7 @@ class Recipe(Section):
         description="Dotted keys (or whole sections) that may differ from the checkpoint's recipe on resume; also "
         "written resume.allow_changes=[...].",
     )
-    transfer: TransferConfig = Field(TransferConfig(), description="hasten transfer's runs.")
+    transfer: TransferConfig = Field(TransferConfig(), description="Read by hasten transfer only.")
 
     @model_validator(mode="after")
     def _compatible(self) -> Recipe:

@@ -138,9 +138,9 @@ class GanRecipe(Section):
     )
     data: GanData = Field(GanData(), description="The training images.")
     model: GanModel = Field(GanModel(), description="The DCGAN's generator G and discriminator D.")
-    optim: GanOptim = Field(GanOptim(), description="The optimizers.")
+    optim: GanOptim = Field(GanOptim(), description="The optimizers of both networks.")
     train: GanTrain = Field(GanTrain(), description="The training loop.")
-    quality: GanQuality = Field(GanQuality(), description="Sample quality.")
+    quality: GanQuality = Field(GanQuality(), description="Sample quality, measured while training and at its end.")
     run: GanRun = Field(GanRun(), description="The run folder.")
 
 
