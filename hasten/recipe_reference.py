@@ -29,7 +29,6 @@ from hasten.config import Recipe
 from hasten.experiments.gan_recipe import GanRecipe
 
 DEFAULT_OUT = Path("docs/reference.md")
-REGENERATE = "make reference (or python -m hasten.recipe_reference)"
 # each recipe kind: the heading of its part, the sentence under it, its root model
 RECIPES = (
     (
@@ -209,6 +208,13 @@ def render() -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def regenerate(out: Path = DEFAULT_OUT) -> str:
+    """The command that rewrites `out`, for the messages of a stale page."""
+    if out == DEFAULT_OUT:
+        return "make reference (or python -m hasten.recipe_reference)"
+    return f"python -m hasten.recipe_reference {out.as_posix()}"
+
+
 def key_count() -> int:
     """How many keys the page lists (every recipe kind's leaf keys)."""
     return sum(len(table.rows) for _, _, root in RECIPES for table in tables(root))
@@ -230,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             current = None
         if current != page:
             state = "is missing" if current is None else "is out of date with the recipe schema"
-            print(f"{args.out} {state}: regenerate it with {REGENERATE}", file=sys.stderr)
+            print(f"{args.out} {state}: regenerate it with {regenerate(args.out)}", file=sys.stderr)
             return 1
         return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
