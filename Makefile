@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-as lint bench bench-peers bench-gan setup data clean
+.PHONY: demo test test-as lint reference bench bench-peers bench-gan setup data clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check hasten tests benchmarks
 	$(BIN)/ruff format --check hasten tests benchmarks
 	$(BIN)/lint-imports
+
+# docs/reference.md, the recipe-key reference, rewritten from the schema (tests/test_recipe_reference.py fails if stale)
+reference: $(STAMP)
+	$(BIN)/python -m hasten.recipe.reference docs/reference.md
 
 # every benchmark, one after another (each measures its variants side by side in one run); on 2 CPU cores this
 # takes several hours (benchmarks/speed.py alone about two). Each script's docstring says what it measures;

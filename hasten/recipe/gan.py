@@ -31,72 +31,117 @@ DatasetName = DataConfig.model_fields["name"].annotation  # the datasets `hasten
 
 
 class GanData(Section):
-    name: DatasetName = "fashion-mnist"  # 28x28 images are padded to 32x32; 32x32 ones are used as they are
-    root: str | None = None  # a folder holding the dataset's files under their official names
-    download: bool = True  # allow fetching from the official address (checked against a pinned SHA-256)
-    subset: Annotated[int, Field(ge=1)] | None = None  # first N training images
-    synthetic_size: Annotated[int, Field(ge=8, le=MAX_SYNTHETIC)] = 512  # training images of the synthetic set
+    name: DatasetName = Field(
+        "fashion-mnist",
+        description="One of the registry's datasets (imagefolder, import and object are refused when the run "
+        "loads its data); the DCGAN takes 28x28 images, padded to 32x32, and 32x32 ones as they are.",
+    )
+    root: str | None = Field(None, description="A folder holding the dataset's files under their official names.")
+    download: bool = Field(
+        True, description="Allow fetching from the official address (checked against a pinned SHA-256)."
+    )
+    subset: Annotated[int, Field(ge=1)] | None = Field(None, description="Train on the first N training images only.")
+    synthetic_size: Annotated[int, Field(ge=8, le=MAX_SYNTHETIC)] = Field(
+        512, description="Training images of the synthetic set (data.name=synthetic)."
+    )
 
 
 class GanModel(Section):
-    latent: Annotated[int, Field(ge=1)] = 100  # length of the noise vector z
-    width: Annotated[int, Field(ge=1)] = 64  # channels of D's first and G's last hidden layer; the others 2x, 4x
+    latent: Annotated[int, Field(ge=1)] = Field(100, description="Length of the noise vector z.")
+    width: Annotated[int, Field(ge=1)] = Field(
+        64, description="Channels of D's first and G's last hidden layer; the others 2x and 4x that."
+    )
 
 
 class GanOptim(Section):
     """One Adam per network, with the same settings (the paper's)."""
 
-    lr: PositiveFloat = 2e-4
-    betas: tuple[Fraction, Fraction] = (0.5, 0.999)  # beta1 0.5: the paper found 0.9 made training oscillate
+    lr: PositiveFloat = Field(2e-4, description="Adam's learning rate, for both networks.")
+    # beta1 0.5: the paper found 0.9 made training oscillate
+    betas: tuple[Fraction, Fraction] = Field((0.5, 0.999), description="Adam's [beta1, beta2].")
 
 
 class GanTrain(Section):
-    epochs: Annotated[int, Field(ge=1)] = 5
-    batch_size: Annotated[int, Field(ge=2)] = 128  # real images per step (batch norm needs 2 or more)
-    threads: Annotated[int, Field(ge=1)] | None = None  # torch intra-op threads; None: torch's default
-    # D's target for real images; below 1 is one-sided label smoothing (Salimans et al., "Improved Techniques for
-    # Training GANs", 2016): D is kept from growing overconfident on real images; fake targets stay 0, G's stay 1
-    real_label: Annotated[float, Field(gt=0.5, le=1)] = 1.0
+    epochs: Annotated[int, Field(ge=1)] = Field(5, description="Passes over the training images.")
+    batch_size: Annotated[int, Field(ge=2)] = Field(
+        128, description="Real images per step (batch norm needs 2 or more)."
+    )
+    threads: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="torch intra-op threads; null: torch's default."
+    )
+    # one-sided label smoothing (Salimans et al., "Improved Techniques for Training GANs", 2016) keeps D from
+    # growing overconfident on real images
+    real_label: Annotated[float, Field(gt=0.5, le=1)] = Field(
+        1.0,
+        description="D's target for real images; below 1 is one-sided label smoothing. Fake targets stay 0, G's "
+        "stay 1.",
+    )
 
 
 class GanQuality(Section):
     """Fréchet distance on features of a hasten classifier (not Inception FID) and the class mix of samples."""
 
-    enabled: bool = True
-    classifier: str | None = None  # weights (.pt checkpoint or .safetensors); None: train one in run.dir/classifier
-    classifier_recipe: str = "fashion-fast"  # the training recipe whose `model` section the weights fit
-    classifier_epochs: Annotated[int, Field(ge=1)] = 2  # when training one here
-    classifier_overrides: list[str] = []  # more key=value overrides for the classifier's recipe
-    samples: Annotated[int, Field(ge=16)] = 2000  # generated and real images per estimate
-    every_epoch: bool = True  # also measure after every epoch (a metrics.csv column), not only at the end
-    collapse_share: Annotated[float, Field(gt=0, lt=1)] = 0.5  # warn of mode collapse when one class takes more
+    enabled: bool = Field(True, description="Measure sample quality at all.")
+    classifier: str | None = Field(
+        None,
+        description="The classifier's weights (.pt checkpoint or .safetensors); null: train one in run.dir/classifier.",
+    )
+    classifier_recipe: str = Field(
+        "fashion-fast", description="The training recipe whose model section the classifier's weights fit."
+    )
+    classifier_epochs: Annotated[int, Field(ge=1)] = Field(
+        2, description="Epochs of the classifier when it is trained here."
+    )
+    classifier_overrides: list[str] = Field([], description="More key=value overrides for the classifier's recipe.")
+    samples: Annotated[int, Field(ge=16)] = Field(2000, description="Generated and real images per estimate.")
+    every_epoch: bool = Field(
+        True, description="Also measure after every epoch (a metrics.csv column), not only at the end."
+    )
+    collapse_share: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.5, description="Warn of mode collapse when one class takes more than this share of the samples."
+    )
 
 
 class GanRun(Section):
-    dir: RunFolder = None  # default: runs/<recipe name>
-    # a fresh run into a run.dir holding another run's files: move those into run.dir/replaced-<UTC time>/ (never
-    # deleted) instead of refusing, as `hasten train` does
-    overwrite: bool = False
+    dir: RunFolder = Field(None, description="The run's folder; null: runs/<recipe name>.")
+    overwrite: bool = Field(
+        False,
+        description="A fresh run into a run.dir holding another run's files: move those into "
+        "run.dir/replaced-<UTC time>/ (never deleted) instead of refusing, as hasten train does.",
+    )
 
-    progress: bool = True  # rich progress bar; false: the summary is printed as JSON
-    tensorboard: bool = True
-    keep: Annotated[int, Field(ge=1)] = 2  # checkpoints kept (one per epoch, the newest)
-    grid: Annotated[int, Field(ge=1, le=32)] = 8  # sample grid of grid x grid images from fixed noise
+    progress: bool = Field(True, description="Show a rich progress bar; false: the summary is printed as JSON.")
+    tensorboard: bool = Field(True, description="Write TensorBoard events into run.dir.")
+    keep: Annotated[int, Field(ge=1)] = Field(2, description="Checkpoints kept (one per epoch, the newest).")
+    grid: Annotated[int, Field(ge=1, le=32)] = Field(
+        8, description="Sample grid of grid x grid images, drawn from fixed noise each epoch."
+    )
 
 
 class GanRecipe(Section):
-    name: str = "gan"
-    seed: int = 0
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    loss_scale: LossScaleConfig = LossScaleConfig()  # fp16: each network's scaler starts here, separately
-    device: str = "auto"  # auto: cuda when available, else cpu
-    resume: str | None = None  # auto: the newest complete checkpoint in run.dir/checkpoints, if any; or a path
-    data: GanData = GanData()
-    model: GanModel = GanModel()
-    optim: GanOptim = GanOptim()
-    train: GanTrain = GanTrain()
-    quality: GanQuality = GanQuality()
-    run: GanRun = GanRun()
+    name: str = Field(
+        "gan",
+        description="The run's name: runs/<name> unless run.dir is set. A recipe file or shipped recipe without "
+        "one is named after itself.",
+    )
+    seed: int = Field(0, description="Seed of the run's random numbers (the sample grid's noise included).")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="Numeric precision of both networks: fp32, bf16 autocast, fp16 with loss scaling."
+    )
+    loss_scale: LossScaleConfig = Field(
+        LossScaleConfig(), description="fp16: each network's scaler starts here, separately."
+    )
+    device: str = Field("auto", description="auto: cuda when available, else cpu.")
+    resume: str | None = Field(
+        None,
+        description="auto: the newest complete checkpoint in run.dir/checkpoints, if any; or a checkpoint's path.",
+    )
+    data: GanData = Field(GanData(), description="The training images.")
+    model: GanModel = Field(GanModel(), description="The DCGAN's generator G and discriminator D.")
+    optim: GanOptim = Field(GanOptim(), description="The optimizers of both networks.")
+    train: GanTrain = Field(GanTrain(), description="The training loop.")
+    quality: GanQuality = Field(GanQuality(), description="Sample quality, measured while training and at its end.")
+    run: GanRun = Field(GanRun(), description="The run folder.")
 
 
 def load_gan_recipe(source: str | None = None, overrides: list[str] | None = None) -> GanRecipe:

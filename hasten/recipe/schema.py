@@ -35,17 +35,24 @@ class Section(BaseModel):
 
 
 class AugmentConfig(Section):
-    # random horizontal flip, per sample, on the whole batch; auto: on where the dataset is mirror-invariant
-    # (Fashion-MNIST, CIFAR), off where a mirror changes the class (digits, letters) and for unknown data;
-    # alternate: derandomised (airbench): random per image in epoch 1, then each epoch the opposite of the one
-    # before (honoured on any dataset, with a warning note where a mirror may change the class)
-    flip: bool | Literal["auto", "alternate"] = "auto"
-    # random shift of up to this many pixels (zero padding); auto: 1/32 of the image side in runs of 5 epochs or more,
-    # none in shorter ones, which it slows more than it regularises (hasten/tune/rules.py)
-    translate: Annotated[int, Field(ge=0)] | Literal["auto"] = 0
-    # ... but never more than this fraction of the image's shorter side: 2 pixels suit 28x28 images, while an 8x8
-    # digit moved 2 pixels loses a quarter of itself (digits at 2 epochs: 87.5% with it, 98.9% without)
-    translate_max_fraction: Annotated[float, Field(ge=0, le=0.5)] = 0.1
+    flip: bool | Literal["auto", "alternate"] = Field(
+        "auto",
+        description="Random horizontal flip, per image, applied to the whole batch. auto: on where the dataset is "
+        "mirror-invariant (Fashion-MNIST, CIFAR), off where a mirror changes the class (digits, letters) and for "
+        "unknown data; alternate: derandomised (airbench): random per image in epoch 1, then each epoch the opposite "
+        "of the one before (honoured on any dataset, with a warning where a mirror may change the class).",
+    )
+    # auto skips short runs, which the shift slows more than it regularises
+    translate: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        0,
+        description="Random shift of up to this many pixels (zero padding). auto: 1/32 of the image side in runs of 5 "
+        "epochs or more, none in shorter ones (hasten/tune/rules.py).",
+    )
+    # 2 pixels suit 28x28 images, while an 8x8 digit moved 2 pixels loses a quarter of itself (digits at 2 epochs:
+    # 87.5% with it, 98.9% without)
+    translate_max_fraction: Annotated[float, Field(ge=0, le=0.5)] = Field(
+        0.1, description="Cap on data.augment.translate, as a fraction of the image's shorter side."
+    )
 
 
 # the registry's datasets, a folder of images by class, and the user's own data (hasten/run/user.py)
@@ -53,30 +60,65 @@ DatasetName = Literal[(*DATASETS, "imagefolder", "import", "object")]
 
 
 class DataConfig(Section):
-    # import: data.target's function returns the data; object: given in Python (hasten.train(data=...))
-    name: DatasetName = "fashion-mnist"
-    root: str | None = None  # a folder holding the dataset's files under their official names
-    download: bool = True  # allow fetching from the official address (checked against a pinned SHA-256)
-    subset: Annotated[int, Field(ge=1)] | None = None  # first N training images
-    test_subset: Annotated[int, Field(ge=1)] | None = None  # first N test images
-    synthetic_size: Annotated[int, Field(ge=8, le=MAX_SYNTHETIC)] = 512  # training images of the synthetic set
-    augment: AugmentConfig = AugmentConfig()
-    # resize every image to size x size pixels; None: as stored
-    size: Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)] | None = None
-    rgb: bool | None = None  # true: 3 channels (grey repeated); false: 1 (luma); None: as stored
-    workers: Annotated[int, Field(ge=0)] | None = None  # imagefolder: DataLoader worker processes; None: auto
-    # imagefolder: decode every image once and train from memory (no decoding per epoch); auto: when the decoded
-    # images take at most a quarter of the memory available (and 4 GiB); false: decode each epoch, in workers
-    in_memory: bool | Literal["auto"] = "auto"
-    per_class: Annotated[int, Field(ge=1)] | None = None  # at most the first N training images of each class
-    # fraction of training labels moved to another class, seeded (Nakkiran et al., 2019); test labels stay
-    label_noise: Annotated[float, Field(ge=0, lt=1)] = 0.0
-    # the user's own data (hasten/run/user.py): "pkg.mod:fn" returning (train, test[, class_names]) or a train part
-    target: str | None = None
-    args: dict[str, Any] = {}  # keyword arguments of data.target
-    classes: list[str] | None = None  # class names (recorded in recipe.yaml; given ones name the labels 0..K-1)
-    # a seeded, stratified share of the training data held out as the evaluation split, for data without one
-    val_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    name: DatasetName = Field(
+        "fashion-mnist",
+        description="The dataset: one of the registry's, imagefolder (a folder of images by class at data.root), "
+        "import (data.target's function returns the data) or object (given in Python: hasten.train(data=...)).",
+    )
+    root: str | None = Field(
+        None,
+        description="A folder holding the dataset's files under their official names (for an image folder, the "
+        "one holding train/ and val/ or test/). null: $HASTEN_DATA, the cache (~/.cache/hasten/<name>) and system "
+        "copies are tried, then the download.",
+    )
+    download: bool = Field(
+        True, description="Allow fetching from the official address (checked against a pinned SHA-256)."
+    )
+    subset: Annotated[int, Field(ge=1)] | None = Field(None, description="Train on the first N training images only.")
+    test_subset: Annotated[int, Field(ge=1)] | None = Field(None, description="Evaluate on the first N test images.")
+    synthetic_size: Annotated[int, Field(ge=8, le=MAX_SYNTHETIC)] = Field(
+        512, description="Training images of the synthetic set (data.name=synthetic)."
+    )
+    augment: AugmentConfig = Field(AugmentConfig(), description="Augmentation of the training batches.")
+    size: Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)] | None = Field(
+        None, description="Resize every image to size x size pixels; null: as stored."
+    )
+    rgb: bool | None = Field(
+        None, description="true: 3 channels (grey repeated); false: 1 channel (luma); null: as stored."
+    )
+    workers: Annotated[int, Field(ge=0)] | None = Field(
+        None,
+        description="imagefolder: DataLoader worker processes; null: one per CPU core but one, at most 4.",
+    )
+    in_memory: bool | Literal["auto"] = Field(
+        "auto",
+        description="imagefolder: decode every image once and train from memory (no decoding per epoch). auto: when "
+        "the decoded images take at most a quarter of the memory available (and 4 GiB); false: decode each epoch, "
+        "in workers.",
+    )
+    per_class: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Keep at most the first N training images of each class."
+    )
+    label_noise: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.0,
+        description="Fraction of training labels moved to another class, seeded (Nakkiran et al., 2019); test "
+        "labels stay.",
+    )
+    target: str | None = Field(
+        None,
+        description='The user\'s own data (hasten/run/user.py): "package.module:function" returning (train, test[, '
+        "class_names]) or a training part alone.",
+    )
+    args: dict[str, Any] = Field({}, description="Keyword arguments of data.target's function.")
+    classes: list[str] | None = Field(
+        None,
+        description="Class names, recorded in recipe.yaml; given ones name the labels 0..K-1.",
+    )
+    val_fraction: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.0,
+        description="A seeded, stratified share of the training data held out as the evaluation split, for data "
+        "without one.",
+    )
 
     @model_validator(mode="after")
     def _folder_needs_root(self) -> DataConfig:
@@ -88,31 +130,72 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
-    # import: model.target's callable returns the nn.Module; object: given in Python (hasten.train(model=...))
-    name: Literal["resnet", "sequential", "import", "object"] = "resnet"
-    width: Annotated[int, Field(ge=1)] = 32  # channels of the first ResNet stage; later stages double it
-    blocks: list[Annotated[int, Field(ge=0)]] = [1, 1, 1]  # residual blocks per ResNet stage
-    layers: list[str | dict[str, Any]] | None = None  # the layer list of a sequential model
-    zero_init_residual: bool = False  # start each residual branch's last BN gamma at 0 (Goyal et al.)
-    # ResNet: channels of each stage (one per model.blocks entry) in place of width * 2**stage; null: from width
-    widths: list[Annotated[int, Field(ge=1)]] | None = None
-    # patch-whitening init of the first Conv2d, frozen when every filter is set (hasten/techniques/whitening.py)
-    whiten: bool = False
-    whiten_eps: Annotated[float, Field(gt=0)] = 5e-4  # added to each eigenvalue before 1/sqrt: caps the gain
-    whiten_images: Annotated[int, Field(ge=1)] = 5000  # training images the whitening patches come from
-    init: Literal["default", "dirac"] = "default"  # dirac: 3x3 convs start as the identity on their inputs
-    # every BatchNorm layer: running-statistics momentum (torch's convention), epsilon; null keeps the model's
-    bn_momentum: Annotated[float, Field(gt=0, le=1)] | None = None
-    bn_eps: Annotated[float, Field(gt=0)] | None = None
-    bn_weight: Literal["learn", "frozen"] = "learn"  # frozen: BN scales fixed at 1, only the shifts train
-    # weights to start from: a safetensors file, a hasten checkpoint, a state dict, or an http(s) URL
-    pretrained: str | None = None
-    pretrained_sha256: str | None = None  # pinned SHA-256 of the file at a pretrained URL (required for URLs)
-    pretrained_strict: bool = True  # false: load what fits, report the rest, instead of stopping
-    reset_head: bool = False  # a fresh classifier head even when the class count matches the weights'
-    target: str | None = None  # import: "package.module:callable"; object: the class trained (recorded)
-    args: dict[str, Any] = {}  # keyword arguments of model.target
-    parameters: int | None = None  # recorded: the parameter count of the model trained (not read back)
+    name: Literal["resnet", "sequential", "import", "object"] = Field(
+        "resnet",
+        description="resnet: hasten's ResNet; sequential: built from model.layers; import: model.target's callable "
+        "returns the nn.Module; object: given in Python (hasten.train(model=...)).",
+    )
+    width: Annotated[int, Field(ge=1)] = Field(
+        32, description="Channels of the first ResNet stage; each later stage doubles them."
+    )
+    blocks: list[Annotated[int, Field(ge=0)]] = Field([1, 1, 1], description="Residual blocks per ResNet stage.")
+    layers: list[str | dict[str, Any]] | None = Field(
+        None,
+        description="The layer list of a sequential model, e.g. [{conv: 32}, relu, {maxpool: 2}, flatten, "
+        "{dense: classes}] (hasten/models/sequential.py).",
+    )
+    zero_init_residual: bool = Field(
+        False, description="Start each residual branch's last BN scale (gamma) at 0 (Goyal et al., 2017)."
+    )
+    widths: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None,
+        description="ResNet: channels of each stage (one per model.blocks entry) in place of width x 2**stage; "
+        "null: from model.width.",
+    )
+    whiten: bool = Field(
+        False,
+        description="Patch-whitening init of the first Conv2d, frozen when every filter is set "
+        "(hasten/techniques/whitening.py).",
+    )
+    whiten_eps: Annotated[float, Field(gt=0)] = Field(
+        5e-4, description="Added to each eigenvalue before 1/sqrt in the whitening: caps its gain."
+    )
+    whiten_images: Annotated[int, Field(ge=1)] = Field(
+        5000, description="Training images the whitening patches are taken from."
+    )
+    init: Literal["default", "dirac"] = Field(
+        "default", description="dirac: 3x3 convs start as the identity on their inputs (hasten/techniques/dirac.py)."
+    )
+    bn_momentum: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        None,
+        description="Running-statistics momentum of every BatchNorm layer (torch's convention); null: the model's.",
+    )
+    bn_eps: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="Epsilon of every BatchNorm layer; null: the model's."
+    )
+    bn_weight: Literal["learn", "frozen"] = Field(
+        "learn", description="frozen: BN scales fixed at 1, only the shifts train."
+    )
+    pretrained: str | None = Field(
+        None,
+        description="Weights to start from: a safetensors file, a hasten checkpoint, a state dict, or an http(s) URL.",
+    )
+    pretrained_sha256: str | None = Field(
+        None, description="Pinned SHA-256 of the file at a model.pretrained URL (required for URLs)."
+    )
+    pretrained_strict: bool = Field(
+        True, description="false: load the weights that fit and report the rest, instead of stopping."
+    )
+    reset_head: bool = Field(
+        False, description="A fresh classifier head even when the class count matches the pretrained weights'."
+    )
+    target: str | None = Field(
+        None, description='import: "package.module:callable"; object: the class trained (recorded).'
+    )
+    args: dict[str, Any] = Field({}, description="Keyword arguments of model.target's callable.")
+    parameters: int | None = Field(
+        None, description="Recorded in recipe.yaml: the parameter count of the model trained (not read back)."
+    )
 
     @model_validator(mode="after")
     def _layers_for_sequential(self) -> ModelConfig:
@@ -143,26 +226,55 @@ class ModelConfig(Section):
 
 
 class OptimConfig(Section):
-    # muon: conv filters orthogonalised by Muon (engine/optimizers.py), every other parameter Nesterov SGD at `lr`
-    name: Literal["sgd", "adamw", "adam", "muon"] = "sgd"
-    # peak learning rate, per `base_batch` examples when that is set; auto: picked by a short LR range test before
-    # training (hasten/tune/lr_find.py, AUTO_RULE; calibrated in benchmarks/lr_auto.py)
-    lr: float | Literal["auto"] = 0.1  # (checked positive below: one error, not one per member of the union)
-    base_batch: Annotated[int, Field(ge=1)] | None = None  # batch size `lr` is given for; None: no scaling
-    scaling: Literal["linear", "sqrt"] = "linear"  # how lr grows with the global batch
-    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
-    nesterov: bool = True
-    betas: tuple[Fraction, Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
-    weight_decay: Annotated[float, Field(ge=0)] = 5e-4
-    no_bias_decay: bool = True  # no weight decay on biases and normalisation parameters
-    # discriminative fine-tuning (Howard & Ruder, 2018): each layer below the head gets this times the LR of
-    # the layer above it; 1: one LR for all
-    layer_lr_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
-    # muon: peak LR of the conv filters, per step whatever the batch (no scaling rule: the orthogonalised update
-    # has the same size at any batch); the LR schedule drives it too
-    muon_lr: PositiveFloat = 0.02
-    # muon: the filters' momentum (torch.optim.Muon's lerp form), kept fixed by one-cycle's momentum cycling
-    muon_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.95
+    name: Literal["sgd", "adamw", "adam", "muon"] = Field(
+        "sgd",
+        description="The optimizer. muon: conv filters orthogonalised by Muon (hasten/engine/optimizers.py), every "
+        "other parameter Nesterov SGD at optim.lr.",
+    )
+    # checked positive by _positive_lr, not by the type: one error, not one per member of the union
+    lr: float | Literal["auto"] = Field(
+        0.1,
+        description="Peak learning rate, per optim.base_batch examples when that is set. auto: picked by a short LR "
+        "range test before training (hasten/tune/lr_find.py; calibrated in benchmarks/lr_auto.py).",
+    )
+    base_batch: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="The batch size optim.lr is given for; null: no scaling with the batch."
+    )
+    scaling: Literal["linear", "sqrt"] = Field(
+        "linear", description="How the LR grows with the global batch from optim.base_batch (Goyal et al.: linear)."
+    )
+    momentum: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.9,
+        description="SGD momentum (sgd, and muon's non-filter parameters); one-cycle and cyclic schedules replace it "
+        "with schedule.momentum's cycle unless that is null.",
+    )
+    nesterov: bool = Field(True, description="Nesterov momentum for sgd and muon (where optim.momentum > 0).")
+    betas: tuple[Fraction, Annotated[float, Field(ge=0, lt=1)]] = Field(
+        (0.9, 0.999), description="adam, adamw: the moment decays [beta1, beta2]."
+    )
+    weight_decay: Annotated[float, Field(ge=0)] = Field(
+        5e-4,
+        description="Weight decay: added to the gradient (L2) for sgd, adam and muon's non-filter parameters; "
+        "decoupled for adamw and muon's filters.",
+    )
+    no_bias_decay: bool = Field(
+        True, description="No weight decay on biases and normalisation parameters (every 1-D parameter)."
+    )
+    layer_lr_decay: Annotated[float, Field(gt=0, le=1)] = Field(
+        1.0,
+        description="Discriminative fine-tuning (Howard & Ruder, 2018): each layer below the head gets this times "
+        "the LR of the layer above it; 1: one LR for all.",
+    )
+    # no scaling rule: the orthogonalised update has the same size at any batch
+    muon_lr: PositiveFloat = Field(
+        0.02,
+        description="muon: peak LR of the conv filters, per step whatever the batch; the LR schedule drives it too.",
+    )
+    muon_momentum: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.95,
+        description="muon: the filters' momentum (torch.optim.Muon's lerp form), kept fixed by one-cycle's momentum "
+        "cycling.",
+    )
 
     @model_validator(mode="after")
     def _muon_lr_is_given(self) -> OptimConfig:
@@ -191,24 +303,55 @@ class ScheduleConfig(Section):
     airbench's triangular schedule is `one-cycle` with `anneal: linear`: `start` x peak rising to the peak at
     `peak` of the run, then falling to `end` x peak (with `momentum: null` for its fixed momentum)."""
 
-    name: Literal["constant", "step", "cosine", "linear", "cyclic", "one-cycle"] = "constant"
-    # linear warmup before any schedule: a fraction of the run (< 1) or a count of optimizer steps (>= 1)
-    warmup: Annotated[float, Field(ge=0)] = 0.0
-    # the LR rises to its peak over at least this many optimizer steps (times the batch rule's LR factor when
-    # above 1; at most half the run): one-cycle's rise is lengthened, other schedules get a warmup. 0: off
-    min_warmup_steps: Annotated[int, Field(ge=0)] = 50
-    floor: Annotated[float, Field(ge=0, le=1)] = 0.0  # cosine, linear: final LR as a fraction of the peak
-    milestones: list[Annotated[float, Field(gt=0, lt=1)]] = [0.5, 0.75]  # step: fractions of the run
-    gamma: Annotated[float, Field(gt=0, le=1)] = 0.1  # step: LR factor per milestone; exp_range: per cycle
-    cycles: Annotated[int, Field(ge=1)] = 4  # cyclic: full triangles over the run (after warmup)
-    mode: Literal["triangular", "triangular2", "exp_range"] = "triangular"  # cyclic (Smith, 2017)
-    low: Annotated[float, Field(ge=0)] = 0.1  # cyclic: lower bound as a fraction of the peak; below 1
-    peak: Annotated[float, Field(gt=0, lt=1)] = 0.25  # one-cycle: where in the run the LR peaks
-    start: Annotated[float, Field(ge=0, le=1)] = 0.04  # one-cycle: starting LR as a fraction of the peak
-    end: Annotated[float, Field(ge=0, le=1)] = 0.0  # one-cycle: final LR as a fraction of the peak
-    anneal: Literal["linear", "cosine"] = "linear"  # one-cycle: shape of each phase
-    # one-cycle and cyclic: [low, high] momentum (Adam: beta1), cycled opposite to the LR; null: optim's fixed
-    momentum: tuple[Fraction, Fraction] | None = (0.85, 0.95)
+    name: Literal["constant", "step", "cosine", "linear", "cyclic", "one-cycle"] = Field(
+        "constant",
+        description="The schedule's shape: constant, step decay at schedule.milestones, cosine or linear down to "
+        "schedule.floor, cyclic (Smith, 2017), or one-cycle (Smith & Topin, 2018).",
+    )
+    warmup: Annotated[float, Field(ge=0)] = Field(
+        0.0,
+        description="Linear warmup before any schedule: a fraction of the run (< 1) or a count of optimizer steps "
+        "(>= 1).",
+    )
+    min_warmup_steps: Annotated[int, Field(ge=0)] = Field(
+        50,
+        description="The LR rises to its peak over at least this many optimizer steps (times the batch rule's LR "
+        "factor when above 1; at most half the run): one-cycle's rise is lengthened, other schedules get a warmup. "
+        "0: off.",
+    )
+    floor: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.0, description="cosine, linear: the final LR as a fraction of the peak."
+    )
+    milestones: list[Annotated[float, Field(gt=0, lt=1)]] = Field(
+        [0.5, 0.75], description="step: where the LR drops, as fractions of the run (increasing)."
+    )
+    gamma: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.1, description="step: LR factor at each milestone; cyclic exp_range: the factor per cycle."
+    )
+    cycles: Annotated[int, Field(ge=1)] = Field(
+        4, description="cyclic: full triangles over the run (after the warmup)."
+    )
+    mode: Literal["triangular", "triangular2", "exp_range"] = Field(
+        "triangular", description="cyclic: the mode of Smith (2017)."
+    )
+    low: Annotated[float, Field(ge=0)] = Field(
+        0.1, description="cyclic: the lower bound as a fraction of the peak; below 1."
+    )
+    peak: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.25, description="one-cycle: where in the run the LR peaks, as a fraction of it."
+    )
+    start: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.04, description="one-cycle: the starting LR as a fraction of the peak."
+    )
+    end: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.0, description="one-cycle: the final LR as a fraction of the peak."
+    )
+    anneal: Literal["linear", "cosine"] = Field("linear", description="one-cycle: the shape of each phase.")
+    momentum: tuple[Fraction, Fraction] | None = Field(
+        (0.85, 0.95),
+        description="one-cycle and cyclic: [low, high] momentum (Adam: beta1), cycled opposite to the LR; null: "
+        "optim's fixed momentum.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ScheduleConfig:
@@ -232,70 +375,142 @@ class ScheduleConfig(Section):
 
 
 class TrainConfig(Section):
-    # auto: enough optimizer steps for the data (hasten/tune/rules.py), decided at start and recorded
-    epochs: Annotated[int, Field(ge=1)] | Literal["auto"] = 5
-    # per process; auto: the batch of least predicted time to the result on this machine (hasten/tune/rules.py)
-    batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = 256
+    epochs: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        5,
+        description="Passes over the training data. auto: enough optimizer steps for the data (hasten/tune/rules.py), "
+        "decided at start and recorded.",
+    )
+    batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        256,
+        description="Training images per step, per process. auto: the batch of least predicted time to the result on "
+        "this machine (hasten/tune/rules.py).",
+    )
     # 256, not larger: on a CPU, fashion-fast's evaluation (one view or six) ran ~1.7x faster in batches of 256 than
     # of 1024, whose activations overflow the caches (docs/results/wallclock.md); a GPU hardly minds
-    eval_batch_size: Annotated[int, Field(ge=1)] = 256
-    # also evaluate every N optimizer steps (0: only at epoch ends), so time to accuracy resolves to seconds; the
-    # evaluations are excluded from training time, as the epoch-end ones are, and listed in summary.json
-    eval_every_steps: Annotated[int, Field(ge=0)] = 0
-    # how the evaluations before the last one (each epoch's end, train.eval_every_steps) are made: "plain", every
-    # test image once without test-time augmentation (a sixth of a flip+shift TTA evaluation's wall time; the
-    # accuracy it reports is a little lower, so time to accuracy is never flattered); "tta", as the last one. The
-    # last evaluation, the one the run reports, always uses the TTA of train.tta_flip and train.tta_translate
-    mid_eval: Literal["plain", "tta"] = "plain"
-    # NHWC memory format for the model and the batches (conv nets); auto: timed at start-up (hasten/tune/autotune.py)
-    channels_last: bool | Literal["auto"] = False
-    accumulate: Annotated[int, Field(ge=1)] = 1  # micro-batches of batch_size summed into one optimizer step
-    compile: bool = False  # torch.compile the model; falls back to eager, with a message, where it cannot
-    checkpoint_activations: bool = False  # recompute ResNet blocks' activations in backward (torch.utils.checkpoint)
-    # any model: recompute these named submodules' activations in backward (null with checkpoint_activations on a
-    # model that is not hasten's ResNet: each top-level child but the last)
-    checkpoint_modules: list[str] | None = None
-    # evaluate on the image and its mirror, averaging the logits; auto: where flips are allowed (as data.augment.flip)
-    tta_flip: bool | Literal["auto"] = "auto"
-    # evaluate on the image and copies shifted diagonally by (+t, +t) and (-t, -t) pixels too (airbench's TTA: weights
-    # 1/2, 1/4, 1/4; edges filled as training's translate fills them); below half the image side. 0: off
-    tta_translate: Annotated[int, Field(ge=0)] = 0
-    # progressive resizing (Howard, fast.ai DAWNBench): training images start at this fraction of their side and
-    # grow linearly to full size by train.progressive_until of the optimizer steps; evaluation at full size. 0: off
-    progressive_resize: Annotated[float, Field(ge=0, lt=1)] = 0.0
-    progressive_until: Annotated[float, Field(gt=0, le=1)] = 0.5  # fraction of the run's optimizer steps
-    # on small datasets the batch is halved (down to 16) until an epoch has at least this many optimizer steps,
-    # the LR following by optim.scaling; 0: batch_size as given (benchmarks/generalization.py measures why)
-    min_steps_per_epoch: Annotated[int, Field(ge=0)] = 128
-    threads: Annotated[int, Field(ge=1)] | None = None  # torch intra-op threads; None: torch's default
-    freeze_epochs: Annotated[int, Field(ge=0)] = 0  # train only the classifier head for N epochs, then all
-    on_nan: Literal["raise", "skip"] = "raise"  # a non-finite loss: stop naming the step, or skip that update
-    # clip the global gradient norm to this before each update (after fp16's unscaling); null or 0: off
-    clip_grad_norm: Annotated[float, Field(ge=0)] | None = None
-    # several processes (hasten train --devices N, torchrun): what becomes of the training samples that do not
-    # divide by the ranks each epoch: "pad" repeats a few so all ranks get as many (DistributedSampler's
-    # default), "drop" leaves them out of that epoch (its drop_last). Evaluation always counts each image once.
-    remainder: Literal["pad", "drop"] = "pad"
-    sync_batchnorm: bool = False  # several processes: batch-norm statistics over the global batch (SyncBatchNorm)
+    eval_batch_size: Annotated[int, Field(ge=1)] = Field(256, description="Images per batch when evaluating.")
+    # so time to accuracy resolves to seconds
+    eval_every_steps: Annotated[int, Field(ge=0)] = Field(
+        0,
+        description="Also evaluate every N optimizer steps (0: only at epoch ends); these evaluations are excluded "
+        "from training time, as the epoch-end ones are, and listed in summary.json.",
+    )
+    # plain takes a sixth of a flip+shift TTA evaluation's wall time; the accuracy it reports is a little lower, so
+    # time to accuracy is never flattered
+    mid_eval: Literal["plain", "tta"] = Field(
+        "plain",
+        description="How the evaluations before the last one (each epoch's end, train.eval_every_steps) are made: "
+        "plain: every test image once, without test-time augmentation; tta: as the last one. The last evaluation, "
+        "the one the run reports, always uses the TTA of train.tta_flip and train.tta_translate.",
+    )
+    channels_last: bool | Literal["auto"] = Field(
+        False,
+        description="NHWC memory format for the model and the batches (conv nets). auto: timed at start-up "
+        "(hasten/tune/autotune.py).",
+    )
+    accumulate: Annotated[int, Field(ge=1)] = Field(
+        1, description="Micro-batches of train.batch_size summed into one optimizer step."
+    )
+    compile: bool = Field(
+        False, description="torch.compile the model; falls back to eager, with a message, where it cannot."
+    )
+    checkpoint_activations: bool = Field(
+        False,
+        description="Recompute activations in the backward pass instead of keeping them (torch.utils.checkpoint): "
+        "hasten's ResNet its own segments, any other model each top-level child with parameters but the last.",
+    )
+    checkpoint_modules: list[str] | None = Field(
+        None,
+        description="Recompute the activations of these named submodules (dotted, as named_modules gives them) in "
+        "the backward pass, on any model; null: as train.checkpoint_activations says.",
+    )
+    tta_flip: bool | Literal["auto"] = Field(
+        "auto",
+        description="Evaluate on the image and its mirror, averaging the logits. auto: where flips are allowed (as "
+        "data.augment.flip decides).",
+    )
+    tta_translate: Annotated[int, Field(ge=0)] = Field(
+        0,
+        description="Evaluate on copies shifted diagonally by (+t, +t) and (-t, -t) pixels too (airbench's TTA: "
+        "weights 1/2, 1/4, 1/4; edges filled as training's translate fills them); below half the image side. 0: off.",
+    )
+    progressive_resize: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.0,
+        description="Progressive resizing (Howard, fast.ai DAWNBench): training images start at this fraction of "
+        "their side and grow linearly to full size by train.progressive_until of the optimizer steps; evaluation at "
+        "full size. 0: off.",
+    )
+    progressive_until: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.5, description="Fraction of the run's optimizer steps by which progressive resizing reaches full size."
+    )
+    # benchmarks/generalization.py measures why
+    min_steps_per_epoch: Annotated[int, Field(ge=0)] = Field(
+        128,
+        description="On small datasets the batch is halved (down to 16) until an epoch has at least this many "
+        "optimizer steps, the LR following by optim.scaling; 0: train.batch_size as given.",
+    )
+    threads: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="torch intra-op threads; null: torch's default."
+    )
+    freeze_epochs: Annotated[int, Field(ge=0)] = Field(
+        0, description="Train only the classifier head for the first N epochs, then the whole model."
+    )
+    on_nan: Literal["raise", "skip"] = Field(
+        "raise", description="On a non-finite loss: raise stops, naming the step; skip skips that update."
+    )
+    clip_grad_norm: Annotated[float, Field(ge=0)] | None = Field(
+        None,
+        description="Clip the global gradient norm to this before each update (after fp16's unscaling); null or 0: "
+        "off.",
+    )
+    remainder: Literal["pad", "drop"] = Field(
+        "pad",
+        description="Several processes (hasten train --devices N, torchrun): what becomes of the training samples "
+        "that do not divide by the ranks each epoch: pad repeats a few so all ranks get as many (DistributedSampler's "
+        "default), drop leaves them out of that epoch (its drop_last). Evaluation always counts each image once.",
+    )
+    sync_batchnorm: bool = Field(
+        False, description="Several processes: batch-norm statistics over the global batch (SyncBatchNorm)."
+    )
 
 
 class TricksConfig(Section):
     """The bag of tricks (hasten/techniques/); each 0 means off."""
 
-    label_smoothing: Annotated[float, Field(ge=0, lt=1)] = 0.0  # eps: targets moved eps towards uniform
-    mixup: Annotated[float, Field(ge=0)] = 0.0  # alpha of Beta(alpha, alpha); 0: off, negative: error
-    cutmix: Annotated[float, Field(ge=0)] = 0.0  # alpha of Beta(alpha, alpha); 0: off; with mixup: one per batch
-    ema: float = 0.0  # decay of the weights' moving average per optimizer step, in (0, 1); 0: off
-    # (warmed up: min(ema, (1 + t) / (10 + t)) after t steps, so a short run does not evaluate its initial weights)
-    # training images over which the average's batch-norm statistics are recomputed before it is evaluated;
-    # 0: keep the averaged running statistics. 1,024: as accurate as 4,096 on fashion-fast's checkpoints from step 60
-    # to the end (within 0.15 points, either way; without it, 11 points lower at step 60), a quarter of the seconds
-    ema_bn_images: Annotated[int, Field(ge=0)] = 1024
-    cutout: Annotated[int, Field(ge=0)] = 0  # side in pixels of the square zeroed in each image (DeVries, 2017); 0: off
-    # Lookahead (Zhang et al., 2019): every k optimizer steps the slow weights move lookahead_alpha of the way to
-    # the live ones, which are reset to them; k=0: off
-    lookahead_steps: Annotated[int, Field(ge=0)] = 0
-    lookahead_alpha: Annotated[float, Field(gt=0, le=1)] = 0.5
+    label_smoothing: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.0, description="Label smoothing eps: the targets are moved eps of the way towards uniform."
+    )
+    mixup: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="mixup (Zhang et al., 2018): alpha of Beta(alpha, alpha); 0: off."
+    )
+    cutmix: Annotated[float, Field(ge=0)] = Field(
+        0.0,
+        description="CutMix (Yun et al., 2019): alpha of Beta(alpha, alpha); 0: off. With mixup on too, one of the "
+        "two per batch, with equal odds.",
+    )
+    # warmed up so that a short run does not evaluate its initial weights
+    ema: float = Field(
+        0.0,
+        description="Decay of the weights' moving average per optimizer step, in (0, 1), warmed up as "
+        "min(ema, (1 + t) / (10 + t)) after t steps; the average is what is evaluated. 0: off.",
+    )
+    # 1,024: as accurate as 4,096 on fashion-fast's checkpoints from step 60 to the end (within 0.15 points, either
+    # way; without it, 11 points lower at step 60), a quarter of the seconds
+    ema_bn_images: Annotated[int, Field(ge=0)] = Field(
+        1024,
+        description="Training images over which the average's batch-norm statistics are recomputed before it is "
+        "evaluated; 0: keep the averaged running statistics.",
+    )
+    cutout: Annotated[int, Field(ge=0)] = Field(
+        0, description="Side in pixels of the square zeroed in each training image (DeVries, 2017); 0: off."
+    )
+    lookahead_steps: Annotated[int, Field(ge=0)] = Field(
+        0,
+        description="Lookahead (Zhang et al., 2019): every k optimizer steps the slow weights move "
+        "tricks.lookahead_alpha of the way to the live ones, which are reset to them; k=0: off.",
+    )
+    lookahead_alpha: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.5, description="Lookahead: the share of the way the slow weights move at each sync."
+    )
 
     @model_validator(mode="after")
     def _ema_decay(self) -> TricksConfig:
@@ -308,8 +523,10 @@ class LossScaleConfig(Section):
     """Dynamic loss scaling of fp16 and fp16-master (Micikevicius et al., 2018): halve on inf/NaN, grow after
     `growth_interval` clean steps."""
 
-    init: PositiveFloat = 65536.0  # the scale the loss is multiplied by at the first step (2**16)
-    growth_interval: Annotated[int, Field(ge=1)] = 2000  # clean optimizer steps before the scale doubles
+    init: PositiveFloat = Field(65536.0, description="The scale the loss is multiplied by at the first step (2**16).")
+    growth_interval: Annotated[int, Field(ge=1)] = Field(
+        2000, description="Clean optimizer steps before the scale doubles."
+    )
 
 
 def unsafe_folder(path: str | Path) -> str | None:
@@ -339,52 +556,91 @@ RunFolder = Annotated[str | None, AfterValidator(_own_run_folder)]
 
 
 class RunConfig(Section):
-    dir: RunFolder = None  # default: runs/<recipe name>, or runs/<recipe name>-<data.name> on other data
-    # a fresh run into a run.dir holding another run's files: move those into run.dir/replaced-<UTC time>/
-    # (never deleted) instead of refusing
-    overwrite: bool = False
-    progress: bool = True  # rich progress bar
-    tensorboard: bool = True
-    thresholds: list[Annotated[float, Field(gt=0, le=1)]] = [0.90, 0.91, 0.92, 0.93, 0.94]
-    save_weights: bool = False  # write the final weights to run.dir/model.safetensors (for model.pretrained)
-    save_every: Annotated[int, Field(ge=0)] = 1  # checkpoint every N epochs (0: not at epoch ends)
-    save_every_steps: Annotated[int, Field(ge=0)] = 0  # and/or every N optimizer steps (0: off)
-    keep: Annotated[int, Field(ge=1)] = 2  # newest checkpoints kept in run.dir/checkpoints (the best one too)
+    dir: RunFolder = Field(
+        None,
+        description="The run's folder; null: runs/<recipe name>, or runs/<recipe name>-<data.name> on other data "
+        "than the recipe's own.",
+    )
+    overwrite: bool = Field(
+        False,
+        description="A fresh run into a run.dir holding another run's files: move those into "
+        "run.dir/replaced-<UTC time>/ (never deleted) instead of refusing.",
+    )
+    progress: bool = Field(True, description="Show a rich progress bar.")
+    tensorboard: bool = Field(True, description="Write TensorBoard events into run.dir.")
+    thresholds: list[Annotated[float, Field(gt=0, le=1)]] = Field(
+        [0.90, 0.91, 0.92, 0.93, 0.94],
+        description="Test accuracies whose time summary.json's time_to_accuracy records: the training seconds at "
+        "which each was first reached (null if never).",
+    )
+    save_weights: bool = Field(
+        False,
+        description="Write the evaluated weights (the EMA copy where tricks.ema is on) to run.dir/model.safetensors, "
+        "for model.pretrained.",
+    )
+    save_every: Annotated[int, Field(ge=0)] = Field(1, description="Checkpoint every N epochs (0: not at epoch ends).")
+    save_every_steps: Annotated[int, Field(ge=0)] = Field(
+        0, description="Also checkpoint every N optimizer steps (0: off)."
+    )
+    keep: Annotated[int, Field(ge=1)] = Field(
+        2, description="Newest checkpoints kept in run.dir/checkpoints (the best one is kept too)."
+    )
 
 
 class SweepConfig(Section):
     """`hasten sweep`'s grid when the command line gives no --vary (hasten/experiments/sweep.py)."""
 
-    vary: list[str] = []  # KEY=V1,V2,... items, as --vary takes them
+    vary: list[str] = Field([], description="KEY=V1,V2,... items, as --vary takes them.")
 
 
 class TransferConfig(Section):
     """`hasten transfer` (hasten/experiments/transfer.py): the pretraining run and the fine-tuning set sizes."""
 
-    pretrain: list[str] = []  # key=value overrides that turn this recipe into the pretraining run
-    per_class: list[Annotated[int, Field(ge=1)] | None] = [10, 50, None]  # training images per class; null: all
+    pretrain: list[str] = Field([], description="key=value overrides that turn this recipe into the pretraining run.")
+    per_class: list[Annotated[int, Field(ge=1)] | None] = Field(
+        [10, 50, None], description="Fine-tuning set sizes, in training images per class; null: all of them."
+    )
 
 
 class Recipe(Section):
-    name: str = "run"
-    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0  # torch and numpy seeds are unsigned 64-bit
-    # auto: the fastest numerically safe mode on this machine, timed at start-up (hasten/tune/autotune.py)
-    precision: Literal["fp32", "bf16", "fp16", "fp16-master", "auto"] = "fp32"
-    loss_scale: LossScaleConfig = LossScaleConfig()  # fp16 and fp16-master only
-    device: str = "auto"  # auto: cuda when available, else cpu
-    data: DataConfig = DataConfig()
-    model: ModelConfig = ModelConfig()
-    optim: OptimConfig = OptimConfig()
-    schedule: ScheduleConfig = ScheduleConfig()
-    train: TrainConfig = TrainConfig()
-    tricks: TricksConfig = TricksConfig()
-    run: RunConfig = RunConfig()
-    sweep: SweepConfig = SweepConfig()
-    resume: str | None = None  # "auto": the newest complete checkpoint in run.dir; or a checkpoint's path
-    # dotted keys (or whole sections) that may differ from the checkpoint's recipe on resume; also written
-    # resume.allow_changes=[...] or `resume: {from: auto, allow_changes: [...]}`
-    resume_allow_changes: list[str] = []
-    transfer: TransferConfig = TransferConfig()
+    name: str = Field(
+        "run",
+        description="The run's name, a plain folder name: runs/<name> unless run.dir is set. A recipe file or "
+        "shipped recipe without one is named after itself.",
+    )
+    # torch and numpy seeds are unsigned 64-bit
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = Field(
+        0, description="Seed of the run's random numbers: Python's, numpy's and torch's, the data order and draws."
+    )
+    precision: Literal["fp32", "bf16", "fp16", "fp16-master", "auto"] = Field(
+        "fp32",
+        description="Numeric precision: fp32; bf16 autocast; fp16 autocast with dynamic loss scaling; fp16-master, "
+        "fp16 weights with fp32 master copies. auto: the fastest numerically safe mode on this machine, timed at "
+        "start-up (hasten/tune/autotune.py).",
+    )
+    loss_scale: LossScaleConfig = Field(LossScaleConfig(), description="Read by precision=fp16 and fp16-master only.")
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps; auto: cuda when available, else cpu.")
+    data: DataConfig = Field(DataConfig(), description="The dataset and how it is read.")
+    model: ModelConfig = Field(ModelConfig(), description="The network and its initialisation.")
+    optim: OptimConfig = Field(OptimConfig(), description="The optimizer.")
+    schedule: ScheduleConfig = Field(ScheduleConfig(), description="How the LR (and momentum) change over the run.")
+    train: TrainConfig = Field(TrainConfig(), description="The training loop and its evaluations.")
+    tricks: TricksConfig = Field(
+        TricksConfig(), description="Regularisation and weight-averaging techniques added to the loop."
+    )
+    run: RunConfig = Field(RunConfig(), description="The run folder: logs, checkpoints, outputs.")
+    sweep: SweepConfig = Field(SweepConfig(), description="Read by hasten sweep only.")
+    resume: str | None = Field(
+        None,
+        description="auto: the newest complete checkpoint in run.dir; or a checkpoint's path. Also written as a "
+        "section: resume: {from: auto, allow_changes: [...]}.",
+    )
+    resume_allow_changes: list[str] = Field(
+        [],
+        description="Dotted keys (or whole sections) that may differ from the checkpoint's recipe on resume; also "
+        "written resume.allow_changes=[...].",
+    )
+    transfer: TransferConfig = Field(TransferConfig(), description="Read by hasten transfer only.")
 
     @model_validator(mode="after")
     def _compatible(self) -> Recipe:
