@@ -1,4 +1,5 @@
-"""Memory: how much a training step takes, the largest batch that fits, and activation checkpointing.
+"""Memory: how much a training step takes, the largest batch that fits, and the mechanism of activation
+checkpointing.
 
 Two figures, measured the same way for every run so runs can be compared:
 
@@ -15,8 +16,10 @@ Two figures, measured the same way for every run so runs can be compared:
 The batch-size finder is a pure search (`search_batch_size`) over a `fits(batch_size) -> bool` callable, so a test
 can fake out-of-memory deterministically; hasten/experiments/batch_size.py builds the real `fits`.
 
-Activation checkpointing (Chen et al., "Training Deep Nets with Sublinear Memory Cost", 2016): a segment keeps
-only its input for backward and recomputes its activations there, trading one extra forward for memory.
+Activation checkpointing's mechanism (Chen et al., "Training Deep Nets with Sublinear Memory Cost", 2016): a
+segment keeps only its input for backward and recomputes its activations there, trading one extra forward for
+memory (`checkpointed`, with batch-norm statistics updated once); which modules it wraps is the technique's,
+hasten/techniques/activation_checkpointing.py.
 """
 
 from __future__ import annotations

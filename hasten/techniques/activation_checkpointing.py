@@ -13,6 +13,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hasten.engine.memory import running_stats_kept
+from hasten.errors import RecipeError
+from hasten.models.resnet import ResNet
 
 
 def checkpoint_activations(model: nn.Module, names: Sequence[str] | None = None) -> nn.Module:
@@ -23,9 +25,6 @@ def checkpoint_activations(model: nn.Module, names: Sequence[str] | None = None)
     exports load either way; batch-norm statistics are updated once, in the forward pass. RecipeError when a name
     is not a submodule or the model has nothing to checkpoint."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
-
-    from hasten.errors import RecipeError
-    from hasten.models.resnet import ResNet
 
     if names is None and isinstance(model, ResNet):
         model.checkpoint_activations = True
