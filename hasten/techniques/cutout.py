@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hasten.techniques.technique import Context, Technique
+from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
     from hasten.recipe.schema import Recipe
@@ -40,6 +40,7 @@ class Cutout(Technique):
     generator seeded by (seed, rank); its state is checkpointed per rank, like the mixing stream."""
 
     name, hooks, order = "cutout", frozenset({"on_batch"}), 15  # before mixing, as a per-image augmentation
+    switches = (Switch("tricks.cutout", "0", "8", "a square of each training image, at a random centre, zeroed"),)
     stateful = rank_local = True
 
     def __init__(self, length: int, rng: np.random.Generator):
