@@ -2,8 +2,9 @@
 square of each training image, at a random centre and clipped at the border, set to zero, which after
 normalisation is the training set's mean pixel. The targets stay: the object is still there, partly hidden.
 
-This file, its key in the recipe (`tricks.cutout`) and its test are all it took to add: the technique declares
-its hook point and its state, and build finds it.
+This file, its key in the recipe (`tricks.cutout`), its line in hasten/techniques/registry.py and its test are
+all it took to add: the technique declares its hook point, its state and its switch, build finds it, and
+`hasten bench --ablate` switches it off.
 """
 
 from __future__ import annotations

@@ -58,6 +58,10 @@ class Switch:
         """The override that turns it on, with the example value: `KEY=ON`."""
         return f"{self.key}={self.on}"
 
+    def override(self, value: str) -> str:
+        """The override that sets the key to `value` (another on value than the example): `KEY=VALUE`."""
+        return f"{self.key}={value}"
+
 
 @dataclass(frozen=True)
 class Context:
