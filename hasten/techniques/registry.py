@@ -28,8 +28,8 @@ from hasten.techniques.zero_init import ZeroInitResidual
 
 # in the order `hasten bench --ablate` runs them; a class stands for its switches, in its own order
 TECHNIQUES: tuple[type[Technique] | Switch, ...] = (
-    Switch("precision", "fp32", "bf16", "16-bit autocast math (bf16, fp16) instead of fp32"),
-    Switch("train.channels_last", "false", "true", "channels-last (NHWC) layout of model and batches"),
+    Switch("precision", "fp32", "bf16", "16-bit autocast math (bf16, fp16) instead of fp32", speed=True),
+    Switch("train.channels_last", "false", "true", "channels-last (NHWC) layout of model and batches", speed=True),
     Switch("data.augment.flip", "false", "true", "random horizontal flips of the training batches"),
     Switch("data.augment.translate", "0", "2", "random shifts of the training images by up to N pixels"),
     LabelSmoothing,
@@ -45,10 +45,10 @@ TECHNIQUES: tuple[type[Technique] | Switch, ...] = (
     DiracInit,
     BatchNormSettings,
     NoBiasDecay,
-    Switch("train.compile", "false", "true", "torch.compile of the model (eager where it cannot)"),
+    Switch("train.compile", "false", "true", "torch.compile of the model (eager where it cannot)", speed=True),
     Cutout,
     Freeze,
-    Switch("train.checkpoint_activations", "false", "true", "activations recomputed in backward"),
+    Switch("train.checkpoint_activations", "false", "true", "activations recomputed in backward", speed=True),
     Switch("optim.layer_lr_decay", "1.0", "0.5", "discriminative fine-tuning: each layer down gets decay x the LR"),
 )
 

@@ -41,12 +41,15 @@ HOOK_POINTS = frozenset({"on_model", "param_groups", "on_optimizer", "on_batch",
 @dataclass(frozen=True)
 class Switch:
     """A recipe key that turns a technique on: the value that turns it off and an example value that turns it on,
-    as a command line writes them (`tricks.mixup=0`, `tricks.mixup=0.2`), and what it does, in one line."""
+    as a command line writes them (`tricks.mixup=0`, `tricks.mixup=0.2`), and what it does, in one line.
+    `speed`: it computes the same training faster or in less memory (precision, layout, compile, recomputation)
+    rather than changing what is trained; a plain baseline in hasten's own loop keeps those."""
 
     key: str
     off: str
     on: str
     what: str
+    speed: bool = False
 
     @property
     def switched_off(self) -> str:
