@@ -80,6 +80,7 @@ from hasten.experiments.naive import PLAIN_TRAINING  # noqa: E402
 from hasten.recipe.schema import load_recipe  # noqa: E402
 from hasten.run.build import dataset  # noqa: E402
 from hasten.runfolder.log import environment, write_atomic  # noqa: E402
+from hasten.techniques.registry import SWITCHES  # noqa: E402
 
 ARMS = ("default", "plain", "naive")
 # a plain PyTorch loop on the same model: textbook training, batch 64 whatever the data, fp32, no probe
@@ -88,10 +89,7 @@ PLAIN = [
     "train.batch_size=64",
     "train.min_steps_per_epoch=0",
     "train.accumulate=1",
-    "precision=fp32",
-    "train.channels_last=false",
-    "train.compile=false",
-    "train.freeze_epochs=0",
+    *(switch.switched_off for switch in SWITCHES if switch.speed),  # fp32, no channels_last, no compile
 ]
 QUIET = ["run.progress=false", "run.tensorboard=false"]  # every arm: what a benchmark does not need
 BUDGETS = ("1", "3", "5", "10", "recipe")

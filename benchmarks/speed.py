@@ -30,6 +30,7 @@ from hasten.experiments.bench import Variant, bench, plan_variants
 from hasten.experiments.report import bench_table
 from hasten.experiments.variants import recipe_variant
 from hasten.recipe.schema import load_recipe
+from hasten.techniques.registry import switch
 
 OUT = Path("bench/speed")
 DOC = Path("docs/results/speed.md")
@@ -40,23 +41,32 @@ HEADLINE = {  # new recipe -> the recipe it replaces (flattened copies of the sh
     "fashion-94": BASELINES / "fashion-94-before.yaml",
 }
 TARGETS = {"fashion-fast": ("0.93", 0.5), "fashion-94": ("0.94", 0.5), "fashion-sprint": ("0.91", 0.6)}
+
+
+def switched(key: str, *values: str) -> str:
+    """`KEY=V1,V2` for `--vary`, KEY a technique's switch in the registry (hasten/techniques/registry.py), so a
+    misspelt key fails here; without values, the switch's example on value, then its off value."""
+    technique = switch(key)
+    return f"{technique.key}={','.join(values or (technique.on, technique.off))}"
+
+
 # each speed-record technique switched against the default recipe (one change at a time); "on" where the default
 # leaves it off, "off" where the default has it
 ABLATIONS = [
-    "model.whiten=true,false",
-    "model.init=dirac",
-    "model.bn_weight=frozen,learn",
-    "model.bn_momentum=0.4",
-    "tricks.lookahead_steps=5,0",
-    "data.augment.flip=alternate,true",
-    "train.tta_translate=1,0",
-    "tricks.label_smoothing=0.0,0.1,0.2",
-    "train.progressive_resize=0.5,0",
-    "schedule.name=linear,one-cycle",
-    "optim.name=sgd",  # the default's Muon off: Nesterov SGD for the filters too
+    switched("model.whiten"),
+    switched("model.init", "dirac"),
+    switched("model.bn_weight"),
+    switched("model.bn_momentum", "0.4"),
+    switched("tricks.lookahead_steps"),
+    switched("data.augment.flip", "alternate", "true"),
+    switched("train.tta_translate"),
+    switched("tricks.label_smoothing", "0.0", "0.1", "0.2"),
+    switched("train.progressive_resize"),
+    switched("schedule.name", "linear", "one-cycle"),
+    "optim.name=sgd",  # the default's Muon off: Nesterov SGD for the filters too (an optimizer, not a switch)
     "model.width=32",
     "train.batch_size=512",
-    "tricks.ema=0,0.99",
+    switched("tricks.ema", "0", "0.99"),
 ]
 QUICK = ["data.subset=512", "data.test_subset=256", "train.epochs=1", "train.threads=1"]
 EXTRA: list[str] = []  # --threads N: train.threads=N for every run of the stage (set in main)

@@ -35,6 +35,7 @@ import hasten
 from hasten.recipe.schema import Recipe, load_recipe, to_yaml
 from hasten.run.build import train
 from hasten.runfolder.log import environment
+from hasten.techniques.registry import switch
 
 # The baseline: the shipped fashion-fast recipe (bf16, channels_last, flip+translate, Nesterov SGD) made
 # small enough for 2 CPU cores, with step decay and every trick off.
@@ -45,9 +46,9 @@ BASE = [
     "schedule.name=step",
     "schedule.milestones=[0.5,0.75]",
     "schedule.gamma=0.1",
-    "tricks.label_smoothing=0",
-    "optim.no_bias_decay=false",
-    "model.zero_init_residual=false",
+    switch("tricks.label_smoothing").switched_off,
+    switch("optim.no_bias_decay").switched_off,
+    switch("model.zero_init_residual").switched_off,
     "run.progress=false",
     "run.tensorboard=false",
 ]
@@ -59,13 +60,15 @@ SCHEDULES = {
     "one-cycle": ["schedule.name=one-cycle", "schedule.peak=0.25"],
 }
 
+# each switched on alone over the baseline, named by its switch in hasten/techniques/registry.py (a misspelt key
+# fails at import), at the switch's example value unless given
 TRICKS = {
-    "label smoothing": ["tricks.label_smoothing=0.1"],
-    "mixup": ["tricks.mixup=0.2"],
-    "cutmix": ["tricks.cutmix=1.0"],
-    "EMA": ["tricks.ema=0.95"],  # averages over ~20 steps: a run here is ~190 steps
-    "no-bias-decay": ["optim.no_bias_decay=true"],
-    "zero-init residual": ["model.zero_init_residual=true"],
+    "label smoothing": [switch("tricks.label_smoothing").switched_on],
+    "mixup": [switch("tricks.mixup").switched_on],
+    "cutmix": [switch("tricks.cutmix").switched_on],
+    "EMA": [switch("tricks.ema").override("0.95")],  # averages over ~20 steps: a run here is ~190 steps
+    "no-bias-decay": [switch("optim.no_bias_decay").switched_on],
+    "zero-init residual": [switch("model.zero_init_residual").switched_on],
 }
 
 

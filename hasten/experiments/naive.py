@@ -31,45 +31,30 @@ from hasten.recipe.schema import Recipe, apply_overrides, dotted, to_yaml, valid
 from hasten.run.build import dataset, run_dir, seed_everything
 from hasten.run.trainer import METRICS
 from hasten.runfolder.log import RunLog
+from hasten.techniques.registry import SWITCHES
 
-# textbook training as recipe overrides: Adam at 1e-3, a constant LR, no augmentation, no tricks. The naive loop
-# trains this way, and benchmarks/generalization.py's plain baseline too (with hasten's loop and batch 64)
+# textbook training as recipe overrides: Adam at 1e-3, a constant LR, no augmentation, no technique of the registry
+# (hasten/techniques/registry.py) whatever the recipe turns on, but those that only make the same training faster.
+# The naive loop trains this way, and benchmarks/generalization.py's plain baseline too (with hasten's loop and
+# batch 64)
 PLAIN_TRAINING = [
-    "train.tta_flip=false",
     "optim.name=adam",
     "optim.lr=0.001",
     "optim.base_batch=null",
     "optim.weight_decay=0",
-    "optim.no_bias_decay=false",
-    "schedule.name=constant",
     "schedule.warmup=0",
     "schedule.min_warmup_steps=0",
-    "data.augment.flip=false",
-    "data.augment.translate=0",
-    "tricks.label_smoothing=0",
-    "tricks.mixup=0",
-    "tricks.cutmix=0",
-    "tricks.ema=0",
-    # the speed-record techniques, off: a plain baseline has none of them whatever the recipe turns on
-    "model.whiten=false",
-    "model.init=default",
-    "model.bn_weight=learn",
-    "tricks.lookahead_steps=0",
-    "train.tta_translate=0",
-    "train.progressive_resize=0",
+    *(switch.switched_off for switch in SWITCHES if not switch.speed),
 ]
 
-# what the naive loop does, written as recipe overrides so its saved recipe.yaml says so
+# what the naive loop does, written as recipe overrides so its saved recipe.yaml says so: the speed techniques
+# off too (fp32, no channels_last, no compile, no recomputation)
 NAIVE_OVERRIDES = [
-    "precision=fp32",
     "train.batch_size=32",
     "train.eval_batch_size=1000",
-    "train.channels_last=false",
     *PLAIN_TRAINING,
+    *(switch.switched_off for switch in SWITCHES if switch.speed),
     "train.accumulate=1",
-    "train.compile=false",
-    "train.checkpoint_activations=false",
-    "train.freeze_epochs=0",
 ]
 
 

@@ -14,31 +14,13 @@ from typing import Any
 
 from hasten.errors import RecipeError
 from hasten.recipe.schema import Recipe, apply_overrides, dotted, load_recipe, parse_value, validate
+from hasten.techniques.registry import SWITCHES
 
 NAIVE = "naive"
 
-# `--ablate` without `--vary`: each technique the recipe switches on, switched off alone
-ABLATIONS = [
-    ("precision", "fp32"),
-    ("train.channels_last", "false"),
-    ("data.augment.flip", "false"),
-    ("data.augment.translate", "0"),
-    ("tricks.label_smoothing", "0"),
-    ("tricks.mixup", "0"),
-    ("tricks.cutmix", "0"),
-    ("tricks.ema", "0"),
-    ("tricks.lookahead_steps", "0"),
-    ("schedule.name", "constant"),
-    ("train.tta_flip", "false"),
-    ("train.tta_translate", "0"),
-    ("train.progressive_resize", "0"),
-    ("model.zero_init_residual", "false"),
-    ("model.whiten", "false"),
-    ("model.init", "default"),
-    ("model.bn_weight", "learn"),
-    ("optim.no_bias_decay", "false"),
-    ("train.compile", "false"),
-]
+# `--ablate` without `--vary`: each technique the recipe switches on, switched off alone (KEY, OFF), in the order
+# of the registry of techniques, which every technique is listed in
+ABLATIONS = [(switch.key, switch.off) for switch in SWITCHES]
 
 
 @dataclass(frozen=True)

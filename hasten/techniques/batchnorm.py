@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from hasten.progress import say
-from hasten.techniques.technique import Context, Technique
+from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
     from hasten.recipe.schema import Recipe
@@ -48,6 +48,11 @@ class BatchNormSettings(Technique):
     changes nothing and says so."""
 
     name, hooks, order = "batch_norm_settings", frozenset({"on_model"}), 2
+    switches = (
+        Switch("model.bn_weight", "learn", "frozen", "BN scales fixed at 1, only the shifts train"),
+        Switch("model.bn_momentum", "null", "0.4", "every BN layer's running-statistics momentum (torch's: 0.1)"),
+        Switch("model.bn_eps", "null", "0.001", "every BN layer's eps (torch's: 1e-5)"),
+    )
 
     def __init__(self, momentum: float | None, eps: float | None, freeze_weight: bool):
         self.momentum, self.eps, self.freeze_weight = momentum, eps, freeze_weight

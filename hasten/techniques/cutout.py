@@ -2,8 +2,9 @@
 square of each training image, at a random centre and clipped at the border, set to zero, which after
 normalisation is the training set's mean pixel. The targets stay: the object is still there, partly hidden.
 
-This file, its key in the recipe (`tricks.cutout`) and its test are all it took to add: the technique declares
-its hook point and its state, and build finds it.
+This file, its key in the recipe (`tricks.cutout`), its line in hasten/techniques/registry.py and its test are
+all it took to add: the technique declares its hook point, its state and its switch, build finds it, and
+`hasten bench --ablate` switches it off.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hasten.techniques.technique import Context, Technique
+from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
     from hasten.recipe.schema import Recipe
@@ -40,6 +41,7 @@ class Cutout(Technique):
     generator seeded by (seed, rank); its state is checkpointed per rank, like the mixing stream."""
 
     name, hooks, order = "cutout", frozenset({"on_batch"}), 15  # before mixing, as a per-image augmentation
+    switches = (Switch("tricks.cutout", "0", "8", "a square of each training image, at a random centre, zeroed"),)
     stateful = rank_local = True
 
     def __init__(self, length: int, rng: np.random.Generator):

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from hasten.progress import say
-from hasten.techniques.technique import Context, Technique
+from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
     from hasten.recipe.schema import Recipe
@@ -45,6 +45,7 @@ class DiracInit(Technique):
     pretrained weights (which then win)."""
 
     name, hooks, order = "dirac_init", frozenset({"on_model"}), 1
+    switches = (Switch("model.init", "default", "dirac", "3x3 convs start as the identity on their input channels"),)
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, context: Context) -> DiracInit | None:

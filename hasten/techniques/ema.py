@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel
 
-from hasten.techniques.technique import Context, Technique
+from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
     from hasten.recipe.schema import Recipe
@@ -50,6 +50,7 @@ class EMA(Technique):
     the model is on its device and in its precision."""
 
     name, hooks, order = "ema", frozenset({"on_optimizer", "after_step", "eval_model"}), 30
+    switches = (Switch("tricks.ema", "0", "0.99", "a moving average of the weights, evaluated instead of them"),)
     stateful = True
 
     def __init__(self, model: nn.Module | None, decay: float, calibrate: Callable[[nn.Module], None] | None = None):

@@ -13,7 +13,7 @@ from torch import nn
 
 from hasten.errors import RecipeError
 from hasten.models.pretrained import classifier_head
-from hasten.techniques.technique import Context, Technique
+from hasten.techniques.technique import Context, Switch, Technique
 
 
 def frozen(step: int, freeze_steps: int) -> bool:
@@ -27,6 +27,7 @@ class Freeze(Technique):
     `on_optimizer`, after the optimizer is made, which thus holds them all."""
 
     name, hooks, order = "freeze", frozenset({"on_optimizer", "after_step"}), 40
+    switches = (Switch("train.freeze_epochs", "0", "1", "only the classifier head trains for the first epochs"),)
     stateful = True
 
     def __init__(self, model: nn.Module | None, freeze_steps: int):

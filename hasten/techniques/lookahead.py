@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from hasten.techniques.technique import Context, Technique
+from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
     from hasten.recipe.schema import Recipe
@@ -45,6 +45,7 @@ class Lookahead(Technique):
     and the step count are its checkpointed state (`state["hooks"]["lookahead"]`)."""
 
     name, hooks, order = "lookahead", frozenset({"on_optimizer", "after_step"}), 20  # before the EMA's 30
+    switches = (Switch("tricks.lookahead_steps", "0", "5", "every k steps slow weights move towards the live ones"),)
     stateful = True
 
     def __init__(self, steps: int, alpha: float):

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hasten.techniques.technique import Context, Technique
+from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
     from hasten.recipe.schema import Recipe
@@ -52,6 +52,10 @@ class BatchMixing(Technique):
     (the generator's) is checkpointed per rank, since each rank draws its own stream."""
 
     name, hooks, order = "mixing", frozenset({"on_batch"}), 20
+    switches = (
+        Switch("tricks.mixup", "0", "0.2", "mixup: each image blended with another of the batch"),
+        Switch("tricks.cutmix", "0", "1.0", "cutmix: a box of another image of the batch pasted in"),
+    )
     stateful = rank_local = True
 
     def __init__(self, mixup_alpha: float, cutmix_alpha: float, rng: np.random.Generator):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from hasten.techniques.technique import Context, Technique
+from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
     from hasten.recipe.schema import Recipe
@@ -43,6 +43,7 @@ class NoBiasDecay(Technique):
     whatever groups the run made (one, or one per layer for discriminative fine-tuning)."""
 
     name, hooks, order = "no_bias_decay", frozenset({"param_groups"}), 0
+    switches = (Switch("optim.no_bias_decay", "false", "true", "no weight decay on biases and norm parameters"),)
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, context: Context) -> NoBiasDecay | None:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from hasten.errors import RecipeError
-from hasten.techniques.technique import Context, Technique
+from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
     from hasten.recipe.schema import Recipe
@@ -51,6 +51,7 @@ class ProgressiveResize(Technique):
 
     # last of the batch hooks: cutout and mixing act at the full size, as their recipe keys give it
     name, hooks, order = "progressive_resize", frozenset({"on_model", "on_batch", "after_step"}), 60
+    switches = (Switch("train.progressive_resize", "0", "0.5", "training images grow from a fraction of their side"),)
     stateful = True
 
     def __init__(self, start: float, until: float, total_steps: int, image_shape: tuple[int, ...] | None = None):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from hasten.techniques.technique import Context, Technique
+from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
     from hasten.recipe.schema import Recipe
@@ -29,6 +29,7 @@ class LabelSmoothing(Technique):
     """Batch hook: smooths the soft targets by `eps` (`tricks.label_smoothing`); no randomness, no state."""
 
     name, hooks, order = "label_smoothing", frozenset({"on_batch"}), 10
+    switches = (Switch("tricks.label_smoothing", "0", "0.1", "targets moved eps of the way to uniform"),)
 
     def __init__(self, eps: float):
         self.eps = eps

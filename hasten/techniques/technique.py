@@ -17,9 +17,11 @@ Hook points, in the order a run meets them:
 
 A technique with `stateful = True` has `state_dict()`/`load_state_dict()`; its state is checkpointed under
 `state["hooks"][name]`, or per rank (`state["ranks"][r]["hooks"][name]`) when `rank_local` (a random stream that
-differs per rank). `from_recipe` returns the object when the recipe turns it on, else None. Defining a subclass
-registers it: `techniques(recipe, context)` makes every one the recipe turns on, so adding a technique touches
-its module, its recipe section and its test, and no way of building a run can forget its hooks or its state.
+differs per rank). `from_recipe` returns the object when the recipe turns it on, else None, and `switches` names
+the recipe keys that do so (a `Switch` each: the key, its off value, an example on value). Defining a subclass
+registers it: `techniques(recipe, context)` makes every one the recipe turns on, so no way of building a run can
+forget its hooks or its state. hasten's own are listed in hasten/techniques/registry.py, the one table of every
+technique (with the settings the run reads itself), which the ablations and benchmarks derive from.
 """
 
 from __future__ import annotations
@@ -34,6 +36,34 @@ if TYPE_CHECKING:
     from hasten.recipe.schema import Recipe
 
 HOOK_POINTS = frozenset({"on_model", "param_groups", "on_optimizer", "on_batch", "after_step", "eval_model"})
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A recipe key that turns a technique on: the value that turns it off and an example value that turns it on,
+    as a command line writes them (`tricks.mixup=0`, `tricks.mixup=0.2`), and what it does, in one line.
+    `speed`: it computes the same training faster or in less memory (precision, layout, compile, recomputation)
+    rather than changing what is trained; a plain baseline in hasten's own loop keeps those."""
+
+    key: str
+    off: str
+    on: str
+    what: str
+    speed: bool = False
+
+    @property
+    def switched_off(self) -> str:
+        """The override that turns the technique off: `KEY=OFF`."""
+        return f"{self.key}={self.off}"
+
+    @property
+    def switched_on(self) -> str:
+        """The override that turns it on, with the example value: `KEY=ON`."""
+        return f"{self.key}={self.on}"
+
+    def override(self, value: str) -> str:
+        """The override that sets the key to `value` (another on value than the example): `KEY=VALUE`."""
+        return f"{self.key}={value}"
 
 
 @dataclass(frozen=True)
@@ -63,6 +93,8 @@ class Technique:
     # where among the techniques its hooks run; only for bitwise reproducibility: the soft-target hooks
     # commute mathematically (label smoothing is affine, mixing a convex blend), not in floating point
     order: ClassVar[int] = 50
+    # the recipe keys that turn it on (any one of them); hasten's techniques all have one at least
+    switches: ClassVar[tuple[Switch, ...]] = ()
 
     registry: ClassVar[list[type[Technique]]] = []
 

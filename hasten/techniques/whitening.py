@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hasten.progress import say
-from hasten.techniques.technique import Context, Technique
+from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
     from hasten.recipe.schema import Recipe
@@ -108,6 +108,7 @@ class Whitening(Technique):
     once the model is built; prints what it did or why it skipped."""
 
     name, hooks, order = "whitening", frozenset({"on_model"}), 3  # after Dirac init: the first conv is its
+    switches = (Switch("model.whiten", "false", "true", "the first conv whitens image patches, frozen"),)
 
     def __init__(self, train_images: Callable[[int], Tensor] | None, images: int, eps: float, pretrained: bool):
         self.train_images, self.images, self.eps, self.pretrained = train_images, images, eps, pretrained

@@ -10,7 +10,7 @@ from torch import nn
 
 from hasten.models.resnet import zero_init_residual
 from hasten.progress import say
-from hasten.techniques.technique import Context, Technique
+from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
     from hasten.recipe.schema import Recipe
@@ -22,6 +22,7 @@ class ZeroInitResidual(Technique):
     `Residual`); on a model without them it changes nothing and says so."""
 
     name, hooks, order = "zero_init_residual", frozenset({"on_model"}), 0
+    switches = (Switch("model.zero_init_residual", "false", "true", "each residual block's last BN scale starts at 0"),)
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, context: Context) -> ZeroInitResidual | None:
