@@ -44,9 +44,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check hasten tests benchmarks
 	$(BIN)/lint-imports
 
-# docs/reference.md, the recipe-key reference, rewritten from the schema (tests/test_recipe_reference.py fails if stale)
+# docs/reference.md (the recipe keys, from the schema) and docs/techniques.md (from the technique registry);
+# tests/test_recipe_reference.py and tests/test_technique_registry.py fail when either is stale
 reference: $(STAMP)
 	$(BIN)/python -m hasten.recipe.reference docs/reference.md
+	$(BIN)/python -m hasten.techniques.docs docs/techniques.md
 
 # every benchmark, one after another (each measures its variants side by side in one run); on 2 CPU cores this
 # takes several hours (benchmarks/speed.py alone about two). Each script's docstring says what it measures;

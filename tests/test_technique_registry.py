@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -145,3 +146,14 @@ def test_the_default_recipes_ablation_switches_off_every_technique_it_has_on():
 def test_ablate_switches_off_each_technique_a_recipe_turns_on(technique: Switch):
     recipe = load_recipe(None, [technique.switched_on])
     assert technique.switched_off in {o for v in ablation_variants(recipe, []) for o in v.overrides}
+
+
+def test_the_docs_list_of_techniques_is_written_from_the_registry():
+    from hasten.techniques import docs
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "techniques.md"
+    assert page.read_text(encoding="utf-8") == docs.render(), (
+        "docs/techniques.md is out of date with hasten/techniques/registry.py: regenerate it with make reference"
+    )
+    for item in SWITCHES:
+        assert f"| `{item.key}` | `{item.off}` | `{item.on}` |" in docs.render()

@@ -7,7 +7,8 @@ What lists techniques derives from this table: `hasten bench --ablate` switches 
 (hasten/experiments/variants.py `ABLATIONS`, in the table's order), and the benchmarks name their chosen ones by
 `switch(key)`, so a misspelt key fails at once instead of being skipped. The imports are explicit: importing
 hasten.techniques registers every technique class, and tests/test_technique_registry.py checks that the table
-holds each of them and that every switch does what it says.
+holds each of them and that every switch does what it says. The docs' list of techniques, docs/techniques.md, is
+written from it (hasten/techniques/docs.py, `make reference`).
 """
 
 from __future__ import annotations
