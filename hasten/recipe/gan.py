@@ -8,7 +8,7 @@ mini-batches of 128, z of 100 numbers (standard normal here; the paper drew them
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 import yaml
 from pydantic import Field, ValidationError
@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError
 from hasten.recipe.schema import (
     MAX_SYNTHETIC,
     DataConfig,
+    Fp32WeightsPrecision,
     Fraction,
     LossScaleConfig,
     PositiveFloat,
@@ -87,7 +88,7 @@ class GanRun(Section):
 class GanRecipe(Section):
     name: str = "gan"
     seed: int = 0
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Fp32WeightsPrecision = "fp32"
     loss_scale: LossScaleConfig = LossScaleConfig()  # fp16: each network's scaler starts here, separately
     device: str = "auto"  # auto: cuda when available, else cpu
     resume: str | None = None  # auto: the newest complete checkpoint in run.dir/checkpoints, if any; or a path

@@ -13,7 +13,7 @@ import importlib.resources
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -25,6 +25,12 @@ from hasten.errors import RecipeError
 PositiveFloat = Annotated[float, Field(gt=0)]
 MAX_SYNTHETIC = 1_000_000  # images of the synthetic set: each is drawn one by one (a million take ~1 GB)
 Fraction = Annotated[float, Field(ge=0, lt=1)]
+
+# The numeric precision modes, named here once: hasten/engine/precision.py implements each, the recipes take them,
+# the start-up probe picks among them. The GAN takes those that keep the weights in fp32 (not fp16-master).
+Fp32WeightsPrecision = Literal["fp32", "bf16", "fp16"]
+PrecisionName = Literal[Fp32WeightsPrecision, "fp16-master"]
+PRECISION_MODES: tuple[str, ...] = get_args(PrecisionName)
 
 
 class Section(BaseModel):
@@ -369,7 +375,7 @@ class Recipe(Section):
     name: str = "run"
     seed: Annotated[int, Field(ge=0, lt=2**63)] = 0  # torch and numpy seeds are unsigned 64-bit
     # auto: the fastest numerically safe mode on this machine, timed at start-up (hasten/tune/autotune.py)
-    precision: Literal["fp32", "bf16", "fp16", "fp16-master", "auto"] = "fp32"
+    precision: Literal[PrecisionName, "auto"] = "fp32"
     loss_scale: LossScaleConfig = LossScaleConfig()  # fp16 and fp16-master only
     device: str = "auto"  # auto: cuda when available, else cpu
     data: DataConfig = DataConfig()

@@ -41,7 +41,6 @@ from hasten.engine.compiling import compile_model
 from hasten.engine.distributed import DistEnv, world_size
 from hasten.engine.memory import available_memory_bytes
 from hasten.engine.optimizers import Muon, muon_groups
-from hasten.engine.precision import MODES as PRECISION_MODES
 from hasten.engine.precision import Precision, check_precision, make_precision
 from hasten.engine.schedules import Scheduler, asked_rise_steps, rise_steps, scale_lr, scheduler
 from hasten.errors import CheckpointError, DataError, HastenError, RecipeError
@@ -49,7 +48,7 @@ from hasten.models import build_model
 from hasten.models.pretrained import pretrained_from_config, save_weights  # Freeze registers here
 from hasten.models.user import check_model, own_model
 from hasten.progress import say
-from hasten.recipe.schema import OptimConfig, Recipe, apply_overrides, dotted, to_yaml, validate
+from hasten.recipe.schema import PRECISION_MODES, OptimConfig, Recipe, apply_overrides, dotted, to_yaml, validate
 from hasten.recipe.trust import USER_SOURCES
 from hasten.run.trainer import Hooks, Plan, Saving, Trainer
 from hasten.run.user import builtin_holdout, load_data, recorded, streamed_loaders, user_objects
