@@ -26,10 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from hasten.errors import RecipeError
-from hasten.recipe.schema import PRECISION_MODES, PrecisionName
+from hasten.recipe.schema import PRECISION_MODES, LossScaleConfig, PrecisionName
 
-DEFAULT_INIT_SCALE = 2.0**16  # the loss scale fp16 training starts from (torch and apex use the same)
-DEFAULT_GROWTH_INTERVAL = 2000  # clean steps before the scale doubles
+DEFAULT_LOSS_SCALE = LossScaleConfig()  # where fp16's dynamic loss scale starts and how often it grows, by default
 
 
 class Precision:
@@ -105,8 +104,8 @@ class FP16(Precision):
     def __init__(
         self,
         device: torch.device,
-        init_scale: float = DEFAULT_INIT_SCALE,
-        growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+        init_scale: float = DEFAULT_LOSS_SCALE.init,
+        growth_interval: int = DEFAULT_LOSS_SCALE.growth_interval,
     ):
         super().__init__(device)
         self.scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, growth_interval=growth_interval)
@@ -168,8 +167,8 @@ class FP16Master(Precision):
     def __init__(
         self,
         device: torch.device,
-        init_scale: float = DEFAULT_INIT_SCALE,
-        growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+        init_scale: float = DEFAULT_LOSS_SCALE.init,
+        growth_interval: int = DEFAULT_LOSS_SCALE.growth_interval,
     ):
         super().__init__(device)
         self.scale = float(init_scale)
@@ -301,8 +300,8 @@ def check_precision(name: str, device: torch.device) -> None:
 def make_precision(
     name: str,
     device: torch.device,
-    init_scale: float = DEFAULT_INIT_SCALE,
-    growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+    init_scale: float = DEFAULT_LOSS_SCALE.init,
+    growth_interval: int = DEFAULT_LOSS_SCALE.growth_interval,
 ) -> Precision:
     """The precision mode `name` on `device`, or a RecipeError naming both when the device cannot run it.
 

@@ -314,7 +314,8 @@ class LossScaleConfig(Section):
     """Dynamic loss scaling of fp16 and fp16-master (Micikevicius et al., 2018): halve on inf/NaN, grow after
     `growth_interval` clean steps."""
 
-    init: PositiveFloat = 65536.0  # the scale the loss is multiplied by at the first step (2**16)
+    # the one home of these defaults: hasten/engine/precision.py's modes take theirs from here
+    init: PositiveFloat = 2.0**16  # the scale the loss is multiplied by at the first step (torch and apex: the same)
     growth_interval: Annotated[int, Field(ge=1)] = 2000  # clean optimizer steps before the scale doubles
 
 
