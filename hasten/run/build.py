@@ -278,7 +278,7 @@ def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: in
         batch = steps_batch(n, asked, train_cfg.accumulate, world, train_cfg.min_steps_per_epoch)
         if batch != asked:
             train_cfg.batch_size = batch
-            steps = -(-n // (batch * train_cfg.accumulate * world))
+            steps = rules.steps_per_epoch(n, batch, world, train_cfg.accumulate)
             notes.append(
                 f"batch {asked} -> {batch}: {n:,} training images give {steps} steps an epoch "
                 f"(train.min_steps_per_epoch={train_cfg.min_steps_per_epoch}; 0 keeps the batch)"
