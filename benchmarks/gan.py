@@ -39,7 +39,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from PIL import Image
@@ -51,9 +51,10 @@ from hasten.experiments.gan_report import collapse_warning, save_grid
 from hasten.experiments.report import DASH, format_bytes, markdown_table
 from hasten.models.dcgan import padded, signed
 from hasten.recipe.gan import GanRecipe, load_gan_recipe
+from hasten.recipe.schema import Fp32WeightsPrecision
 from hasten.runfolder.log import environment, write_atomic
 
-PRECISIONS = ["fp32", "bf16", "fp16"]
+PRECISIONS = list(get_args(Fp32WeightsPrecision))  # every mode the GAN takes
 QUICK_GAN = [
     "data.name=synthetic",
     "data.synthetic_size=512",

@@ -76,6 +76,7 @@ from benchmarks import datasets as generated  # noqa: E402
 from benchmarks import generalization_report as report  # noqa: E402
 from hasten.data.imagefolder import ImageFolder  # noqa: E402
 from hasten.errors import HastenError  # noqa: E402
+from hasten.experiments.interleave import rotated  # noqa: E402
 from hasten.experiments.naive import PLAIN_TRAINING  # noqa: E402
 from hasten.recipe.schema import load_recipe  # noqa: E402
 from hasten.run.build import dataset  # noqa: E402
@@ -192,8 +193,8 @@ class Task:
 def arm_order(seed: int, budget: str) -> list[str]:
     """The arms of one (dataset, budget, seed), rotated by the seed; at the recipe's budget the default first,
     since the others run at the epochs it records."""
-    rotated = list(ARMS[seed % len(ARMS) :] + ARMS[: seed % len(ARMS)])
-    return ["default"] + [arm for arm in rotated if arm != "default"] if budget == "recipe" else rotated
+    order = rotated(ARMS, seed)
+    return ["default"] + [arm for arm in order if arm != "default"] if budget == "recipe" else order
 
 
 class Suite:

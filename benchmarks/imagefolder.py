@@ -33,6 +33,7 @@ import torch
 from hasten.data.imagefolder import image_folder_loaders, open_image_folder, read_into_memory
 from hasten.data.loader import InMemoryLoader
 from hasten.data.makefolder import make_folder
+from hasten.experiments.interleave import rotated
 from hasten.experiments.report import markdown_table
 from hasten.recipe.schema import load_recipe, to_yaml
 from hasten.run.build import build
@@ -113,9 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             measure()
         seconds: dict[str, list[float]] = {name: [] for name in variants}
         for repeat in range(args.repeats):
-            names = list(variants)
-            names = names[repeat % len(names) :] + names[: repeat % len(names)]  # rotate the order
-            for name in names:
+            for name in rotated(list(variants), repeat):
                 seconds[name].append(variants[name]())
                 print(f"r{repeat + 1} {name}: {seconds[name][-1]:.2f} s", file=sys.stderr)
 

@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 import hasten
+from hasten.experiments.interleave import rotated
 from hasten.recipe.schema import Recipe, load_recipe, to_yaml
 from hasten.run.build import train
 from hasten.runfolder.log import environment
@@ -125,7 +126,7 @@ def run_all(
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     total, done = len(names) * len(seeds), 0
     for i, seed in enumerate(seeds):
-        for name in names[i % len(names) :] + names[: i % len(names)]:
+        for name in rotated(names, i):
             done += 1
             run = run_variant(variants[name], seed, out / "runs" / slug(name) / f"seed{seed}", reuse)
             runs[name].append(run)

@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hasten.experiments.interleave import rotated
+
 ROOT = Path(__file__).resolve().parents[1]
 THRESHOLDS = ("0.90", "0.91", "0.92", "0.93")
 TARGETS = {"wall_over_train": 1.15, "to_93_over_before": 0.65, "second_startup_over_first": 0.5}
@@ -253,8 +255,7 @@ def main() -> int:
         pass
     runs: list[dict[str, Any]] = []
     for repeat in range(ns.repeats):
-        order = ["before", "now"] if repeat % 2 == 0 else ["now", "before"]
-        for which in order:
+        for which in rotated(["before", "now"], repeat):
             tree, python = trees[which]
             if which == "before":
                 kinds = [("before", work / f"r{repeat}-before-cache")]

@@ -16,6 +16,7 @@ from hasten.cli import main
 from hasten.errors import RecipeError
 from hasten.experiments.bench import NAIVE, Variant, aggregate, bench, plan_variants
 from hasten.experiments.flops import matmul_peak, train_step_flops
+from hasten.experiments.interleave import rotated
 from hasten.experiments.naive import naive_recipe
 from hasten.experiments.variants import parse_vary, split_values, variant_recipe
 from hasten.recipe.schema import load_recipe
@@ -199,3 +200,8 @@ def test_also_runs_another_recipe_as_the_overrides_that_make_it():
         plan_variants(base, also=["fashion-fast"])
     with pytest.raises(RecipeError, match="no-such-recipe"):
         plan_variants(base, also=["no-such-recipe"])
+
+
+def test_each_repeat_rotates_the_variant_order_by_one_place():
+    assert [rotated("abc", repeat) for repeat in range(4)] == [list("abc"), list("bca"), list("cab"), list("abc")]
+    assert rotated([], 3) == []

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from hasten.errors import CheckpointError
+from hasten.models.pretrained import save_weights
 from hasten.runfolder.checkpoint import (
     checkpoints_in,
-    export_safetensors,
     latest_usable,
     load_checkpoint,
     prune,
@@ -141,10 +141,10 @@ def test_rng_state_round_trip_through_a_safe_checkpoint(tmp_path):
 def test_safetensors_export_round_trips_exactly(tmp_path):
     model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4))
     save_checkpoint({"model": model.state_dict()}, tmp_path / "step-1.pt")
-    out = export_safetensors(tmp_path / "step-1.pt", tmp_path / "model.safetensors")
-    weights = read_weights(out)
-    assert weights.keys() == model.state_dict().keys()
-    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    for source in (save_weights(model, tmp_path), tmp_path / "step-1.pt"):  # run.save_weights' file, the checkpoint
+        weights = read_weights(source)
+        assert weights.keys() == model.state_dict().keys()
+        assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     with pytest.raises(CheckpointError, match="not a readable safetensors"):
         (tmp_path / "bad.safetensors").write_bytes(b"garbage")
         read_weights(tmp_path / "bad.safetensors")

@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 import hasten
-from hasten.engine.precision import FP16Master, make_precision
+from hasten.engine.precision import MODES, FP16Master, make_precision
 from hasten.errors import RecipeError
+from hasten.recipe.schema import PRECISION_MODES
 from hasten.run.trainer import Plan, Trainer
 from hasten.runfolder.log import RunLog
 
@@ -168,3 +169,8 @@ def test_each_mode_in_a_two_step_run(mode, tiny_overrides, tmp_path):
     assert summary["steps"] + summary["skipped_steps"] == 2
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["peak_step_memory_bytes"] > 0 and saved["peak_memory_bytes"] > 0
+
+
+def test_the_engine_implements_exactly_the_recipes_modes():
+    """The recipe names the modes (PRECISION_MODES); the engine has one class for each, in the same order."""
+    assert tuple(MODES) == PRECISION_MODES == ("fp32", "bf16", "fp16", "fp16-master")

@@ -38,12 +38,18 @@ from hasten.engine.memory import peak_memory_bytes, reset_peak
 from hasten.engine.schedules import scheduler
 from hasten.experiments.report import format_bytes, format_seconds, markdown_table
 from hasten.models import build_model
-from hasten.recipe.schema import Recipe, apply_overrides, load_recipe, validate
+from hasten.recipe.schema import PrecisionName, Recipe, apply_overrides, load_recipe, validate
 from hasten.run.build import dataset, scaled_lr, seed_everything, tricks
 from hasten.run.build import optimizer as make_optimizer
 from hasten.techniques import one_hot, param_groups, soft_cross_entropy
 
-LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed", "fp16-master": "16-mixed"}
+# Lightning's name for each of hasten's modes (PRECISION_MODES)
+LIGHTNING_PRECISION: dict[PrecisionName, str] = {
+    "fp32": "32-true",
+    "bf16": "bf16-mixed",
+    "fp16": "16-mixed",
+    "fp16-master": "16-mixed",
+}
 
 
 def _sync(device: torch.device) -> None:

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy
 import torch
@@ -176,30 +177,12 @@ class ImageFolderLoader(ShardedEpochs):
 
     Same interface and the same sample order as `InMemoryLoader`: `set_epoch`, `batches(start)`, `__len__`,
     `shard_size`; each rank takes its strided share of the epoch's permutation, the remainder padded, dropped
-    or split as `remainder` says (hasten/data/loader.py).
+    or split as `remainder` says (hasten/data/loader.py). `workers`: DataLoader worker processes (0: decode in
+    this one); `batch_size` and `options`: those of `ShardedEpochs`.
     """
 
-    def __init__(
-        self,
-        decoder: BatchDecoder,
-        batch_size: int,
-        *,
-        mean: Tensor,
-        std: Tensor,
-        shuffle: bool = False,
-        seed: int = 0,
-        augment: Augment | None = None,
-        drop_last: bool = False,
-        rank: int = 0,
-        world_size: int = 1,
-        remainder: str = "pad",
-        channels_last: bool = False,
-        device: torch.device | str = "cpu",
-        workers: int = 0,
-    ):
-        super().__init__(batch_size, mean=mean, std=std, shuffle=shuffle, seed=seed, augment=augment,
-                         drop_last=drop_last, rank=rank, world_size=world_size, remainder=remainder,
-                         channels_last=channels_last, device=device)  # fmt: skip
+    def __init__(self, decoder: BatchDecoder, batch_size: int, *, workers: int = 0, **options: Any):
+        super().__init__(batch_size, **options)
         self.decoder, self.workers = decoder, workers
         self._plan = _BatchPlan()
         self._loader: torch.utils.data.DataLoader | None = None

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -132,7 +133,8 @@ def shard_indices(n: int, epoch: int, seed: int, shuffle: bool, rank: int, world
 class ShardedEpochs:
     """The part both loaders share: the batching, sharding and normalisation settings, each epoch's seeded
     order, this rank's shard of it, its batch count, and the normalisation of a uint8 batch. Subclasses provide
-    `num_samples` and `batches(start)`."""
+    `num_samples` and `batches(start)`. Its `__init__` is the one list of the loaders' shared options and their
+    defaults: each loader takes its own source, then passes every other argument on here."""
 
     def __init__(
         self,
@@ -222,34 +224,15 @@ class InMemoryLoader(ShardedEpochs):
     """Batches of (normalised float images, int64 labels) sliced from tensors held in memory.
 
     `drop_last` drops the final short batch of each rank's share; `remainder` says what happens to the samples
-    that do not divide by the ranks (module docstring).
+    that do not divide by the ranks (module docstring). `batch_size` and `options`: those of `ShardedEpochs`.
     """
 
-    def __init__(
-        self,
-        images: Tensor,
-        labels: Tensor,
-        batch_size: int,
-        *,
-        mean: Tensor,
-        std: Tensor,
-        shuffle: bool = False,
-        seed: int = 0,
-        augment: Augment | None = None,
-        drop_last: bool = False,
-        rank: int = 0,
-        world_size: int = 1,
-        remainder: str = "pad",
-        channels_last: bool = False,
-        device: torch.device | str = "cpu",
-    ):
+    def __init__(self, images: Tensor, labels: Tensor, batch_size: int, **options: Any):
         if images.dtype != torch.uint8 or images.dim() != 4:
             raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
         if len(images) != len(labels):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        super().__init__(batch_size, mean=mean, std=std, shuffle=shuffle, seed=seed, augment=augment,
-                         drop_last=drop_last, rank=rank, world_size=world_size, remainder=remainder,
-                         channels_last=channels_last, device=device)  # fmt: skip
+        super().__init__(batch_size, **options)
         self.images, self.labels = images.to(self.device), labels.to(self.device)
 
     @property

@@ -26,15 +26,15 @@ import torch
 from torch import Tensor, nn
 
 from hasten.errors import RecipeError
+from hasten.recipe.schema import PRECISION_MODES, LossScaleConfig, PrecisionName
 
-DEFAULT_INIT_SCALE = 2.0**16  # the loss scale fp16 training starts from (torch and apex use the same)
-DEFAULT_GROWTH_INTERVAL = 2000  # clean steps before the scale doubles
+DEFAULT_LOSS_SCALE = LossScaleConfig()  # where fp16's dynamic loss scale starts and how often it grows, by default
 
 
 class Precision:
     """fp32: no autocast, plain backward and step. The base of the other modes."""
 
-    name = "fp32"
+    name: PrecisionName = "fp32"  # which of the recipe's PRECISION_MODES this class implements
     autocast_dtype: torch.dtype | None = None
     compute_dtype: torch.dtype = torch.float32  # what the matmuls run in (the bench's peak is measured in it)
 
@@ -90,7 +90,7 @@ class Precision:
 class BF16(Precision):
     """bf16 autocast: matmuls and convolutions in bfloat16, weights and the update in fp32, no loss scaling."""
 
-    name = "bf16"
+    name: PrecisionName = "bf16"
     autocast_dtype = compute_dtype = torch.bfloat16
 
 
@@ -98,14 +98,14 @@ class FP16(Precision):
     """fp16 autocast with dynamic loss scaling (torch.amp.GradScaler): a step with inf/NaN gradients is skipped
     and the scale halved; after `growth_interval` clean steps the scale doubles."""
 
-    name = "fp16"
+    name: PrecisionName = "fp16"
     autocast_dtype = compute_dtype = torch.float16
 
     def __init__(
         self,
         device: torch.device,
-        init_scale: float = DEFAULT_INIT_SCALE,
-        growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+        init_scale: float = DEFAULT_LOSS_SCALE.init,
+        growth_interval: int = DEFAULT_LOSS_SCALE.growth_interval,
     ):
         super().__init__(device)
         self.scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, growth_interval=growth_interval)
@@ -161,14 +161,14 @@ class FP16Master(Precision):
          weights, and doubles the scale after `growth_interval` clean steps in a row.
     """
 
-    name = "fp16-master"
+    name: PrecisionName = "fp16-master"
     compute_dtype = torch.float16
 
     def __init__(
         self,
         device: torch.device,
-        init_scale: float = DEFAULT_INIT_SCALE,
-        growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+        init_scale: float = DEFAULT_LOSS_SCALE.init,
+        growth_interval: int = DEFAULT_LOSS_SCALE.growth_interval,
     ):
         super().__init__(device)
         self.scale = float(init_scale)
@@ -253,7 +253,8 @@ class FP16Master(Precision):
                 weight.copy_(saved)
 
 
-MODES: dict[str, type[Precision]] = {"fp32": Precision, "bf16": BF16, "fp16": FP16, "fp16-master": FP16Master}
+# each of the recipe's PRECISION_MODES, in its order, by the class that implements it
+MODES: dict[str, type[Precision]] = {mode.name: mode for mode in (Precision, BF16, FP16, FP16Master)}
 
 
 def compute_dtype(name: str) -> torch.dtype:
@@ -289,7 +290,7 @@ def check_precision(name: str, device: torch.device) -> None:
     """A RecipeError naming the mode and the device when `device` cannot run precision `name` (a tiny autocast
     op tells), so a run fails before its data is read."""
     if name not in MODES:
-        raise RecipeError(f"precision: {name!r} is not a precision mode; choose one of {', '.join(MODES)}")
+        raise RecipeError(f"precision: {name!r} is not a precision mode; choose one of {', '.join(PRECISION_MODES)}")
     if name == "bf16" and device.type == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
         raise RecipeError(f"precision: bf16 cannot run on {_describe(device)}: the GPU has no bfloat16 support")
     if name != "fp32":
@@ -299,14 +300,14 @@ def check_precision(name: str, device: torch.device) -> None:
 def make_precision(
     name: str,
     device: torch.device,
-    init_scale: float = DEFAULT_INIT_SCALE,
-    growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+    init_scale: float = DEFAULT_LOSS_SCALE.init,
+    growth_interval: int = DEFAULT_LOSS_SCALE.growth_interval,
 ) -> Precision:
     """The precision mode `name` on `device`, or a RecipeError naming both when the device cannot run it.
 
     `init_scale` and `growth_interval` configure the dynamic loss scale of fp16 and fp16-master.
     """
     check_precision(name, device)
-    if name in ("fp16", "fp16-master"):
+    if MODES[name] in (FP16, FP16Master):  # the modes with a loss scale
         return MODES[name](device, init_scale=init_scale, growth_interval=growth_interval)
     return MODES[name](device)

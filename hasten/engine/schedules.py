@@ -252,9 +252,6 @@ class Scheduler:
         self.last_step += 1
         self._apply()
 
-    def get_last_lr(self) -> list[float]:
-        return [group["lr"] for group in self.optimizer.param_groups]
-
     def state_dict(self) -> dict[str, int]:
         return {"step": self.last_step}
 

@@ -42,6 +42,7 @@ from hasten.recipe.schema import Recipe, apply_overrides, validate
 from hasten.run.build import MIN_AUTO_BATCH, Parts, build, global_batch, scaled_lr, train_size
 from hasten.run.trainer import Plan, Trainer
 from hasten.runfolder.log import RunLog
+from hasten.tune import rules
 
 RULES = ("linear", "sqrt", "accumulate")
 PREDICTION_MARGIN = 1.25  # CPU: skip sizes predicted to need more than this x the budget
@@ -197,6 +198,6 @@ def find_batch_size(
         measured=fits.measured,
         budget=budget,
         device_type=parts.device.type,
-        steps_per_epoch=-(-images // global_batch(after)),
+        steps_per_epoch=rules.steps_per_epoch(images, after.train.batch_size, world, after.train.accumulate),
         step_cap=step_cap if step_cap is not None and step_cap < parts.train_loader.shard_size else None,
     )

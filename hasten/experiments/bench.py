@@ -39,6 +39,7 @@ from hasten.engine.distributed import resolve_device
 from hasten.engine.precision import compute_dtype
 from hasten.errors import HastenError
 from hasten.experiments.flops import matmul_peak, train_step_flops
+from hasten.experiments.interleave import rotated
 from hasten.experiments.variants import (  # re-exported: the sweep and transfer experiments import them from here
     NAIVE,
     Variant,
@@ -308,8 +309,7 @@ def run_grid(
     runs: dict[Variant, list[dict[str, Any]]] = {v: [] for v in variants}
     total, count = repeats * len(variants), 0
     for repeat in range(repeats):
-        order = list(variants[repeat % len(variants) :]) + list(variants[: repeat % len(variants)])
-        for variant in order:
+        for variant in rotated(variants, repeat):
             count += 1
             run_dir = folders[variant] / f"r{repeat + 1}"
             record: dict[str, Any] = {"repeat": repeat + 1, "order": count, "run_dir": str(run_dir)}

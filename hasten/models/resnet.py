@@ -73,9 +73,6 @@ class ResNet(nn.Module):
         self.pool = nn.AdaptiveMaxPool2d(1)
         self.head = nn.Linear(c_in, num_classes)
 
-    def residual_blocks(self) -> list[Residual]:
-        return [m for m in self.modules() if isinstance(m, Residual)]
-
     def segments(self) -> list[list[nn.Module]]:
         """The layers before the head as checkpoint segments: stem, then per stage its downsampling unit and
         each residual block."""

@@ -8,7 +8,7 @@ mini-batches of 128, z of 100 numbers (standard normal here; the paper drew them
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 import yaml
 from pydantic import Field, ValidationError
@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError
 from hasten.recipe.schema import (
     MAX_SYNTHETIC,
     DataConfig,
+    Fp32WeightsPrecision,
     Fraction,
     LossScaleConfig,
     PositiveFloat,
@@ -125,7 +126,7 @@ class GanRecipe(Section):
         "one is named after itself.",
     )
     seed: int = Field(0, description="Seed of the run's random numbers (the sample grid's noise included).")
-    precision: Literal["fp32", "bf16", "fp16"] = Field(
+    precision: Fp32WeightsPrecision = Field(
         "fp32", description="Numeric precision of both networks: fp32, bf16 autocast, fp16 with loss scaling."
     )
     loss_scale: LossScaleConfig = Field(

@@ -13,7 +13,7 @@ import importlib.resources
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -25,6 +25,12 @@ from hasten.errors import RecipeError
 PositiveFloat = Annotated[float, Field(gt=0)]
 MAX_SYNTHETIC = 1_000_000  # images of the synthetic set: each is drawn one by one (a million take ~1 GB)
 Fraction = Annotated[float, Field(ge=0, lt=1)]
+
+# The numeric precision modes, named here once: hasten/engine/precision.py implements each, the recipes take them,
+# the start-up probe picks among them. The GAN takes those that keep the weights in fp32 (not fp16-master).
+Fp32WeightsPrecision = Literal["fp32", "bf16", "fp16"]
+PrecisionName = Literal[Fp32WeightsPrecision, "fp16-master"]
+PRECISION_MODES: tuple[str, ...] = get_args(PrecisionName)
 
 
 class Section(BaseModel):
@@ -523,7 +529,8 @@ class LossScaleConfig(Section):
     """Dynamic loss scaling of fp16 and fp16-master (Micikevicius et al., 2018): halve on inf/NaN, grow after
     `growth_interval` clean steps."""
 
-    init: PositiveFloat = Field(65536.0, description="The scale the loss is multiplied by at the first step (2**16).")
+    # the one home of these defaults: hasten/engine/precision.py's modes take theirs from here
+    init: PositiveFloat = Field(2.0**16, description="The scale the loss is multiplied by at the first step (2**16).")
     growth_interval: Annotated[int, Field(ge=1)] = Field(
         2000, description="Clean optimizer steps before the scale doubles."
     )
@@ -612,7 +619,7 @@ class Recipe(Section):
     seed: Annotated[int, Field(ge=0, lt=2**63)] = Field(
         0, description="Seed of the run's random numbers: Python's, numpy's and torch's, the data order and draws."
     )
-    precision: Literal["fp32", "bf16", "fp16", "fp16-master", "auto"] = Field(
+    precision: Literal[PrecisionName, "auto"] = Field(
         "fp32",
         description="Numeric precision: fp32; bf16 autocast; fp16 autocast with dynamic loss scaling; fp16-master, "
         "fp16 weights with fp32 master copies. auto: the fastest numerically safe mode on this machine, timed at "

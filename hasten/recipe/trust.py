@@ -20,9 +20,6 @@ from typing import Any
 from hasten.errors import HastenError, RecipeError
 
 USER_SOURCES = ("import", "object")  # model.name / data.name values that stand for the user's own objects
-# keyword arguments a model or data target receives from hasten when its signature has them and the recipe's
-# args do not set them: what the data says the model must take in and put out
-SHAPE_ARGUMENTS = ("num_classes", "in_channels", "image_size")
 
 
 class UntrustedCode(HastenError):
@@ -96,7 +93,8 @@ def import_target(path: str, key: str) -> Any:
 
 
 def call_target(target: Any, args: dict[str, Any], key: str, **shape: Any) -> Any:
-    """`target(**args)`, adding each of `shape` (SHAPE_ARGUMENTS) that its signature takes and `args` lacks."""
+    """`target(**args)`, adding each of `shape` that its signature takes and `args` lacks (what the data says a model
+    must take in and put out: num_classes, in_channels, image_size)."""
     if not callable(target):
         raise RecipeError(f"{key}: {target!r} is not callable")
     try:

@@ -23,15 +23,15 @@ from torch.optim.swa_utils import update_bn
 from hasten.clock import Clock
 from hasten.data import ImageDataset, load_dataset
 from hasten.data.imagefolder import (
+    BatchDecoder,
     ImageFolder,
     ImageFolderLoader,
-    default_workers,
     fits_in_memory,
-    image_folder_loaders,
+    folder_stats,
     open_image_folder,
     read_into_memory,
 )
-from hasten.data.loader import Augment, InMemoryLoader, channel_stats
+from hasten.data.loader import InMemoryLoader, channel_stats
 from hasten.data.preprocessing import dataset_summary
 from hasten.data.registry import mirror_invariant
 from hasten.data.transforms import prepare
@@ -41,7 +41,6 @@ from hasten.engine.compiling import compile_model
 from hasten.engine.distributed import DistEnv, world_size
 from hasten.engine.memory import available_memory_bytes
 from hasten.engine.optimizers import Muon, muon_groups
-from hasten.engine.precision import MODES as PRECISION_MODES
 from hasten.engine.precision import Precision, check_precision, make_precision
 from hasten.engine.schedules import Scheduler, asked_rise_steps, rise_steps, scale_lr, scheduler
 from hasten.errors import CheckpointError, DataError, HastenError, RecipeError
@@ -49,8 +48,9 @@ from hasten.models import build_model
 from hasten.models.pretrained import pretrained_from_config, save_weights  # Freeze registers here
 from hasten.models.user import check_model, own_model
 from hasten.progress import say
-from hasten.recipe.schema import OptimConfig, Recipe, apply_overrides, dotted, to_yaml, validate
+from hasten.recipe.schema import PRECISION_MODES, OptimConfig, Recipe, apply_overrides, dotted, to_yaml, validate
 from hasten.recipe.trust import USER_SOURCES
+from hasten.run.loading import loader_options, loader_workers
 from hasten.run.trainer import Hooks, Plan, Saving, Trainer
 from hasten.run.user import builtin_holdout, load_data, recorded, streamed_loaders, user_objects
 from hasten.runfolder.checkpoint import checkpoints_in, latest_usable, load_checkpoint, remove_stale_temporaries
@@ -92,8 +92,7 @@ def _dataset(recipe: Recipe) -> ImageDataset | ImageFolder:
         folder = open_image_folder(cfg.root, size=cfg.size, rgb=cfg.rgb, label_noise=cfg.label_noise,
                                    val_fraction=cfg.val_fraction, **options)  # fmt: skip
         if cfg.in_memory is True or (cfg.in_memory == "auto" and fits_in_memory(folder, available_memory_bytes())):
-            workers = default_workers() if cfg.workers is None else cfg.workers
-            return read_into_memory(folder, workers)  # decoded once: the in-memory loader's fast path
+            return read_into_memory(folder, loader_workers(recipe))  # decoded once: the in-memory loader's fast path
         return folder
     data = load_dataset(cfg.name, cfg.root, download=cfg.download, synthetic_size=cfg.synthetic_size, seed=recipe.seed)
     if cfg.subset:
@@ -108,41 +107,19 @@ def loaders(
     recipe: Recipe, data: ImageDataset | ImageFolder, device: torch.device, rank: int = 0, world_size: int = 1
 ) -> tuple[InMemoryLoader, InMemoryLoader] | tuple[ImageFolderLoader, ImageFolderLoader]:
     """Training and test loaders; normalisation statistics come from the training images. In-memory data is
-    sliced into batches; an image folder is decoded by DataLoader workers."""
-    aug = recipe.data.augment
-    remainder = recipe.train.remainder
+    sliced into batches; an image folder is decoded by DataLoader workers. Their options: `loader_options`."""
     if isinstance(data, StreamedData):  # a user's Dataset, streamed by DataLoader workers
         return streamed_loaders(recipe, data, device, rank, world_size)
     if isinstance(data, ImageFolder):
-        return image_folder_loaders(
-            data,
-            recipe.train.batch_size,
-            recipe.train.eval_batch_size,
-            seed=recipe.seed,
-            augment=Augment(aug.flip, aug.translate) if (aug.flip or aug.translate) else None,
-            workers=recipe.data.workers,
-            channels_last=recipe.train.channels_last,
-            device=device,
-            rank=rank,
-            world_size=world_size,
-            remainder=remainder,
+        train, test = loader_options(recipe, *folder_stats(data, seed=recipe.seed), device, rank, world_size)
+        workers = loader_workers(recipe)
+        return (
+            ImageFolderLoader(BatchDecoder(data.train, data.mode, data.size, data.resize), workers=workers, **train),
+            ImageFolderLoader(BatchDecoder(data.test, data.mode, data.size, data.resize), workers=workers, **test),
         )
-    mean, std = channel_stats(data.train_images)
-    common = dict(
-        mean=mean, std=std, channels_last=recipe.train.channels_last, device=device, rank=rank, world_size=world_size
-    )
-    train = InMemoryLoader(
-        data.train_images,
-        data.train_labels,
-        recipe.train.batch_size,
-        shuffle=True,
-        seed=recipe.seed,
-        augment=Augment(aug.flip, aug.translate) if (aug.flip or aug.translate) else None,
-        remainder=remainder,
-        **common,
-    )
-    test = InMemoryLoader(data.test_images, data.test_labels, recipe.train.eval_batch_size, remainder="split", **common)
-    return train, test
+    train, test = loader_options(recipe, *channel_stats(data.train_images), device, rank, world_size)
+    train_loader = InMemoryLoader(data.train_images, data.train_labels, **train)
+    return train_loader, InMemoryLoader(data.test_images, data.test_labels, **test)
 
 
 def train_size(data: ImageDataset | ImageFolder | StreamedData) -> int:
@@ -279,7 +256,7 @@ def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: in
         batch = steps_batch(n, asked, train_cfg.accumulate, world, train_cfg.min_steps_per_epoch)
         if batch != asked:
             train_cfg.batch_size = batch
-            steps = -(-n // (batch * train_cfg.accumulate * world))
+            steps = rules.steps_per_epoch(n, batch, world, train_cfg.accumulate)
             notes.append(
                 f"batch {asked} -> {batch}: {n:,} training images give {steps} steps an epoch "
                 f"(train.min_steps_per_epoch={train_cfg.min_steps_per_epoch}; 0 keeps the batch)"

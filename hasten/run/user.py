@@ -16,13 +16,13 @@ import torch
 from torch import nn
 
 from hasten.data.datasets import ImageDataset
-from hasten.data.imagefolder import ImageFolder, ImageFolderLoader, default_workers, open_image_folder
-from hasten.data.loader import Augment
+from hasten.data.imagefolder import ImageFolder, ImageFolderLoader, open_image_folder
 from hasten.data.transforms import prepare
 from hasten.data.user import StreamedData, hold_out, own_data, stream_stats
 from hasten.errors import RecipeError
 from hasten.recipe.schema import Recipe, validate
 from hasten.recipe.trust import USER_SOURCES, call_target, describe_class, import_target
+from hasten.run.loading import loader_options, loader_workers
 
 
 def describe_data(data: Any) -> str:
@@ -50,9 +50,8 @@ def load_data(recipe: Recipe, data: Any = None) -> ImageDataset | StreamedData |
         options = dict(subset=cfg.subset, test_subset=cfg.test_subset, per_class=cfg.per_class, seed=recipe.seed)
         return open_image_folder(data, size=cfg.size, rgb=cfg.rgb, label_noise=cfg.label_noise,
                                  val_fraction=cfg.val_fraction, **options)  # fmt: skip
-    workers = default_workers() if cfg.workers is None else cfg.workers
     loaded = own_data(data, classes=cfg.classes, val_fraction=cfg.val_fraction, seed=recipe.seed, subset=cfg.subset,
-                      test_subset=cfg.test_subset, workers=workers)  # fmt: skip
+                      test_subset=cfg.test_subset, workers=loader_workers(recipe))  # fmt: skip
     if isinstance(loaded, ImageDataset):
         options = dict(per_class=cfg.per_class, label_noise=cfg.label_noise, size=cfg.size, rgb=cfg.rgb)
         return prepare(loaded, seed=recipe.seed, **options)
@@ -76,22 +75,13 @@ def streamed_loaders(
 ) -> tuple[ImageFolderLoader, ImageFolderLoader]:
     """A Dataset streamed like an image folder: each rank's shard of the epoch's seeded order, whole batches
     fetched by DataLoader workers, augmented and normalised on the main process as the in-memory path does."""
-    aug = recipe.data.augment
-    mean, std = stream_stats(data.train, seed=recipe.seed)
-    workers = default_workers() if recipe.data.workers is None else recipe.data.workers
-    common = dict(mean=mean, std=std, channels_last=recipe.train.channels_last, device=device, workers=workers,
-                  rank=rank, world_size=world_size)  # fmt: skip
-    train = ImageFolderLoader(
-        data.train.batches(),  # type: ignore[arg-type]  # any batch source: len() and [list of indices]
-        recipe.train.batch_size,
-        shuffle=True,
-        seed=recipe.seed,
-        augment=Augment(aug.flip, aug.translate) if (aug.flip or aug.translate) else None,
-        remainder=recipe.train.remainder,
-        **common,
+    train, test = loader_options(recipe, *stream_stats(data.train, seed=recipe.seed), device, rank, world_size)
+    workers = loader_workers(recipe)
+    # any batch source will do (len() and [list of indices]), not only an image folder's decoder
+    return (
+        ImageFolderLoader(data.train.batches(), workers=workers, **train),  # type: ignore[arg-type]
+        ImageFolderLoader(data.test.batches(), workers=workers, **test),  # type: ignore[arg-type]
     )
-    test = ImageFolderLoader(data.test.batches(), recipe.train.eval_batch_size, remainder="split", **common)  # type: ignore[arg-type]
-    return train, test
 
 
 def recorded(recipe: Recipe, model: nn.Module, model_given: bool, data: Any, classes: list[str]) -> Recipe:

@@ -15,7 +15,6 @@ schema), so a hand-edited file is an error naming the field, not a traceback lat
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import pickle
@@ -31,7 +30,6 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from safetensors.torch import load_file as load_safetensors
-from safetensors.torch import save_file as save_safetensors
 
 from hasten.errors import CheckpointError, schema_problems
 
@@ -362,23 +360,6 @@ def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor],
     if problems:
         raise CheckpointError(f"{source} is from another model:\n  " + "\n  ".join(problems))
     model.load_state_dict(weights)
-
-
-def export_safetensors(checkpoint: str | Path, out: str | Path) -> Path:
-    """Write a checkpoint's model weights to a safetensors file (contiguous copies, shared storage split)."""
-    weights = {k: v.detach().clone().contiguous() for k, v in model_weights(load_checkpoint(checkpoint)).items()}
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        save_safetensors(weights, str(tmp))
-        os.replace(tmp, out)
-    except Exception as error:  # noqa: BLE001 - OSError, or safetensors' own SafetensorError (read-only folder)
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        raise CheckpointError(f"cannot write {out}: {reason}") from None
-    return out
 
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:

@@ -204,12 +204,6 @@ class RunLock:
     def _read_fd(fd: int) -> str:
         return os.pread(fd, 4096, 0).decode("utf-8", "replace")
 
-    def _read(self) -> str:
-        try:
-            return self.path.read_bytes()[:4096].decode("utf-8", "replace")
-        except OSError:
-            return ""
-
     def _refuse(self, text: str) -> None:
         holder, pid, host = _holder(text)
         gone = host != socket.gethostname() and host != "?"

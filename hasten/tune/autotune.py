@@ -51,6 +51,7 @@ from hasten.engine.distributed import all_reduce_sum, broadcast_object, is_main,
 from hasten.engine.precision import make_precision
 from hasten.engine.step import TrainStep
 from hasten.progress import say
+from hasten.recipe.schema import PrecisionName
 from hasten.version import __version__
 
 ROUNDS = 4  # timed steps per candidate, interleaved: the minimum over them is kept
@@ -72,7 +73,7 @@ MAX_CACHE_BYTES = 64 * 1024  # a cached result is a few hundred bytes: a larger 
 
 @dataclass(frozen=True)
 class Candidate:
-    precision: str
+    precision: PrecisionName
     channels_last: bool
 
     def __str__(self) -> str:
@@ -100,7 +101,7 @@ def cpu_has_bf16() -> bool:
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
-def precision_candidates(device: torch.device) -> list[str]:
+def precision_candidates(device: torch.device) -> list[PrecisionName]:
     """The precisions worth timing on `device`: fp32 and bf16 where it runs natively (a CPU without bf16
     instructions: fp32 alone, nothing to time); on a GPU without bf16, fp16."""
     if device.type == "cuda":

@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from hasten.engine import step
+
 PROBE_BATCH = 128  # precision and layout are timed at this batch (or the largest candidate, when smaller)
 MIN_BATCH = 16  # below this the batch-norm statistics of one batch get too noisy to train with
 MAX_BATCH = 512  # per process; beyond it no measured set gained time
@@ -38,7 +40,11 @@ MAX_EPOCHS = 60  # train.epochs=auto: passes over a tiny set at most
 
 
 def steps_per_epoch(images: int, batch: int, world: int = 1, accumulate: int = 1) -> int:
-    return -(-images // (batch * world * accumulate))
+    """Optimizer steps an epoch of `images` is planned at before a loader exists: each of `world` ranks takes its
+    padded share, in micro-batches of `batch`, counted into steps by hasten.engine.step.steps_per_epoch (the
+    ceilings nest, so this is ceil(images / (batch * world * accumulate)))."""
+    shard = -(-images // world)
+    return step.steps_per_epoch(-(-shard // batch), accumulate)
 
 
 def batch_candidates(images: int, epochs: int | None, world: int = 1, accumulate: int = 1) -> list[int]:

@@ -59,16 +59,15 @@ def settings(tta_flip: bool, tta_translate: int) -> tuple[dict[str, tuple[bool, 
 
 def _test_loader(recipe: Any, data: Any, facts: RunFacts, device: torch.device) -> Any:
     """The test loader the run's evaluation used, normalised with the run's training statistics."""
-    from hasten.data.imagefolder import BatchDecoder, ImageFolder, ImageFolderLoader, default_workers
+    from hasten.data.imagefolder import BatchDecoder, ImageFolder, ImageFolderLoader
     from hasten.data.loader import InMemoryLoader
+    from hasten.run.loading import loader_options, loader_workers
 
-    mean, std = torch.tensor(facts.mean), torch.tensor(facts.std)
-    common = dict(mean=mean, std=std, remainder="split", channels_last=recipe.train.channels_last, device=device)
+    _, options = loader_options(recipe, torch.tensor(facts.mean), torch.tensor(facts.std), device)
     if isinstance(data, ImageFolder):
         decoder = BatchDecoder(data.test, data.mode, data.size, data.resize)
-        workers = default_workers() if recipe.data.workers is None else recipe.data.workers
-        return ImageFolderLoader(decoder, recipe.train.eval_batch_size, workers=workers, **common)
-    return InMemoryLoader(data.test_images, data.test_labels, recipe.train.eval_batch_size, **common)
+        return ImageFolderLoader(decoder, workers=loader_workers(recipe), **options)
+    return InMemoryLoader(data.test_images, data.test_labels, **options)
 
 
 def named_targets(overrides: Sequence[str]) -> dict[str, str]:

@@ -1,0 +1,36 @@
+"""The recipe's loader settings, read in one place: whichever path the data takes (in memory, an image folder, a
+user's streamed Dataset, the test loader `hasten evaluate` rebuilds), its loaders get their options from here.
+
+The training loader is shuffled from the seed, augmented as data.augment says and shares its remainder over the
+ranks as train.remainder says; the test loader takes eval batches, split over the ranks so each image counts once
+(hasten/data/loader.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from hasten.data.imagefolder import default_workers
+from hasten.data.loader import Augment
+from hasten.recipe.schema import Recipe
+
+
+def loader_options(
+    recipe: Recipe, mean: Tensor, std: Tensor, device: torch.device, rank: int = 0, world_size: int = 1
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The keyword arguments of the run's training and test loaders (`ShardedEpochs`'s options), with the
+    normalisation statistics `mean` and `std` of its training images."""
+    aug, cfg = recipe.data.augment, recipe.train
+    common = dict(mean=mean, std=std, channels_last=cfg.channels_last, device=device, rank=rank, world_size=world_size)
+    augment = Augment(aug.flip, aug.translate) if (aug.flip or aug.translate) else None
+    train = dict(batch_size=cfg.batch_size, shuffle=True, seed=recipe.seed, augment=augment, remainder=cfg.remainder)
+    test = dict(batch_size=cfg.eval_batch_size, remainder="split")
+    return train | common, test | common
+
+
+def loader_workers(recipe: Recipe) -> int:
+    """DataLoader workers for the data paths that decode or fetch in workers: data.workers, else the default."""
+    return default_workers() if recipe.data.workers is None else recipe.data.workers
