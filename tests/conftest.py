@@ -37,12 +37,12 @@ def tiny_overrides(tmp_path) -> list[str]:
         "data.augment.translate=0",
         "model.width=8",
         # fixed, not the recipe's `auto`: a start-up probe per run would cost time, and near-ties may flip between
-        # runs that a test compares bit for bit (tests/test_autotune.py tests `auto` itself)
+        # runs that a test compares bit for bit (tests/tune/test_autotune.py tests `auto` itself)
         "precision=bf16",
         "train.channels_last=true",
         "tricks.ema=0",  # fashion-fast's EMA (decay 0.99) barely leaves the initial weights in a 48-step run
         "train.batch_size=16",
-        "train.min_steps_per_epoch=0",  # tests that set a batch get that batch (tests/test_robust.py covers the rule)
+        "train.min_steps_per_epoch=0",  # tests that set a batch get that batch (tests/run/test_robust.py: the rule)
         "train.eval_batch_size=128",
         "train.epochs=2",
         "run.progress=false",

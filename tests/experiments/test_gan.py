@@ -366,7 +366,7 @@ def test_checkpoint_quality_script_measures_every_checkpoint_like_the_run(tmp_pa
     import importlib.util
     from pathlib import Path
 
-    script = Path(__file__).parent.parent / "benchmarks" / "gan_checkpoints.py"
+    script = Path(__file__).parents[2] / "benchmarks" / "gan_checkpoints.py"
     spec = importlib.util.spec_from_file_location("gan_checkpoints", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1165,7 +1165,7 @@ def full_disk_during_evaluate(c: Ctx) -> None:
 
 
 def a_rank_killed_mid_run(c: Ctx) -> None:
-    worker = Path(__file__).with_name("dist_worker.py")
+    worker = Path(__file__).parents[1] / "dist_worker.py"
     args = ["train", *TINY, "device=cpu", "train.epochs=3", "model.name=sequential",
             "model.layers=[{conv: {out: 4, kernel: 3, padding: 1}}, relu, flatten, {dense: classes}]",
             f"run.dir={c.tmp / 'r'}"]  # fmt: skip

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from resuming import final_weights, metrics, resume_into
 
 import hasten
 from hasten.errors import RecipeError
@@ -16,6 +15,7 @@ from hasten.run.trainer import Plan
 from hasten.runfolder.checkpoint import load_checkpoint
 from hasten.runfolder.log import RunLog
 from hasten.techniques.progressive import progressive_side, resize_batch
+from tests.resuming import final_weights, metrics, resume_into
 
 
 def test_sides_at_given_progress():
