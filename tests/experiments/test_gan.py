@@ -38,6 +38,7 @@ from hasten.models.dcgan import SIZE, padded, signed
 from hasten.recipe.gan import GanRecipe, load_gan_recipe
 from hasten.recipe.schema import ModelConfig
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
+from tests.tiny import TINY_GAN_OVERRIDES
 
 
 @pytest.fixture(autouse=True)
@@ -50,14 +51,9 @@ def _one_thread():
 
 
 def tiny(tmp_path, *extra: str) -> GanRecipe:
-    return load_gan_recipe(
-        "dcgan-fashion",
-        [
-            "data.name=synthetic", "data.synthetic_size=64", "model.width=4", "model.latent=8",
-            "train.batch_size=8", "train.epochs=1", "quality.enabled=false", "run.progress=false",
-            "run.tensorboard=false", "device=cpu", "train.threads=1", f"run.dir={tmp_path / 'run'}", *extra,
-        ],
-    )  # fmt: skip
+    """The shared tiny GAN recipe (tests/tiny.py) on the CPU, in batches of 8, writing into tmp_path/run."""
+    overrides = [*TINY_GAN_OVERRIDES, "train.batch_size=8", "device=cpu", f"run.dir={tmp_path / 'run'}", *extra]
+    return load_gan_recipe("dcgan-fashion", overrides)
 
 
 def params(module: torch.nn.Module) -> list[torch.Tensor]:

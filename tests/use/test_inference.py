@@ -23,25 +23,15 @@ from hasten.data.transforms import resize_images
 from hasten.errors import CheckpointError
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
 from hasten.use.load import evaluated_state_dict
+from tests.tiny import tiny_recipe
 
 SYNTHETIC = 384  # training images; the test set is a quarter of it
 
 
 def tiny(run_dir, *extra: str) -> list[str]:
-    return [
-        "data.name=synthetic",
-        f"data.synthetic_size={SYNTHETIC}",
-        "data.augment.flip=false",
-        "data.augment.translate=0",
-        "model.width=8",
-        "train.batch_size=16",
-        "train.eval_batch_size=128",
-        "train.epochs=2",
-        "run.progress=false",
-        "run.tensorboard=false",
-        f"run.dir={run_dir}",
-        *extra,
-    ]
+    # precision and channels_last as the default recipe has them (auto: probed at start-up) unless a test sets them
+    return tiny_recipe(run_dir, f"data.synthetic_size={SYNTHETIC}", "precision=auto", "train.channels_last=auto",
+                       "run.tensorboard=false", *extra)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
