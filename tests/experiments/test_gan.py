@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+import benchmarks.gan_checkpoints as gan_checkpoints
 from hasten.cli import main
 from hasten.data import load_dataset
 from hasten.errors import CheckpointError, RecipeError
@@ -359,13 +360,6 @@ def test_discriminator_loss_uses_train_real_label_for_real_images_only(tmp_path,
 
 @pytest.mark.numerics
 def test_checkpoint_quality_script_measures_every_checkpoint_like_the_run(tmp_path, capsys):
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).parents[2] / "benchmarks" / "gan_checkpoints.py"
-    spec = importlib.util.spec_from_file_location("gan_checkpoints", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     data = load_dataset("synthetic", synthetic_size=64)
     config = ModelConfig(width=4)
     model = build_model(config, data.image_shape, data.num_classes)  # untrained: features need no training
@@ -376,7 +370,7 @@ def test_checkpoint_quality_script_measures_every_checkpoint_like_the_run(tmp_pa
         tiny(tmp_path, "train.epochs=2", "run.keep=5", "quality.enabled=true", "quality.samples=32",
              f"quality.classifier={tmp_path / 'c.pt'}")
     )  # fmt: skip
-    assert module.main([str(tmp_path / "run"), "--classifier", str(tmp_path / "c.pt"), "--samples", "32"]) == 0
+    assert gan_checkpoints.main([str(tmp_path / "run"), "--classifier", str(tmp_path / "c.pt"), "--samples", "32"]) == 0
     result = json.loads((tmp_path / "run" / "checkpoint_quality.json").read_text())
     assert [r["epoch"] for r in result["checkpoints"]] == [1, 2] and [r["step"] for r in result["checkpoints"]] == [
         8,
