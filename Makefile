@@ -45,7 +45,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # docs/reference.md (the recipe keys, from the schema) and docs/techniques.md (from the technique registry);
-# tests/test_recipe_reference.py and tests/test_technique_registry.py fail when either is stale
+# tests/recipe/test_reference.py and tests/techniques/test_registry.py fail when either is stale
 reference: $(STAMP)
 	$(BIN)/python -m hasten.recipe.reference docs/reference.md
 	$(BIN)/python -m hasten.techniques.docs docs/techniques.md

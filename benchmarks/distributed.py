@@ -14,7 +14,7 @@ Part 2, large batches (Goyal et al., 2017): accuracy after a fixed epoch budget 
 with a linear warmup over the first epoch. Cosine decay after the warmup in both, and no weight EMA (at batch
 2048 the whole run is ~120 steps, within a 0.99 average's horizon). One process trains these:
 the global batch, not the process count, sets the arithmetic (2 processes with B/2 each reproduce 1 with B,
-tests/test_distributed.py), and one process is the faster way to get these numbers on 2 cores.
+tests/engine/test_distributed.py), and one process is the faster way to get these numbers on 2 cores.
 
     .venv/bin/python benchmarks/distributed.py            # ~10 min on 2 cores: results in bench/distributed/
     .venv/bin/python benchmarks/distributed.py --quick    # a smoke run: a small subset, 1 epoch

@@ -5,7 +5,7 @@
 choices, numeric bounds such as ge/lt), its default as the schema holds it, and its `Field(description=...)`;
 one markdown table per section, nested sections recursively (a union of sections: a table per member). The output
 depends on the schema alone: no timestamps, and no default is computed (a `default_factory` is not called), so
-the page is the same on every machine and a test can compare it byte for byte (tests/test_recipe_reference.py).
+the page is the same on every machine and a test can compare it byte for byte (tests/recipe/test_reference.py).
 
     python -m hasten.recipe.reference [--check] [OUT]     # write OUT (docs/reference.md); --check: exit 1 if stale
 """

@@ -1,5 +1,5 @@
 """docs/techniques.md, the docs' list of techniques, written from the registry (hasten/techniques/registry.py):
-`python -m hasten.techniques.docs [--check] [OUT]` (`make reference`); tests/test_technique_registry.py fails
+`python -m hasten.techniques.docs [--check] [OUT]` (`make reference`); tests/techniques/test_registry.py fails
 when the page is stale."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ an example value that turns it on, and what it does in one line.
 What lists techniques derives from this table: `hasten bench --ablate` switches off each one the recipe has on
 (hasten/experiments/variants.py `ABLATIONS`, in the table's order), and the benchmarks name their chosen ones by
 `switch(key)`, so a misspelt key fails at once instead of being skipped. The imports are explicit: importing
-hasten.techniques registers every technique class, and tests/test_technique_registry.py checks that the table
+hasten.techniques registers every technique class, and tests/techniques/test_registry.py checks that the table
 holds each of them and that every switch does what it says. The docs' list of techniques, docs/techniques.md, is
 written from it (hasten/techniques/docs.py, `make reference`).
 """

@@ -29,7 +29,7 @@ from hasten.run.build import build, trainer_for
 from hasten.run.trainer import Plan
 from hasten.runfolder.log import RunLog
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def widths(text: str) -> list[int]:

@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from resuming import final_weights, resume_into
 from torch import nn
 
 import hasten
@@ -17,6 +16,7 @@ from hasten.run.build import build, first_train_images, trainer_for
 from hasten.run.trainer import Plan
 from hasten.runfolder.log import RunLog
 from hasten.techniques.whitening import Whitening, image_patches, whiten_first_conv, whitening_filters
+from tests.resuming import final_weights, resume_into
 
 
 def test_whitening_filters_exact_on_hand_made_patches():

@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+import benchmarks.gan_checkpoints as gan_checkpoints
 from hasten.cli import main
 from hasten.data import load_dataset
 from hasten.errors import CheckpointError, RecipeError
@@ -38,6 +39,7 @@ from hasten.models.dcgan import SIZE, padded, signed
 from hasten.recipe.gan import GanRecipe, load_gan_recipe
 from hasten.recipe.schema import ModelConfig
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
+from tests.tiny import TINY_GAN_OVERRIDES
 
 
 @pytest.fixture(autouse=True)
@@ -50,14 +52,9 @@ def _one_thread():
 
 
 def tiny(tmp_path, *extra: str) -> GanRecipe:
-    return load_gan_recipe(
-        "dcgan-fashion",
-        [
-            "data.name=synthetic", "data.synthetic_size=64", "model.width=4", "model.latent=8",
-            "train.batch_size=8", "train.epochs=1", "quality.enabled=false", "run.progress=false",
-            "run.tensorboard=false", "device=cpu", "train.threads=1", f"run.dir={tmp_path / 'run'}", *extra,
-        ],
-    )  # fmt: skip
+    """The shared tiny GAN recipe (tests/tiny.py) on the CPU, in batches of 8, writing into tmp_path/run."""
+    overrides = [*TINY_GAN_OVERRIDES, "train.batch_size=8", "device=cpu", f"run.dir={tmp_path / 'run'}", *extra]
+    return load_gan_recipe("dcgan-fashion", overrides)
 
 
 def params(module: torch.nn.Module) -> list[torch.Tensor]:
@@ -363,13 +360,6 @@ def test_discriminator_loss_uses_train_real_label_for_real_images_only(tmp_path,
 
 @pytest.mark.numerics
 def test_checkpoint_quality_script_measures_every_checkpoint_like_the_run(tmp_path, capsys):
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).parent.parent / "benchmarks" / "gan_checkpoints.py"
-    spec = importlib.util.spec_from_file_location("gan_checkpoints", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     data = load_dataset("synthetic", synthetic_size=64)
     config = ModelConfig(width=4)
     model = build_model(config, data.image_shape, data.num_classes)  # untrained: features need no training
@@ -380,7 +370,7 @@ def test_checkpoint_quality_script_measures_every_checkpoint_like_the_run(tmp_pa
         tiny(tmp_path, "train.epochs=2", "run.keep=5", "quality.enabled=true", "quality.samples=32",
              f"quality.classifier={tmp_path / 'c.pt'}")
     )  # fmt: skip
-    assert module.main([str(tmp_path / "run"), "--classifier", str(tmp_path / "c.pt"), "--samples", "32"]) == 0
+    assert gan_checkpoints.main([str(tmp_path / "run"), "--classifier", str(tmp_path / "c.pt"), "--samples", "32"]) == 0
     result = json.loads((tmp_path / "run" / "checkpoint_quality.json").read_text())
     assert [r["epoch"] for r in result["checkpoints"]] == [1, 2] and [r["step"] for r in result["checkpoints"]] == [
         8,

@@ -37,24 +37,19 @@ from hasten.run.trainer import Plan, Trainer
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint, read_weights, save_checkpoint
 from hasten.runfolder.folder import LOCK_NAME
 from hasten.runfolder.log import RunLog
+from tests.tiny import TINY_GAN_OVERRIDES, TINY_OVERRIDES
 
-TINY = [
-    "data.name=synthetic",
+TINY = [  # the shared tiny recipe (tests/tiny.py), smaller still: 48 training images, one residual block
+    *TINY_OVERRIDES,
     "data.synthetic_size=64",
-    "data.augment.flip=false",
-    "data.augment.translate=0",
     "model.width=4",
     "model.blocks=[1]",
-    "tricks.ema=0",
     # fixed, not the default recipe's `auto`: what the probe picks differs between CPUs (fp32 on an AVX2-only
     # machine, bf16 with AVX512-BF16 or AMX), and rows below name the precision the run was trained in
     "precision=bf16",
     "train.channels_last=false",
-    "train.batch_size=16",
     "train.eval_batch_size=64",
-    "train.epochs=2",
     "train.threads=1",
-    "run.progress=false",
     "run.tensorboard=false",
 ]
 
@@ -678,18 +673,14 @@ def test_trust(row, finished, tmp_path, capsys, monkeypatch, payload):
 
 # ----- overwrite: every command that writes keeps what the user had -----
 
-GAN_TINY = ["data.name=synthetic", "data.synthetic_size=64", "model.latent=8", "model.width=4", "train.batch_size=16",
-            "train.epochs=1", "train.threads=1", "quality.enabled=false", "run.progress=false",
-            "run.tensorboard=false"]  # fmt: skip
-
 
 def gan_into_a_finished_runs_folder(c: Ctx) -> None:
     run = c.copy_of_finished()
     before = digests(run)
-    code, err = c.hasten("gan", *GAN_TINY, f"run.dir={run}")
+    code, err = c.hasten("gan", *TINY_GAN_OVERRIDES, f"run.dir={run}")
     expect_refusal(code, err, "another run's files", "summary.json", "run.overwrite=true")
     assert digests(run) == before
-    code, err = c.hasten("gan", *GAN_TINY, f"run.dir={run}", "run.overwrite=true")
+    code, err = c.hasten("gan", *TINY_GAN_OVERRIDES, f"run.dir={run}", "run.overwrite=true")
     assert code == 0, err
     (aside,) = run.glob("replaced-*")
     assert {p.relative_to(aside): h for p, h in digests(aside).items()} == {
@@ -701,7 +692,7 @@ def gan_beside_a_running_train(c: Ctx) -> None:
     run = c.copy_of_finished()
     (run / LOCK_NAME).write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname(), "started": "now"}))
     before = digests(run)
-    code, err = c.hasten("gan", *GAN_TINY, f"run.dir={run}", "run.overwrite=true")
+    code, err = c.hasten("gan", *TINY_GAN_OVERRIDES, f"run.dir={run}", "run.overwrite=true")
     expect_refusal(code, err, "in use by another run", f"pid {os.getppid()}")
     assert digests(run) == before
 
@@ -1165,7 +1156,7 @@ def full_disk_during_evaluate(c: Ctx) -> None:
 
 
 def a_rank_killed_mid_run(c: Ctx) -> None:
-    worker = Path(__file__).with_name("dist_worker.py")
+    worker = Path(__file__).parents[1] / "dist_worker.py"
     args = ["train", *TINY, "device=cpu", "train.epochs=3", "model.name=sequential",
             "model.layers=[{conv: {out: 4, kernel: 3, padding: 1}}, relu, flatten, {dense: classes}]",
             f"run.dir={c.tmp / 'r'}"]  # fmt: skip

@@ -9,7 +9,6 @@ import copy
 
 import pytest
 import torch
-from resuming import final_weights, resume_into
 from torch import nn
 
 import hasten
@@ -18,6 +17,7 @@ from hasten.errors import RecipeError
 from hasten.recipe.schema import load_recipe
 from hasten.run.build import build
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
+from tests.resuming import final_weights, resume_into
 
 needs_torch_muon = pytest.mark.skipif(torch_newton_schulz is None, reason="this torch has no torch.optim.Muon")
 

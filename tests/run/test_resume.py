@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from resuming import final_weights, metrics, resume_into
 
 import hasten
 from hasten.cli import main
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
+from tests.resuming import final_weights, metrics, resume_into
 
 TRICKY = ["data.augment.flip=true", "data.augment.translate=2", "tricks.label_smoothing=0.1", "tricks.mixup=0.4"]
 

@@ -15,7 +15,7 @@ from hasten.recipe import reference as recipe_reference
 from hasten.recipe.gan import GanRecipe
 from hasten.recipe.schema import OptimConfig, Recipe
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
 GAN_PART = "\n## GAN recipe\n"
 
 

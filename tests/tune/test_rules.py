@@ -145,7 +145,10 @@ def test_three_batches_are_timed_and_the_rest_read_off_their_line():
     measured = {16: 0.005 + 0.001 * 16, 128: 0.005 + 0.001 * 128, 512: 0.005 + 0.001 * 512}  # t = a + b B
     line = rules.step_time_line(measured, candidates)
     assert line[64] == pytest.approx(0.069) and line[16] == measured[16]  # measured values kept as measured
-    assert rules.step_time_line({16: 0.02, 512: 0.01}, [16, 64, 512])[64] >= 0  # a falling line: slope 0
+    # a falling line (noise: a larger batch cannot step faster) is flat at the mean: slope 0, not extrapolated
+    assert rules.step_time_line({16: 0.02, 512: 0.01}, [16, 64, 512])[64] == pytest.approx(0.015)
+    # a line that would cross zero below the smallest batch starts at 0 instead: t(64) = 64 x the slope
+    assert rules.step_time_line({16: 0.001, 512: 1.0}, [16, 64, 512])[64] == pytest.approx(64 * 0.999 / 496)
 
 
 def test_a_second_run_reads_the_batch_timings_from_the_cache(tmp_path, monkeypatch, capsys):

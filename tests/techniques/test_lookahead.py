@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from resuming import final_checkpoint, resume_into
 
 import hasten
 from hasten.errors import RecipeError
@@ -16,6 +15,7 @@ from hasten.run.trainer import Plan
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
 from hasten.runfolder.log import RunLog
 from hasten.techniques.lookahead import lookahead_update
+from tests.resuming import final_checkpoint, resume_into
 
 
 def test_lookahead_update_moves_slow_alpha_of_the_way_and_resets_fast():

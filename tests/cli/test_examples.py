@@ -14,7 +14,7 @@ import yaml
 
 from tests.counted import assert_counted
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 300  # seconds: a hang fails the test instead of the suite
 SMALL = os.environ | {"HASTEN_EXAMPLE_SMALL": "1", "OMP_NUM_THREADS": "1"}
 

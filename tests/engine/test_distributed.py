@@ -26,7 +26,7 @@ from hasten.run.trainer import Plan
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
 from hasten.runfolder.log import RunLog
 
-WORKER = Path(__file__).with_name("dist_worker.py")
+WORKER = Path(__file__).parents[1] / "dist_worker.py"
 TIMEOUT = 180  # seconds: a hung job fails the test instead of the suite
 
 # no batch norm: per-rank batch statistics would differ from one process's (the parity is exact only without)

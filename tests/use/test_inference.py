@@ -23,25 +23,13 @@ from hasten.data.transforms import resize_images
 from hasten.errors import CheckpointError
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
 from hasten.use.load import evaluated_state_dict
+from tests.tiny import tiny_recipe
 
 SYNTHETIC = 384  # training images; the test set is a quarter of it
 
 
 def tiny(run_dir, *extra: str) -> list[str]:
-    return [
-        "data.name=synthetic",
-        f"data.synthetic_size={SYNTHETIC}",
-        "data.augment.flip=false",
-        "data.augment.translate=0",
-        "model.width=8",
-        "train.batch_size=16",
-        "train.eval_batch_size=128",
-        "train.epochs=2",
-        "run.progress=false",
-        "run.tensorboard=false",
-        f"run.dir={run_dir}",
-        *extra,
-    ]
+    return tiny_recipe(run_dir, f"data.synthetic_size={SYNTHETIC}", "run.tensorboard=false", *extra)
 
 
 @pytest.fixture(scope="module")
@@ -125,10 +113,14 @@ def test_evaluate_prints_summary_accuracy_and_writes_confusion(ema_run, tmp_path
 @pytest.mark.numerics
 def test_evaluate_equals_summary_in_bf16_with_channels_last(tmp_path):
     """The default recipe's evaluation settings (bf16 autocast, channels_last, flip TTA, EMA): still exact."""
-    summary = hasten.train(None, tiny(tmp_path / "run", "tricks.ema=0.9", "train.epochs=1"))
+    # bf16 and channels_last fixed (the tiny recipe's), not the default's `auto`: a CPU without bf16 kernels
+    # would probe fp32 and test something else
+    summary = hasten.train(None, tiny(tmp_path / "run", "tricks.ema=0.9", "train.epochs=1", "train.tta_flip=true"))
+    assert (summary["precision"], summary["channels_last"]) == ("bf16", True)
     from hasten.use.evaluate import evaluate
 
     result = evaluate(tmp_path / "run", out=tmp_path / "ev")
+    assert result["run_setting"] == "flip_tta"  # synthetic data alone would have turned the flips off
     assert result["accuracy"] == summary["test_accuracy"] == result["recorded_test_accuracy"]
 
 
