@@ -33,14 +33,15 @@ import yaml
 from torch.optim.swa_utils import update_bn
 
 from hasten.recipe.schema import Recipe
-from hasten.run.build import bn_calibration, build, trainer_for
+from hasten.run.assemble import bn_calibration
+from hasten.run.build import build, trainer_for
 from hasten.run.trainer import Plan
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
 from hasten.runfolder.log import RunLog, write_atomic
 
 
 def joined_calibration(loader: Any, autocast: Any, images: int, batch: int) -> Any:
-    """hasten.run.build.bn_calibration's pass, with consecutive training batches joined into forward batches of
+    """hasten.run.assemble.bn_calibration's pass, with consecutive training batches joined into forward batches of
     `batch` images."""
 
     def calibrate(module: torch.nn.Module) -> None:

@@ -51,7 +51,8 @@ import torch
 
 from hasten.engine.memory import format_bytes, measure_peak
 from hasten.recipe.schema import Recipe, load_recipe, to_yaml
-from hasten.run.build import Parts, build
+from hasten.run.assemble import Parts
+from hasten.run.build import build
 from hasten.run.trainer import Plan, Trainer
 from hasten.runfolder.log import RunLog, environment
 

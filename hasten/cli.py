@@ -207,7 +207,7 @@ def _plot_path(given: str | None, default: Any) -> Any:
 def cmd_schedule(ns: argparse.Namespace) -> int:
     recipe = _recipe(ns)
     from hasten.experiments.schedule import plot_schedule, schedule_trace
-    from hasten.run.build import run_dir
+    from hasten.run.resolve import run_dir
 
     result = schedule_trace(recipe)
     title = f"{recipe.name}: {recipe.schedule.name} schedule, {recipe.train.epochs} epochs"
@@ -263,7 +263,9 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
         raise HastenError("lr-find: need 0 < --start < --end and --steps of at least 5")
     import torch
 
-    from hasten.run.build import build, lr_scale, run_dir
+    from hasten.run.assemble import lr_scale
+    from hasten.run.build import build
+    from hasten.run.resolve import run_dir
     from hasten.tune.lr_find import AUTO_RULE, auto_lr, lr_find, plot_lr_find
 
     parts = build(recipe)

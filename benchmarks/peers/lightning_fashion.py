@@ -39,8 +39,9 @@ from hasten.engine.schedules import scheduler
 from hasten.experiments.report import format_bytes, format_seconds, markdown_table
 from hasten.models import build_model
 from hasten.recipe.schema import PrecisionName, Recipe, apply_overrides, load_recipe, validate
-from hasten.run.build import dataset, scaled_lr, seed_everything, tricks
-from hasten.run.build import optimizer as make_optimizer
+from hasten.run.assemble import optimizer as make_optimizer
+from hasten.run.assemble import scaled_lr, seed_everything, tricks
+from hasten.run.build import dataset
 from hasten.techniques import one_hot, param_groups, soft_cross_entropy
 
 # Lightning's name for each of hasten's modes (PRECISION_MODES)

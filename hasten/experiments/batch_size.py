@@ -39,7 +39,9 @@ from hasten.engine.memory import (
     state_bytes,
 )
 from hasten.recipe.schema import Recipe, apply_overrides, validate
-from hasten.run.build import MIN_AUTO_BATCH, Parts, build, global_batch, scaled_lr, train_size
+from hasten.run.assemble import Parts, global_batch, scaled_lr, train_size
+from hasten.run.build import build
+from hasten.run.resolve import MIN_AUTO_BATCH
 from hasten.run.trainer import Plan, Trainer
 from hasten.runfolder.log import RunLog
 from hasten.tune import rules

@@ -52,7 +52,7 @@ from hasten.experiments.gan_report import (
 )
 from hasten.models.dcgan import SIZE, Discriminator, Generator, dcgan, padded
 from hasten.recipe.gan import GanRecipe, gan_recipe_yaml
-from hasten.run.build import seed_everything
+from hasten.run.assemble import seed_everything
 from hasten.runfolder.checkpoint import (
     latest_usable,
     load_checkpoint,

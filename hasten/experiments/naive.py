@@ -28,7 +28,9 @@ from hasten.engine.memory import peak_memory_bytes, reset_peak
 from hasten.errors import HastenError
 from hasten.models import build_model
 from hasten.recipe.schema import Recipe, apply_overrides, dotted, to_yaml, validate
-from hasten.run.build import dataset, run_dir, seed_everything
+from hasten.run.assemble import seed_everything
+from hasten.run.build import dataset
+from hasten.run.resolve import run_dir
 from hasten.run.trainer import METRICS
 from hasten.runfolder.log import RunLog
 from hasten.techniques.registry import SWITCHES

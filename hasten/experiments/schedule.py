@@ -10,16 +10,9 @@ import torch
 
 from hasten.engine.schedules import trace, warmup_steps
 from hasten.recipe.schema import Recipe
-from hasten.run.build import (
-    dataset,
-    global_batch,
-    loaders,
-    lr_scale,
-    optimizer_steps,
-    resolve_for_data,
-    scaled_lr,
-    steps_per_epoch,
-)
+from hasten.run.assemble import global_batch, loaders, lr_scale, optimizer_steps, scaled_lr, steps_per_epoch
+from hasten.run.build import dataset
+from hasten.run.resolve import resolve_for_data
 
 
 @dataclass

@@ -26,7 +26,8 @@ from hasten.experiments.bench import Variant, grid_variants, parse_vary, run_gri
 from hasten.experiments.report import DASH, markdown_table, plot_curves
 from hasten.models import build_model
 from hasten.recipe.schema import Recipe, parse_value
-from hasten.run.build import dataset, run_dir
+from hasten.run.build import dataset
+from hasten.run.resolve import run_dir
 from hasten.runfolder.folder import owned_output
 from hasten.runfolder.log import read_metrics, write_atomic
 

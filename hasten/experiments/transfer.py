@@ -30,7 +30,8 @@ from hasten.experiments.bench import Variant, run_grid, run_in_process, run_isol
 from hasten.experiments.report import DASH, markdown_table, plot_curves
 from hasten.models.pretrained import WEIGHTS_FILE
 from hasten.recipe.schema import Recipe, apply_overrides, validate
-from hasten.run.build import dataset, run_dir
+from hasten.run.build import dataset
+from hasten.run.resolve import run_dir
 from hasten.runfolder.folder import owned_output
 from hasten.runfolder.log import write_atomic
 

@@ -1,75 +1,50 @@
-"""Recipe -> the objects a run needs: data loaders, model, optimizer, LR schedule, precision, hooks.
-
-`train(recipe)` is the library entry point that `hasten train` calls.
+"""A run from a recipe: `build` (the data, the model, then resolve and assemble) and `train`, the library entry
+point that `hasten train` calls: the run folder locked and claimed, the loop, the summary.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import itertools
 import os
-import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from torch import Tensor, nn
-from torch.optim.swa_utils import update_bn
+from torch import Tensor
 
 from hasten.clock import Clock
 from hasten.data import ImageDataset, load_dataset
 from hasten.data.imagefolder import (
-    BatchDecoder,
     ImageFolder,
-    ImageFolderLoader,
     fits_in_memory,
-    folder_stats,
     open_image_folder,
     read_into_memory,
 )
-from hasten.data.loader import InMemoryLoader, channel_stats
 from hasten.data.preprocessing import dataset_summary
-from hasten.data.registry import mirror_invariant
 from hasten.data.transforms import prepare
 from hasten.data.user import StreamedData
-from hasten.engine import distributed, step
-from hasten.engine.compiling import compile_model
+from hasten.engine import distributed
 from hasten.engine.distributed import DistEnv, world_size
 from hasten.engine.memory import available_memory_bytes
-from hasten.engine.optimizers import Muon, muon_groups
-from hasten.engine.precision import Precision, check_precision, make_precision
-from hasten.engine.schedules import Scheduler, asked_rise_steps, rise_steps, scale_lr, scheduler
+from hasten.engine.precision import check_precision
+from hasten.engine.schedules import asked_rise_steps, rise_steps
 from hasten.errors import CheckpointError, DataError, HastenError, RecipeError
 from hasten.models import build_model
-from hasten.models.pretrained import pretrained_from_config, save_weights  # Freeze registers here
-from hasten.models.user import check_model, own_model
+from hasten.models.pretrained import save_weights  # Freeze registers here
+from hasten.models.user import own_model
 from hasten.progress import say
-from hasten.recipe.schema import PRECISION_MODES, OptimConfig, Recipe, apply_overrides, dotted, to_yaml, validate
+from hasten.recipe.schema import Recipe, apply_overrides, to_yaml, validate
 from hasten.recipe.trust import USER_SOURCES
-from hasten.run.loading import loader_options, loader_workers
-from hasten.run.trainer import Hooks, Plan, Saving, Trainer
-from hasten.run.user import builtin_holdout, load_data, recorded, streamed_loaders, user_objects
-from hasten.runfolder.checkpoint import checkpoints_in, latest_usable, load_checkpoint, remove_stale_temporaries
+from hasten.run.assemble import Parts, assemble, global_batch, lr_scale, optimizer_steps, seed_everything, train_size
+from hasten.run.loading import loader_workers
+from hasten.run.resolve import resolve, resume_from, run_dir
+from hasten.run.trainer import Plan, Saving, Trainer
+from hasten.run.user import builtin_holdout, load_data
+from hasten.runfolder.checkpoint import remove_stale_temporaries
 from hasten.runfolder.folder import RunLock, check_resume_recipe, claim_fresh, recipe_changes
 from hasten.runfolder.log import RunLog
-from hasten.techniques import Context, Technique, techniques
-from hasten.techniques.activation_checkpointing import checkpoint_activations
-from hasten.techniques.discriminative import discriminative_groups
-from hasten.tune import autotune, rules
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def run_dir(recipe: Recipe) -> Path:
-    return Path(recipe.run.dir or Path("runs") / recipe.name)
+from hasten.tune import rules
 
 
 def dataset(recipe: Recipe) -> ImageDataset | ImageFolder:
@@ -101,30 +76,6 @@ def _dataset(recipe: Recipe) -> ImageDataset | ImageFolder:
         data.test_images, data.test_labels = data.test_images[: cfg.test_subset], data.test_labels[: cfg.test_subset]
     options = dict(per_class=cfg.per_class, label_noise=cfg.label_noise, size=cfg.size, rgb=cfg.rgb)
     return builtin_holdout(recipe, prepare(data, seed=recipe.seed, **options))
-
-
-def loaders(
-    recipe: Recipe, data: ImageDataset | ImageFolder, device: torch.device, rank: int = 0, world_size: int = 1
-) -> tuple[InMemoryLoader, InMemoryLoader] | tuple[ImageFolderLoader, ImageFolderLoader]:
-    """Training and test loaders; normalisation statistics come from the training images. In-memory data is
-    sliced into batches; an image folder is decoded by DataLoader workers. Their options: `loader_options`."""
-    if isinstance(data, StreamedData):  # a user's Dataset, streamed by DataLoader workers
-        return streamed_loaders(recipe, data, device, rank, world_size)
-    if isinstance(data, ImageFolder):
-        train, test = loader_options(recipe, *folder_stats(data, seed=recipe.seed), device, rank, world_size)
-        workers = loader_workers(recipe)
-        return (
-            ImageFolderLoader(BatchDecoder(data.train, data.mode, data.size, data.resize), workers=workers, **train),
-            ImageFolderLoader(BatchDecoder(data.test, data.mode, data.size, data.resize), workers=workers, **test),
-        )
-    train, test = loader_options(recipe, *channel_stats(data.train_images), device, rank, world_size)
-    train_loader = InMemoryLoader(data.train_images, data.train_labels, **train)
-    return train_loader, InMemoryLoader(data.test_images, data.test_labels, **test)
-
-
-def train_size(data: ImageDataset | ImageFolder | StreamedData) -> int:
-    """Training images in the dataset (all ranks together)."""
-    return len(data.train.labels) if isinstance(data, ImageFolder | StreamedData) else len(data.train_labels)
 
 
 def check_training_data(recipe: Recipe, data: ImageDataset | ImageFolder | StreamedData) -> None:
@@ -180,209 +131,6 @@ def check_model_size(recipe: Recipe, image_shape: tuple[int, ...], num_classes: 
         )
 
 
-def check_batches(train_loader: Any, test_loader: Any, world: int) -> None:
-    """A training set too small for a batch of two on every rank, or an empty evaluation split: a clear error
-    before anything is built over them."""
-    if len(train_loader) == 0:
-        raise DataError(
-            f"data: {train_loader.num_samples} training image(s) over {world} process(es): too few for a training "
-            "batch of at least 2 images on each; give more training data"
-        )
-    if test_loader.num_samples == 0:
-        raise DataError("data: the evaluation split holds no images")
-
-
-def check_batch_norm_batch(model: nn.Module, recipe: Recipe) -> None:
-    """A batch of one image for a model with batch norm, which cannot normalise one example in training."""
-    norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-    if norms and recipe.train.batch_size == 1:
-        raise RecipeError(
-            "train.batch_size: 1 image a batch, but the model has batch norm, which cannot normalise a single "
-            "example in training: use at least 2"
-        )
-
-
-MIN_AUTO_BATCH = rules.MIN_BATCH  # train.min_steps_per_epoch halves the batch no further
-
-
-def steps_batch(images: int, batch: int, accumulate: int, world: int, min_steps: int) -> int:
-    """The largest batch <= `batch`, halving (not below MIN_AUTO_BATCH), at which an epoch of `images` split over
-    `world` ranks with `accumulate` micro-batches per step has at least `min_steps` optimizer steps."""
-    while batch > MIN_AUTO_BATCH and rules.steps_per_epoch(images, batch, world, accumulate) < min_steps:
-        batch = max(batch // 2, MIN_AUTO_BATCH)
-    return batch
-
-
-def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: int = 1) -> tuple[Recipe, list[str]]:
-    """The recipe with its data-dependent settings decided for `data`, and one note per decision for the opening
-    lines: flips and flip TTA where the dataset allows them (`auto`; alternating flips where it does not get a
-    warning), training and TTA shifts of at most `data.augment.translate_max_fraction` of the image side, and a batch
-    small enough to leave `train.min_steps_per_epoch` optimizer steps an epoch. A TTA shift of half the image side
-    or more is a RecipeError. The returned recipe is what recipe.yaml records."""
-    resolved, notes = recipe.model_copy(deep=True), []
-    allowed = mirror_invariant(data.name)
-    why = f"{data.name} is mirror-invariant" if allowed else f"a mirror may change the class of {data.name} images"
-    aug, train_cfg = resolved.data.augment, resolved.train
-    if aug.flip == "auto":
-        aug.flip = allowed
-        notes.append(f"flips {'on' if allowed else 'off'} ({why}; data.augment.flip=auto)")
-    elif aug.flip == "alternate" and not allowed:  # asked for by name: honoured, but not silently
-        notes.append(f"warning: alternating flips on as asked, though {why} (data.augment.flip=alternate)")
-    side = min(data.image_shape[1:])
-    if 2 * train_cfg.tta_translate >= side:
-        raise RecipeError(
-            f"train.tta_translate: {train_cfg.tta_translate} pixels is not below half the {side}-pixel side of the "
-            f"{data.name} images; use at most {(side - 1) // 2}, e.g. 2, or 0 for off"
-        )
-    most = int(side * aug.translate_max_fraction)
-    if aug.translate != "auto" and aug.translate > most:
-        notes.append(
-            f"translate {aug.translate} -> {most} pixels: at most {aug.translate_max_fraction:g} of the {side}-pixel "
-            "images (data.augment.translate_max_fraction)"
-        )
-        aug.translate = most
-    if train_cfg.tta_translate > most:  # shifts the size of those the training never showed (8x8 digits: none)
-        notes.append(
-            f"TTA shift {train_cfg.tta_translate} -> {most} pixels: at most {aug.translate_max_fraction:g} of the "
-            f"{side}-pixel images, as the training shifts (data.augment.translate_max_fraction)"
-        )
-        train_cfg.tta_translate = most
-    if train_cfg.tta_flip == "auto":
-        train_cfg.tta_flip = allowed
-        if allowed:
-            notes.append("flip TTA on (train.tta_flip=auto)")
-    if train_cfg.min_steps_per_epoch and train_cfg.batch_size != "auto":  # auto: the batch rule sees the steps
-        n, asked = train_size(data), train_cfg.batch_size
-        batch = steps_batch(n, asked, train_cfg.accumulate, world, train_cfg.min_steps_per_epoch)
-        if batch != asked:
-            train_cfg.batch_size = batch
-            steps = rules.steps_per_epoch(n, batch, world, train_cfg.accumulate)
-            notes.append(
-                f"batch {asked} -> {batch}: {n:,} training images give {steps} steps an epoch "
-                f"(train.min_steps_per_epoch={train_cfg.min_steps_per_epoch}; 0 keeps the batch)"
-            )
-    return resolved, notes
-
-
-def global_batch(recipe: Recipe) -> int:
-    """Examples per optimizer step across all processes: batch size x accumulation steps x world size.
-
-    The one place this is computed: the LR scaling rule and everything that reports the batch use it.
-    """
-    return recipe.train.batch_size * recipe.train.accumulate * world_size()
-
-
-AUTO_PLACEHOLDER_LR = 0.01  # optim.lr=auto: what the optimizer is built with until the range test has picked
-
-
-def scaled_lr(config: OptimConfig, global_batch: int) -> float:
-    """`optim.lr` scaled from `optim.base_batch` to `global_batch` (Goyal et al., 2017: linear; or sqrt)."""
-    lr = AUTO_PLACEHOLDER_LR if config.lr == "auto" else config.lr
-    return scale_lr(lr, config.base_batch, global_batch, config.scaling)
-
-
-def lr_scale(recipe: Recipe) -> float:
-    """The factor the batch-size rule multiplied `optim.lr` by (1 without `optim.base_batch`)."""
-    return scale_lr(1.0, recipe.optim.base_batch, global_batch(recipe), recipe.optim.scaling)
-
-
-def steps_per_epoch(recipe: Recipe, train_loader: InMemoryLoader) -> int:
-    """Optimizer steps per epoch of the recipe's run over `train_loader` (hasten.engine.step.steps_per_epoch)."""
-    return step.steps_per_epoch(len(train_loader), recipe.train.accumulate)
-
-
-def optimizer_steps(recipe: Recipe, train_loader: InMemoryLoader) -> int:
-    """Optimizer steps in the whole run: what the LR schedule spans."""
-    return recipe.train.epochs * steps_per_epoch(recipe, train_loader)
-
-
-def bn_calibration(
-    loader: InMemoryLoader, autocast: Callable[[], contextlib.AbstractContextManager], images: int
-) -> Callable[[nn.Module], None]:
-    """A function that recomputes a model's batch-norm statistics over the first `images` training images of the
-    current epoch (as augmented for training, never mixed), under the run's autocast; with several processes
-    the statistics are then averaged over the ranks, so every rank evaluates the same model."""
-
-    def calibrate(module: nn.Module) -> None:
-        count = max(1, -(-images // loader.batch_size))
-        with autocast():
-            update_bn(itertools.islice(loader.batches(0), count), module)
-        if world_size() > 1:
-            distributed.average_batch_norm_statistics(module)
-
-    return calibrate
-
-
-def first_train_images(loader: InMemoryLoader | ImageFolderLoader, count: int) -> Tensor:
-    """The first `count` training images in stored order (all of them when fewer), normalised as the loader
-    normalises its batches and not augmented: what whitening computes its filters from. The same on every rank:
-    the in-memory images are sliced, a folder's or a user's Dataset's are decoded a batch at a time."""
-    if isinstance(loader, InMemoryLoader):
-        return loader.normalise(loader.images[:count])
-    chunks, total = [], min(count, loader.num_samples)
-    for start in range(0, total, loader.batch_size):
-        item = loader.decoder[list(range(start, min(start + loader.batch_size, total)))]
-        if isinstance(item, str):  # a decoding failure, reported by the decoder as text
-            raise DataError(item)
-        chunks.append(loader.normalise(item[0].to(loader.device)))
-    return torch.cat(chunks)
-
-
-def tricks(recipe: Recipe, model: nn.Module, rank: int = 0) -> tuple[Hooks, dict[str, Any]]:
-    """The loop's hooks for the recipe's techniques, bound to the built `model`, and the stateful ones by name;
-    for code that builds its own model (benchmarks). Random draws are seeded by (seed, rank)."""
-    made = techniques(recipe, Context(rank=rank))
-    for technique in made:
-        technique.on_optimizer(model)
-    hooks = Hooks.from_techniques(made)
-    return hooks, hooks.stateful
-
-
-def _at(made: list[Technique], point: str) -> list[Technique]:
-    """The techniques that declare hook point `point`, in their order."""
-    return [technique for technique in made if point in technique.hooks]
-
-
-def optimizer(config: OptimConfig, groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
-    if config.name == "muon":  # the filters orthogonalised at optim.muon_lr, the rest Nesterov SGD at `lr`
-        split = muon_groups(groups, lr, config.muon_lr, config.muon_momentum)
-        if not any(group.get("orthogonalize") for group in split) and distributed.is_main():
-            # a user's MLP, or every filter frozen (model.whiten): all of it is the Nesterov SGD part, said so
-            say(
-                "optim.name=muon: the model has no trainable convolution filters; every parameter takes Nesterov SGD "
-                "at optim.lr"
-            )
-        return Muon(split, lr=lr, momentum=config.momentum, nesterov=config.nesterov and config.momentum > 0)
-    if config.name == "sgd":
-        return torch.optim.SGD(
-            groups, lr=lr, momentum=config.momentum, nesterov=config.nesterov and config.momentum > 0
-        )
-    cls = torch.optim.AdamW if config.name == "adamw" else torch.optim.Adam
-    try:  # torch's fused kernel: one pass over all the parameters (on CPU ~4x less step time than the loop)
-        return cls(groups, lr=lr, betas=config.betas, fused=True)
-    except (RuntimeError, ValueError):  # parameters on a device or in a dtype it does not serve
-        return cls(groups, lr=lr, betas=config.betas)
-
-
-@dataclass
-class Parts:
-    """Everything `build` makes from a recipe."""
-
-    recipe: Recipe
-    device: torch.device
-    data: ImageDataset
-    model: nn.Module
-    train_loader: InMemoryLoader
-    test_loader: InMemoryLoader
-    optimizer: torch.optim.Optimizer
-    scheduler: Scheduler
-    precision: Precision
-    lr: float  # the peak LR after the scaling rule
-    hooks: Hooks  # from the recipe's technique objects: their loop hooks and, in `hooks.stateful`, their state
-    compiled: bool = False  # train.compile asked for it and torch.compile worked
-    machine_keys: tuple[str, ...] = ()  # keys set to auto that the start-up probe decided (hasten/tune/autotune.py)
-
-
 def build(recipe: Recipe, model: Any = None, data: Any = None, clock: Clock | None = None) -> Parts:
     """The run's parts. `model` and `data` are the user's own (hasten/run/user.py: an nn.Module or a callable making
     one; arrays, a Dataset, a folder path, or (train, test[, class_names])); None: the recipe's.
@@ -419,289 +167,12 @@ def build(recipe: Recipe, model: Any = None, data: Any = None, clock: Clock | No
     return assemble(recipe, data, model, device, machine_keys, clock)
 
 
-def resolve(
-    recipe: Recipe, data: Any, model: nn.Module, device: torch.device, given_model: Any = None, given_data: Any = None
-) -> tuple[Recipe, tuple[str, ...]]:
-    """Every setting the recipe leaves open, decided once: flips, shifts and TTA from the data; the user's model
-    and data recorded; precision, memory layout and batch from the machine (or as the run being resumed chose
-    them); the budget from the data; optim.lr=auto by a range test. One line per decision is printed; the returned
-    recipe holds the values (it is the one recipe.yaml records and `assemble` builds from, unchanged), with the keys
-    the machine decided (a resume may decide them again)."""
-    world = world_size()
-    recipe, notes = resolve_for_data(recipe, data, world)
-    if user_objects(recipe, given_model, given_data):  # fail before anything is timed or trained
-        check_model(copy.deepcopy(model).to(device), data.image_shape, len(data.classes), device)
-        recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)
-    resumed = resumed_choices(recipe)  # a resume continues with what its run chose: exact, as resumes are
-    recipe, machine_keys, more = choose_on_machine(recipe, model, data, device, resumed)
-    notes += more
-    recipe, more = resolve_budget(recipe, data, world, resumed)
-    notes += more
-    if distributed.is_main():
-        for note in notes:
-            say(note)
-    if recipe.optim.lr == "auto":  # last: the range test runs the run as decided so far
-        recipe = resolve_lr(recipe, data, model, device)
-    return recipe, machine_keys
-
-
-def resolve_budget(
-    recipe: Recipe, data: Any, world: int, resumed: dict[str, Any] | None = None
-) -> tuple[Recipe, list[str]]:
-    """`train.epochs: auto` decided from the training set and the batch (hasten/tune/rules.py), or as the run being
-    resumed decided it; then `data.augment.translate: auto` from the images' side and the epochs."""
-    if "auto" not in (recipe.train.epochs, recipe.data.augment.translate):
-        return recipe, []
-    recipe, notes = recipe.model_copy(deep=True), []
-    if recipe.train.epochs == "auto" and resumed and "train.epochs" in resumed:
-        recipe.train.epochs = resumed["train.epochs"]
-        notes.append(f"train.epochs=auto -> {recipe.train.epochs}, as the run being resumed chose")
-    elif recipe.train.epochs == "auto":
-        images, batch = train_size(data), recipe.train.batch_size
-        recipe.train.epochs = rules.auto_epochs(images, batch, world, recipe.train.accumulate)
-        steps = recipe.train.epochs * rules.steps_per_epoch(images, batch, world, recipe.train.accumulate)
-        notes.append(
-            f"train.epochs=auto -> {recipe.train.epochs}: {steps:,} optimizer steps over {images:,} images "
-            f"(at least {rules.RUN_STEPS} steps, {rules.MIN_EPOCHS}-{rules.MAX_EPOCHS} epochs)"
-        )
-    aug = recipe.data.augment
-    if aug.translate == "auto":
-        side = min(data.image_shape[1:])
-        aug.translate = min(rules.auto_translate(side, recipe.train.epochs), int(side * aug.translate_max_fraction))
-        notes.append(
-            f"data.augment.translate=auto -> {aug.translate} pixel(s): {side}-pixel images, {recipe.train.epochs} "
-            f"epochs (shifts in runs of {rules.AUTO_TRANSLATE_EPOCHS} epochs or more)"
-        )
-    return recipe, notes
-
-
-def assemble(
-    recipe: Recipe,
-    data: Any,
-    model: nn.Module,
-    device: torch.device,
-    machine_keys: tuple[str, ...] = (),
-    clock: Clock | None = None,
-    announce: bool = True,
-) -> Parts:
-    """The run's objects from the resolved `recipe`, which is not changed: loaders, the techniques and their hooks,
-    the model on its device, layout and precision, the optimizer and its schedule; DDP around the model.
-    `announce=False` (a trial assembly, for optim.lr=auto's range test) says nothing."""
-    rank, world = distributed.rank(), world_size()
-    clock = clock or Clock()
-    scale = recipe.loss_scale
-    precision = make_precision(recipe.precision, device, scale.init, scale.growth_interval)
-    train_loader, test_loader = loaders(recipe, data, device, rank, world)
-    check_batches(train_loader, test_loader, world)
-    # the EMA's BN statistics, under the run's autocast
-    calibrate = bn_calibration(train_loader, precision.autocast, recipe.tricks.ema_bn_images)
-    context = Context(rank=rank, world_size=world, steps_per_epoch=steps_per_epoch(recipe, train_loader),
-                      total_steps=optimizer_steps(recipe, train_loader), image_shape=tuple(data.image_shape),
-                      calibrate=calibrate,
-                      train_images=lambda count: first_train_images(train_loader, count))  # fmt: skip
-    made = techniques(recipe, context)  # every technique the recipe turns on; each declares its hook points
-    check_batch_norm_batch(model, recipe)
-    for technique in _at(made, "on_model"):
-        technique.on_model(model)
-    if recipe.model.pretrained:
-        report = pretrained_from_config(model, recipe.model)
-        if announce:
-            say(report.describe())
-    model = model.to(device)
-    if recipe.train.checkpoint_activations or recipe.train.checkpoint_modules:
-        model = checkpoint_activations(model, recipe.train.checkpoint_modules)
-    if recipe.train.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    if recipe.train.sync_batchnorm and world > 1:  # before the optimizer and EMA see the modules; keeps the params
-        if device.type == "cpu":
-            raise RecipeError(
-                "train.sync_batchnorm: torch's SyncBatchNorm runs on GPUs only; CPU ranks keep their own batch "
-                "statistics (set it false, or run on GPUs)"
-            )
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model = precision.prepare(model)
-    lr = scaled_lr(recipe.optim, global_batch(recipe))
-    decay = recipe.optim.weight_decay
-    if recipe.optim.layer_lr_decay < 1:  # discriminative fine-tuning: per-layer LRs
-        groups = discriminative_groups(model, lr, recipe.optim.layer_lr_decay, decay, no_bias_decay=False)
-    else:
-        groups = [{"params": [p for p in model.parameters() if p.requires_grad], "weight_decay": decay}]
-    for technique in _at(made, "param_groups"):  # no-bias-decay
-        groups = technique.param_groups(groups)
-    opt = optimizer(recipe.optim, precision.optimizer_groups(groups), lr)  # fp16-master: the fp32 masters
-    schedule = scheduler(opt, recipe.schedule, optimizer_steps(recipe, train_loader), lr_scale(recipe))
-    for technique in _at(made, "on_optimizer"):  # the EMA's copy, Freeze: the optimizer holds every parameter
-        technique.on_optimizer(model)
-    hooks = Hooks.from_techniques(made)
-    if world > 1:
-        seed_everything((recipe.seed * 1_000_003 + rank) % 2**63)  # after the weights: dropout masks differ per rank
-        model = distributed.wrap(model, device)  # after the EMA copy and the optimizer, which hold the inner model
-    compiled = False
-    if recipe.train.compile:  # last: the EMA copy above stays eager
-        model, failure = compile_model(model, next(iter(train_loader))[0], precision.autocast)
-        compiled = failure is None
-        if failure:
-            say(failure)
-    parts = Parts(recipe, device, data, model, train_loader, test_loader, opt, schedule, precision, lr, hooks)
-    parts.compiled, parts.machine_keys = compiled, machine_keys
-    clock.mark("optimizer and techniques")
-    return parts
-
-
-MACHINE_KEYS = ("precision", "train.channels_last", "train.batch_size")  # decided by timing on this machine
-RESUMED_KEYS = (*MACHINE_KEYS, "train.epochs")  # what an `auto` run records and its resume keeps
-
-
-def _recorded_value(saved: dict[str, Any], key: str) -> Any:
-    try:
-        return dotted(saved, key)
-    except KeyError:
-        return None
-
-
-def _valid_choice(key: str, value: Any) -> bool:
-    if key == "precision":
-        return value in PRECISION_MODES
-    if key == "train.channels_last":
-        return isinstance(value, bool)
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1  # batch, epochs
-
-
-def resumed_choices(recipe: Recipe) -> dict[str, Any]:
-    """What the run being resumed (resume=PATH or auto, an elastic restart) chose for the keys this recipe leaves
-    `auto`, from its checkpoint's recipe (values checked before use); {} when nothing is resumed or left to choose."""
-    asked = [key for key in RESUMED_KEYS if _recorded_value(recipe.model_dump(), key) == "auto"]
-    if not asked:
-        return {}
-    found = resume_from(recipe, run_dir(recipe) / "checkpoints", announce=False)
-    saved = found[1].get("recipe") if found else None
-    if not isinstance(saved, dict):
-        return {}
-    chosen = {key: _recorded_value(saved, key) for key in asked}
-    return {key: value for key, value in chosen.items() if _valid_choice(key, value)}
-
-
-def probe_batch(recipe: Recipe, data: Any, device: torch.device, size: int) -> tuple[Tensor, Tensor]:
-    """The first training batch of `size` images (per process), as the run's loader makes them (shuffled in the
-    run's seeded order, augmented, normalised): what the start-up probe times."""
-    trial = recipe.model_copy(deep=True)
-    trial.train.batch_size = size
-    if trial.data.augment.translate == "auto":  # decided with the budget, after the probe; no part of the step
-        trial.data.augment.translate = 0
-    train_loader, _ = loaders(trial, data, device, distributed.rank(), world_size())
-    images, labels = next(iter(train_loader))
-    return images.contiguous(), labels
-
-
-def choose_on_machine(
-    recipe: Recipe, model: nn.Module, data: Any, device: torch.device, resumed: dict[str, Any] | None = None
-) -> tuple[Recipe, tuple[str, ...], list[str]]:
-    """`precision`, `train.channels_last` and `train.batch_size` left `auto`, decided by timing the run's training
-    step on this machine (hasten/tune/autotune.py; the batch by hasten/tune/rules.py's time rule), or as the run being
-    resumed decided them (`resumed`). Returns the recipe holding the values chosen (recipe.yaml records them), the
-    keys that were `auto`, and the lines that say what was chosen. The probe times copies of `model` and leaves the
-    model and the random streams as they were."""
-    values = {"precision": recipe.precision, "train.channels_last": recipe.train.channels_last,
-              "train.batch_size": recipe.train.batch_size}  # fmt: skip
-    asked = [key for key, value in values.items() if value == "auto"]
-    if not asked:
-        return recipe, (), []
-    kept = {key: (resumed or {})[key] for key in asked if key in (resumed or {})}
-    notes = [f"{', '.join(f'{k}=auto -> {v}' for k, v in kept.items())}, as the run being resumed chose"] * bool(kept)
-    values |= kept
-    options = autotune.candidates(values["precision"], values["train.channels_last"], device)
-    world = world_size()
-    images, accumulate = train_size(data), recipe.train.accumulate
-    if values["train.batch_size"] == "auto":
-        epochs = recipe.train.epochs if recipe.train.epochs != "auto" else None
-        sizes = rules.batch_candidates(images, epochs, world, accumulate)
-    else:
-        sizes = [values["train.batch_size"]]
-    choice = options[0]
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout, DataLoader seeds
-        batch = probe_batch(recipe, data, device, max(sizes)) if len(options) > 1 or len(sizes) > 1 else None
-        if len(options) > 1:
-            at = min(max(sizes), rules.PROBE_BATCH)
-            probed = [key for key in ("precision", "train.channels_last") if key in asked and key not in kept]
-            # timed here, or as timed before on this machine (the probe's cache), and said there
-            choice = autotune.cached_probe(
-                model, (batch[0][:at], batch[1][:at]), len(data.classes), options, probed
-            ).choice
-        if len(sizes) > 1:
-            timed = rules.timed_sizes(sizes)
-            measured, where = autotune.cached_batch_times(model, batch, len(data.classes), choice, timed)
-            seconds = rules.step_time_line(measured, sizes)
-            values["train.batch_size"] = rules.choose_batch(seconds)
-            notes.append(f"{rules.describe_batch_choice(seconds, values['train.batch_size'], measured)}; {where}")
-        elif values["train.batch_size"] == "auto":
-            values["train.batch_size"] = sizes[0]
-            notes.append(
-                f"train.batch_size=auto -> {sizes[0]}: the smallest batch; {images:,} training images leave no "
-                f"larger one {rules.MIN_RUN_STEPS} optimizer steps"
-            )
-    recipe = recipe.model_copy(deep=True)
-    recipe.precision, recipe.train.channels_last = choice.precision, choice.channels_last
-    recipe.train.batch_size = values["train.batch_size"]
-    return recipe, tuple(key for key in asked), notes
-
-
-def resolve_lr(recipe: Recipe, data: Any, model: nn.Module, device: torch.device) -> Recipe:
-    """optim.lr=auto: a short LR range test picks the peak LR (lr_find.AUTO_RULE), run on a trial assembly of the
-    run (a copy of `model` with the run's loader, batch hooks, precision and optimizer, built at a placeholder LR and
-    then dropped); the returned recipe records it as `optim.lr` (per `optim.base_batch`). The random streams are
-    left as they were."""
-    from hasten.tune.lr_find import AUTO_RULE, AUTO_START, AUTO_STEPS, auto_lr, lr_find
-
-    trial_recipe = recipe.model_copy(deep=True)
-    trial_recipe.train.compile = False  # the sweep's few steps are not worth a compile
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        trial = assemble(trial_recipe, data, copy.deepcopy(model), device, announce=False)
-        result = lr_find(trial, start=AUTO_START, steps=AUTO_STEPS)
-    peak = auto_lr(result)
-    recipe = recipe.model_copy(deep=True)
-    scale = lr_scale(recipe)
-    recipe.optim.lr = peak / scale
-    if distributed.is_main():
-        per = f" ({peak / scale:.4g} per {recipe.optim.base_batch})" if recipe.optim.base_batch else ""
-        say(f"optim.lr=auto: peak LR {peak:.4g}{per} from a {len(result.lrs)}-step range test ({AUTO_RULE})")
-    return recipe
-
-
 def trainer_for(parts: Parts, plan: Plan, log: RunLog, saving: Saving | None = None) -> Trainer:
     """The loop over what `build` made, with the recipe's hooks."""
     loaders = (parts.train_loader, parts.test_loader)
     return Trainer(
         parts.model, parts.optimizer, parts.scheduler, parts.precision, loaders, plan, log, parts.hooks, saving
     )
-
-
-def resume_from(recipe: Recipe, folder: Path, announce: bool = True) -> tuple[Path, dict[str, Any]] | None:
-    """The checkpoint to continue from: `resume=PATH`, or with `resume=auto` (and after an elastic restart by
-    torchrun) the newest complete one in the run's checkpoints folder; None to start afresh. With several
-    processes rank 0 chooses and the others load the file it chose."""
-    source = recipe.resume
-    if source is None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
-        source = "auto"  # torchrun restarted the workers: continue from the last checkpoint
-    if source is None:
-        return None
-    if source != "auto":
-        return Path(source), load_checkpoint(source)
-    found, error = None, None
-    if distributed.is_main():
-        try:
-            found = latest_usable(folder)
-            if found is None and checkpoints_in(folder):
-                error = f"resume=auto: no usable checkpoint in {folder} (each was skipped, see the warnings)"
-        except CheckpointError as failure:
-            error = str(failure)
-    chosen, error = distributed.broadcast_object((found[0] if found else None, error))
-    if error:
-        raise CheckpointError(error)
-    if chosen is None:
-        if distributed.is_main() and announce:
-            say(f"resume=auto: no checkpoint in {folder} yet; starting afresh")
-        return None
-    return found if found is not None else (chosen, load_checkpoint(chosen, require_digest=True))
 
 
 # above these a peak LR is almost surely a mistake (muon: the SGD part's optim.lr)

@@ -33,7 +33,7 @@ from hasten.errors import HastenError
 
 
 class Parts(Protocol):
-    """What the range test needs of a built run (hasten.run.build.Parts has it): the run's own model, optimizer,
+    """What the range test needs of a built run (hasten.run.assemble.Parts has it): the run's own model, optimizer,
     precision, loader, batch hooks and recipe, so the sweep sees the loss the run will."""
 
     model: torch.nn.Module

@@ -2,7 +2,7 @@
 folder no one here has seen gets a batch, a budget and a learning rate that suit it.
 
 Each rule is a pure function of what it reads (the number of training images, the budget asked for, the step
-times the start-up probe measured), so a test can pin it; `resolve` (hasten/run/build.py) calls them, prints one line
+times the start-up probe measured), so a test can pin it; `resolve` (hasten/run/resolve.py) calls them, prints one line
 per decision and records the values in recipe.yaml. The constants are measured, not guessed: docs/defaults.md
 holds the measurements that chose them and the command that made each.
 

@@ -13,7 +13,8 @@ from hasten.data.imagefolder import ImageFolderLoader
 from hasten.data.loader import Augment, InMemoryLoader, alternating_flips, first_epoch_flips
 from hasten.errors import RecipeError
 from hasten.recipe.schema import load_recipe
-from hasten.run.build import build, resolve_for_data
+from hasten.run.build import build
+from hasten.run.resolve import resolve_for_data
 
 N = 41  # odd: with 2 ranks and remainder=pad one image is seen twice an epoch
 

@@ -30,7 +30,8 @@ from hasten.engine.schedules import (
 )
 from hasten.errors import RecipeError
 from hasten.recipe.schema import ScheduleConfig, load_recipe
-from hasten.run.build import build, global_batch
+from hasten.run.assemble import global_batch
+from hasten.run.build import build
 from hasten.run.trainer import Hooks, Plan, Trainer
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
 from hasten.runfolder.log import RunLog

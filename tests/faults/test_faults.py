@@ -149,11 +149,11 @@ def stale_lock_of_a_killed_run_is_taken_over(c: Ctx) -> None:
 
 
 def default_run_dir_includes_other_data(c: Ctx) -> None:
-    assert hasten.run.build.run_dir(load_recipe("fashion-fast")) == Path("runs/fashion-fast")
-    assert hasten.run.build.run_dir(load_recipe("fashion-fast", ["data.name=digits"])) == Path(
+    assert hasten.run.resolve.run_dir(load_recipe("fashion-fast")) == Path("runs/fashion-fast")
+    assert hasten.run.resolve.run_dir(load_recipe("fashion-fast", ["data.name=digits"])) == Path(
         "runs/fashion-fast-digits"
     )
-    assert hasten.run.build.run_dir(load_recipe("fashion-fast", ["data.name=digits", "run.dir=x"])) == Path("x")
+    assert hasten.run.resolve.run_dir(load_recipe("fashion-fast", ["data.name=digits", "run.dir=x"])) == Path("x")
 
 
 def name_cannot_leave_runs(c: Ctx) -> None:

@@ -11,7 +11,8 @@ import hasten
 from hasten.data.loader import InMemoryLoader
 from hasten.engine.precision import Precision
 from hasten.recipe.schema import load_recipe
-from hasten.run.build import build, global_batch, optimizer_steps
+from hasten.run.assemble import global_batch, optimizer_steps
+from hasten.run.build import build
 from hasten.run.trainer import Plan, Trainer
 from hasten.runfolder.log import RunLog
 

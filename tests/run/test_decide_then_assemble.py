@@ -1,6 +1,6 @@
-"""Decide, then assemble (hasten/run/build.py): `resolve` makes every choice and returns the recipe that
-recipe.yaml records, `assemble` builds from it without changing it; the path from the command to
-`optimizer.step()` stays short; SIGINT/SIGTERM handlers are installed once per run."""
+"""Decide, then assemble (hasten/run/resolve.py, hasten/run/assemble.py, hasten/run/build.py): `resolve` makes
+every choice and returns the recipe that recipe.yaml records, `assemble` builds from it without changing it; the
+path from the command to `optimizer.step()` stays short; SIGINT/SIGTERM handlers are installed once per run."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 import hasten
 from hasten import cli
 from hasten.recipe.schema import load_recipe
+from hasten.run import assemble as assemble_module
 from hasten.run import build as build_module
+from hasten.run import resolve as resolve_module
 
 PACKAGE = str(Path(hasten.__file__).parent)
 MAX_FRAMES_BELOW_MAIN = 7  # with cli.run above main: at most 8 hasten frames from the command to optimizer.step()
@@ -44,7 +46,7 @@ def test_assemble_builds_from_the_resolved_recipe_and_never_changes_it(tiny_over
     # optim.lr=auto is decided in resolve (a range test on a trial assembly), so assemble gets a number
     recipe = load_recipe(None, [*tiny_overrides, "optim.name=sgd", "optim.lr=auto", "train.batch_size=auto"])
     seen: list[tuple[dict, dict]] = []
-    real_assemble = build_module.assemble
+    real_assemble = assemble_module.assemble
 
     def watched(resolved, *args, **kwargs):
         before = resolved.model_dump(mode="json")
@@ -53,7 +55,8 @@ def test_assemble_builds_from_the_resolved_recipe_and_never_changes_it(tiny_over
         assert parts.recipe is resolved  # the parts carry the very recipe they were built from
         return parts
 
-    monkeypatch.setattr(build_module, "assemble", watched)
+    monkeypatch.setattr(build_module, "assemble", watched)  # the run's
+    monkeypatch.setattr(resolve_module, "assemble", watched)  # the range test's trial
     summary = hasten.train(recipe, ["train.epochs=1", "run.tensorboard=false"])
     assert len(seen) == 2  # the range test's trial assembly, then the run's
     for before, after in seen:

@@ -15,7 +15,8 @@ import torch
 from hasten.data import load_dataset
 from hasten.errors import HastenError
 from hasten.recipe.schema import load_recipe
-from hasten.run.build import build, resolve_for_data, steps_batch, train
+from hasten.run.build import build, train
+from hasten.run.resolve import resolve_for_data, steps_batch
 
 
 def _default(tmp_path, *overrides: str, recipe: str | None = None):

@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from hasten.models import Residual
 from hasten.recipe.schema import load_recipe
-from hasten.run.build import Parts, build, trainer_for
+from hasten.run.assemble import Parts
+from hasten.run.build import build, trainer_for
 from hasten.run.trainer import Hooks, Plan, Saving
 from hasten.runfolder.checkpoint import load_checkpoint, save_checkpoint
 from hasten.runfolder.log import RunLog

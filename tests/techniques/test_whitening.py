@@ -12,7 +12,8 @@ from torch import nn
 
 import hasten
 from hasten.recipe.schema import load_recipe
-from hasten.run.build import build, first_train_images, trainer_for
+from hasten.run.assemble import first_train_images
+from hasten.run.build import build, trainer_for
 from hasten.run.trainer import Plan
 from hasten.runfolder.log import RunLog
 from hasten.techniques.whitening import Whitening, image_patches, whiten_first_conv, whitening_filters

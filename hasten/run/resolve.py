@@ -1,0 +1,300 @@
+"""Resolve: every choice a run makes, in one place (docs/architecture.md): the data-dependent rules, the machine
+probe's choices, a resume's recorded choices, optim.lr=auto. `resolve` returns the recipe that recipe.yaml
+records and `assemble` builds from.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hasten.data import ImageDataset
+from hasten.data.imagefolder import (
+    ImageFolder,
+)
+from hasten.data.registry import mirror_invariant
+from hasten.engine import distributed
+from hasten.engine.distributed import world_size
+from hasten.errors import CheckpointError, RecipeError
+from hasten.models.user import check_model
+from hasten.progress import say
+from hasten.recipe.schema import PRECISION_MODES, Recipe, dotted
+from hasten.run.assemble import assemble, loaders, lr_scale, train_size
+from hasten.run.user import recorded, user_objects
+from hasten.runfolder.checkpoint import checkpoints_in, latest_usable, load_checkpoint
+from hasten.tune import autotune, rules
+
+
+def run_dir(recipe: Recipe) -> Path:
+    return Path(recipe.run.dir or Path("runs") / recipe.name)
+
+
+MIN_AUTO_BATCH = rules.MIN_BATCH  # train.min_steps_per_epoch halves the batch no further
+
+
+def steps_batch(images: int, batch: int, accumulate: int, world: int, min_steps: int) -> int:
+    """The largest batch <= `batch`, halving (not below MIN_AUTO_BATCH), at which an epoch of `images` split over
+    `world` ranks with `accumulate` micro-batches per step has at least `min_steps` optimizer steps."""
+    while batch > MIN_AUTO_BATCH and rules.steps_per_epoch(images, batch, world, accumulate) < min_steps:
+        batch = max(batch // 2, MIN_AUTO_BATCH)
+    return batch
+
+
+def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: int = 1) -> tuple[Recipe, list[str]]:
+    """The recipe with its data-dependent settings decided for `data`, and one note per decision for the opening
+    lines: flips and flip TTA where the dataset allows them (`auto`; alternating flips where it does not get a
+    warning), training and TTA shifts of at most `data.augment.translate_max_fraction` of the image side, and a batch
+    small enough to leave `train.min_steps_per_epoch` optimizer steps an epoch. A TTA shift of half the image side
+    or more is a RecipeError. The returned recipe is what recipe.yaml records."""
+    resolved, notes = recipe.model_copy(deep=True), []
+    allowed = mirror_invariant(data.name)
+    why = f"{data.name} is mirror-invariant" if allowed else f"a mirror may change the class of {data.name} images"
+    aug, train_cfg = resolved.data.augment, resolved.train
+    if aug.flip == "auto":
+        aug.flip = allowed
+        notes.append(f"flips {'on' if allowed else 'off'} ({why}; data.augment.flip=auto)")
+    elif aug.flip == "alternate" and not allowed:  # asked for by name: honoured, but not silently
+        notes.append(f"warning: alternating flips on as asked, though {why} (data.augment.flip=alternate)")
+    side = min(data.image_shape[1:])
+    if 2 * train_cfg.tta_translate >= side:
+        raise RecipeError(
+            f"train.tta_translate: {train_cfg.tta_translate} pixels is not below half the {side}-pixel side of the "
+            f"{data.name} images; use at most {(side - 1) // 2}, e.g. 2, or 0 for off"
+        )
+    most = int(side * aug.translate_max_fraction)
+    if aug.translate != "auto" and aug.translate > most:
+        notes.append(
+            f"translate {aug.translate} -> {most} pixels: at most {aug.translate_max_fraction:g} of the {side}-pixel "
+            "images (data.augment.translate_max_fraction)"
+        )
+        aug.translate = most
+    if train_cfg.tta_translate > most:  # shifts the size of those the training never showed (8x8 digits: none)
+        notes.append(
+            f"TTA shift {train_cfg.tta_translate} -> {most} pixels: at most {aug.translate_max_fraction:g} of the "
+            f"{side}-pixel images, as the training shifts (data.augment.translate_max_fraction)"
+        )
+        train_cfg.tta_translate = most
+    if train_cfg.tta_flip == "auto":
+        train_cfg.tta_flip = allowed
+        if allowed:
+            notes.append("flip TTA on (train.tta_flip=auto)")
+    if train_cfg.min_steps_per_epoch and train_cfg.batch_size != "auto":  # auto: the batch rule sees the steps
+        n, asked = train_size(data), train_cfg.batch_size
+        batch = steps_batch(n, asked, train_cfg.accumulate, world, train_cfg.min_steps_per_epoch)
+        if batch != asked:
+            train_cfg.batch_size = batch
+            steps = rules.steps_per_epoch(n, batch, world, train_cfg.accumulate)
+            notes.append(
+                f"batch {asked} -> {batch}: {n:,} training images give {steps} steps an epoch "
+                f"(train.min_steps_per_epoch={train_cfg.min_steps_per_epoch}; 0 keeps the batch)"
+            )
+    return resolved, notes
+
+
+def resolve(
+    recipe: Recipe, data: Any, model: nn.Module, device: torch.device, given_model: Any = None, given_data: Any = None
+) -> tuple[Recipe, tuple[str, ...]]:
+    """Every setting the recipe leaves open, decided once: flips, shifts and TTA from the data; the user's model
+    and data recorded; precision, memory layout and batch from the machine (or as the run being resumed chose
+    them); the budget from the data; optim.lr=auto by a range test. One line per decision is printed; the returned
+    recipe holds the values (it is the one recipe.yaml records and `assemble` builds from, unchanged), with the keys
+    the machine decided (a resume may decide them again)."""
+    world = world_size()
+    recipe, notes = resolve_for_data(recipe, data, world)
+    if user_objects(recipe, given_model, given_data):  # fail before anything is timed or trained
+        check_model(copy.deepcopy(model).to(device), data.image_shape, len(data.classes), device)
+        recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)
+    resumed = resumed_choices(recipe)  # a resume continues with what its run chose: exact, as resumes are
+    recipe, machine_keys, more = choose_on_machine(recipe, model, data, device, resumed)
+    notes += more
+    recipe, more = resolve_budget(recipe, data, world, resumed)
+    notes += more
+    if distributed.is_main():
+        for note in notes:
+            say(note)
+    if recipe.optim.lr == "auto":  # last: the range test runs the run as decided so far
+        recipe = resolve_lr(recipe, data, model, device)
+    return recipe, machine_keys
+
+
+def resolve_budget(
+    recipe: Recipe, data: Any, world: int, resumed: dict[str, Any] | None = None
+) -> tuple[Recipe, list[str]]:
+    """`train.epochs: auto` decided from the training set and the batch (hasten/tune/rules.py), or as the run being
+    resumed decided it; then `data.augment.translate: auto` from the images' side and the epochs."""
+    if "auto" not in (recipe.train.epochs, recipe.data.augment.translate):
+        return recipe, []
+    recipe, notes = recipe.model_copy(deep=True), []
+    if recipe.train.epochs == "auto" and resumed and "train.epochs" in resumed:
+        recipe.train.epochs = resumed["train.epochs"]
+        notes.append(f"train.epochs=auto -> {recipe.train.epochs}, as the run being resumed chose")
+    elif recipe.train.epochs == "auto":
+        images, batch = train_size(data), recipe.train.batch_size
+        recipe.train.epochs = rules.auto_epochs(images, batch, world, recipe.train.accumulate)
+        steps = recipe.train.epochs * rules.steps_per_epoch(images, batch, world, recipe.train.accumulate)
+        notes.append(
+            f"train.epochs=auto -> {recipe.train.epochs}: {steps:,} optimizer steps over {images:,} images "
+            f"(at least {rules.RUN_STEPS} steps, {rules.MIN_EPOCHS}-{rules.MAX_EPOCHS} epochs)"
+        )
+    aug = recipe.data.augment
+    if aug.translate == "auto":
+        side = min(data.image_shape[1:])
+        aug.translate = min(rules.auto_translate(side, recipe.train.epochs), int(side * aug.translate_max_fraction))
+        notes.append(
+            f"data.augment.translate=auto -> {aug.translate} pixel(s): {side}-pixel images, {recipe.train.epochs} "
+            f"epochs (shifts in runs of {rules.AUTO_TRANSLATE_EPOCHS} epochs or more)"
+        )
+    return recipe, notes
+
+
+MACHINE_KEYS = ("precision", "train.channels_last", "train.batch_size")  # decided by timing on this machine
+RESUMED_KEYS = (*MACHINE_KEYS, "train.epochs")  # what an `auto` run records and its resume keeps
+
+
+def _recorded_value(saved: dict[str, Any], key: str) -> Any:
+    try:
+        return dotted(saved, key)
+    except KeyError:
+        return None
+
+
+def _valid_choice(key: str, value: Any) -> bool:
+    if key == "precision":
+        return value in PRECISION_MODES
+    if key == "train.channels_last":
+        return isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1  # batch, epochs
+
+
+def resumed_choices(recipe: Recipe) -> dict[str, Any]:
+    """What the run being resumed (resume=PATH or auto, an elastic restart) chose for the keys this recipe leaves
+    `auto`, from its checkpoint's recipe (values checked before use); {} when nothing is resumed or left to choose."""
+    asked = [key for key in RESUMED_KEYS if _recorded_value(recipe.model_dump(), key) == "auto"]
+    if not asked:
+        return {}
+    found = resume_from(recipe, run_dir(recipe) / "checkpoints", announce=False)
+    saved = found[1].get("recipe") if found else None
+    if not isinstance(saved, dict):
+        return {}
+    chosen = {key: _recorded_value(saved, key) for key in asked}
+    return {key: value for key, value in chosen.items() if _valid_choice(key, value)}
+
+
+def probe_batch(recipe: Recipe, data: Any, device: torch.device, size: int) -> tuple[Tensor, Tensor]:
+    """The first training batch of `size` images (per process), as the run's loader makes them (shuffled in the
+    run's seeded order, augmented, normalised): what the start-up probe times."""
+    trial = recipe.model_copy(deep=True)
+    trial.train.batch_size = size
+    if trial.data.augment.translate == "auto":  # decided with the budget, after the probe; no part of the step
+        trial.data.augment.translate = 0
+    train_loader, _ = loaders(trial, data, device, distributed.rank(), world_size())
+    images, labels = next(iter(train_loader))
+    return images.contiguous(), labels
+
+
+def choose_on_machine(
+    recipe: Recipe, model: nn.Module, data: Any, device: torch.device, resumed: dict[str, Any] | None = None
+) -> tuple[Recipe, tuple[str, ...], list[str]]:
+    """`precision`, `train.channels_last` and `train.batch_size` left `auto`, decided by timing the run's training
+    step on this machine (hasten/tune/autotune.py; the batch by hasten/tune/rules.py's time rule), or as the run being
+    resumed decided them (`resumed`). Returns the recipe holding the values chosen (recipe.yaml records them), the
+    keys that were `auto`, and the lines that say what was chosen. The probe times copies of `model` and leaves the
+    model and the random streams as they were."""
+    values = {"precision": recipe.precision, "train.channels_last": recipe.train.channels_last,
+              "train.batch_size": recipe.train.batch_size}  # fmt: skip
+    asked = [key for key, value in values.items() if value == "auto"]
+    if not asked:
+        return recipe, (), []
+    kept = {key: (resumed or {})[key] for key in asked if key in (resumed or {})}
+    notes = [f"{', '.join(f'{k}=auto -> {v}' for k, v in kept.items())}, as the run being resumed chose"] * bool(kept)
+    values |= kept
+    options = autotune.candidates(values["precision"], values["train.channels_last"], device)
+    world = world_size()
+    images, accumulate = train_size(data), recipe.train.accumulate
+    if values["train.batch_size"] == "auto":
+        epochs = recipe.train.epochs if recipe.train.epochs != "auto" else None
+        sizes = rules.batch_candidates(images, epochs, world, accumulate)
+    else:
+        sizes = [values["train.batch_size"]]
+    choice = options[0]
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout, DataLoader seeds
+        batch = probe_batch(recipe, data, device, max(sizes)) if len(options) > 1 or len(sizes) > 1 else None
+        if len(options) > 1:
+            at = min(max(sizes), rules.PROBE_BATCH)
+            probed = [key for key in ("precision", "train.channels_last") if key in asked and key not in kept]
+            # timed here, or as timed before on this machine (the probe's cache), and said there
+            choice = autotune.cached_probe(
+                model, (batch[0][:at], batch[1][:at]), len(data.classes), options, probed
+            ).choice
+        if len(sizes) > 1:
+            timed = rules.timed_sizes(sizes)
+            measured, where = autotune.cached_batch_times(model, batch, len(data.classes), choice, timed)
+            seconds = rules.step_time_line(measured, sizes)
+            values["train.batch_size"] = rules.choose_batch(seconds)
+            notes.append(f"{rules.describe_batch_choice(seconds, values['train.batch_size'], measured)}; {where}")
+        elif values["train.batch_size"] == "auto":
+            values["train.batch_size"] = sizes[0]
+            notes.append(
+                f"train.batch_size=auto -> {sizes[0]}: the smallest batch; {images:,} training images leave no "
+                f"larger one {rules.MIN_RUN_STEPS} optimizer steps"
+            )
+    recipe = recipe.model_copy(deep=True)
+    recipe.precision, recipe.train.channels_last = choice.precision, choice.channels_last
+    recipe.train.batch_size = values["train.batch_size"]
+    return recipe, tuple(key for key in asked), notes
+
+
+def resolve_lr(recipe: Recipe, data: Any, model: nn.Module, device: torch.device) -> Recipe:
+    """optim.lr=auto: a short LR range test picks the peak LR (lr_find.AUTO_RULE), run on a trial assembly of the
+    run (a copy of `model` with the run's loader, batch hooks, precision and optimizer, built at a placeholder LR and
+    then dropped); the returned recipe records it as `optim.lr` (per `optim.base_batch`). The random streams are
+    left as they were."""
+    from hasten.tune.lr_find import AUTO_RULE, AUTO_START, AUTO_STEPS, auto_lr, lr_find
+
+    trial_recipe = recipe.model_copy(deep=True)
+    trial_recipe.train.compile = False  # the sweep's few steps are not worth a compile
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        trial = assemble(trial_recipe, data, copy.deepcopy(model), device, announce=False)
+        result = lr_find(trial, start=AUTO_START, steps=AUTO_STEPS)
+    peak = auto_lr(result)
+    recipe = recipe.model_copy(deep=True)
+    scale = lr_scale(recipe)
+    recipe.optim.lr = peak / scale
+    if distributed.is_main():
+        per = f" ({peak / scale:.4g} per {recipe.optim.base_batch})" if recipe.optim.base_batch else ""
+        say(f"optim.lr=auto: peak LR {peak:.4g}{per} from a {len(result.lrs)}-step range test ({AUTO_RULE})")
+    return recipe
+
+
+def resume_from(recipe: Recipe, folder: Path, announce: bool = True) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint to continue from: `resume=PATH`, or with `resume=auto` (and after an elastic restart by
+    torchrun) the newest complete one in the run's checkpoints folder; None to start afresh. With several
+    processes rank 0 chooses and the others load the file it chose."""
+    source = recipe.resume
+    if source is None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        source = "auto"  # torchrun restarted the workers: continue from the last checkpoint
+    if source is None:
+        return None
+    if source != "auto":
+        return Path(source), load_checkpoint(source)
+    found, error = None, None
+    if distributed.is_main():
+        try:
+            found = latest_usable(folder)
+            if found is None and checkpoints_in(folder):
+                error = f"resume=auto: no usable checkpoint in {folder} (each was skipped, see the warnings)"
+        except CheckpointError as failure:
+            error = str(failure)
+    chosen, error = distributed.broadcast_object((found[0] if found else None, error))
+    if error:
+        raise CheckpointError(error)
+    if chosen is None:
+        if distributed.is_main() and announce:
+            say(f"resume=auto: no checkpoint in {folder} yet; starting afresh")
+        return None
+    return found if found is not None else (chosen, load_checkpoint(chosen, require_digest=True))
