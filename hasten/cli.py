@@ -452,7 +452,7 @@ def commands() -> dict[str, argparse.ArgumentParser]:
         default=1,
         metavar="N",
         help="data-parallel over N processes on this machine (one per GPU; gloo on CPU), started through "
-        "torchrun's launcher; for several machines run torchrun yourself (README)",
+        "torchrun's launcher; for several machines run torchrun yourself (docs/guide/distributed.md)",
     )
     train.add_argument(
         "--max-restarts",
