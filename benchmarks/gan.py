@@ -1,4 +1,4 @@
-"""DCGAN in fp32, bf16 and fp16 on the same budget (issue 9): images/s, peak step memory, the Fréchet distance
+"""DCGAN in fp32, bf16 and fp16 on the same budget: images/s, peak step memory, the Fréchet distance
 on hasten classifier features after the budget's epochs, and the sample grids side by side.
 
     .venv/bin/python benchmarks/gan.py            # the full run (~10 min on 2 busy CPU cores)

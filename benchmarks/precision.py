@@ -1,4 +1,4 @@
-"""Precision modes, memory format, torch.compile and activation checkpointing, side by side (issue 3's targets).
+"""Precision modes, memory format, torch.compile and activation checkpointing, side by side.
 
 One process, one model, one data set, one batch: the shipped fashion-fast recipe (its reference ResNet on
 Fashion-MNIST, whatever width the recipe sets) at batch 256, trained for the same steps in every variant, from

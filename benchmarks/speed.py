@@ -1,4 +1,4 @@
-"""Issue 18's measurements: time to 91/93/94%, every speed technique's ablation, `auto` against the fixed choices,
+"""The speed-record recipes' measurements: time to 91/93/94%, every speed technique's ablation, `auto` against the fixed choices,
 the default net's arithmetic efficiency by width, and the headline accuracies over seeds; then
 docs/results/speed.md from whatever stages have results.
 
