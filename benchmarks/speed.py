@@ -1,5 +1,5 @@
-"""The speed-record recipes' measurements: time to 91/93/94%, every speed technique's ablation, `auto` against the fixed choices,
-the default net's arithmetic efficiency by width, and the headline accuracies over seeds; then
+"""The speed-record recipes' measurements: time to 91/93/94%, every speed technique's ablation, `auto` against
+the fixed choices, the default net's arithmetic efficiency by width, and the headline accuracies over seeds; then
 docs/results/speed.md from whatever stages have results.
 
 Each stage is one `hasten bench` run (variants interleaved, order rotated per repeat, a warm-up first, each run
