@@ -31,11 +31,15 @@ from hasten.data.loader import Augment, ShardedEpochs, channel_stats
 from hasten.data.preprocessing import open_image
 from hasten.data.transforms import class_interleaved, first_per_class, flip_labels, noise_generator
 from hasten.errors import DataError
+from hasten.progress import say
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 TEST_SPLITS = ("val", "test")  # the held-out split's folder name, first found wins
 GREY_MODES = {"1", "L", "LA", "I", "I;16", "F"}  # Pillow modes read as one channel when data.rgb is unset
 STATS_SAMPLE = 1000  # training images decoded to estimate the per-channel mean and std
+# training images whose headers (not pixels) are read at the start, spread over the split, to see whether the folder
+# holds one image size or several; the held-out split's headers are all read anyway
+SIZE_SAMPLE = 512
 
 
 @dataclass
@@ -247,8 +251,10 @@ def open_image_folder(
 
     `subset` takes the first N training images visiting the classes in turn (the files are grouped by class,
     so the first N in file order would be a few classes only); `per_class` the first N of each class;
-    `label_noise` flips that fraction of training labels (seeded). Without `size`, every image must have the
-    first training image's size; without `rgb`, the first image's mode decides (grey: 1 channel, else RGB).
+    `label_noise` flips that fraction of training labels (seeded). Without `size`: when the images come in one
+    size (the held-out split's headers and a sample of the training split's say so), that size; when in several,
+    each is resized to a square of the median shorter side (`mixed_sizes_side`); without `rgb`, the first image's
+    mode decides (grey: 1 channel, else RGB).
     `val_fraction` > 0: that share of train/ (seeded, stratified by class) is the evaluation split instead of
     val/ or test/, which the folder then need not have.
     """
@@ -310,10 +316,30 @@ def open_image_folder(
         train = FolderSplit(train.paths, noisy)
     first = train.paths[0]
     first_size, first_mode = _header(first)
-    for path in test.paths:  # read only at the end of the first epoch: a bad file is named now, not after it
-        _header(path)
+    # the held-out split is read only at the end of the first epoch: a bad file is named now, not after it
+    sizes = [first_size, *(_header(path)[0] for path in test.paths)]
+    if size is None:
+        spread = numpy.linspace(0, len(train.paths) - 1, min(SIZE_SAMPLE, len(train.paths))).round().astype(int)
+        sizes += [_header(train.paths[i])[0] for i in sorted(set(spread.tolist()))]
+        size = mixed_sizes_side(sizes)
     mode = ("L" if first_mode in GREY_MODES else "RGB") if rgb is None else ("RGB" if rgb else "L")
     return ImageFolder(root, classes, train, test, mode, (size, size) if size else first_size, size is not None)
+
+
+def mixed_sizes_side(sizes: list[tuple[int, int]]) -> int | None:
+    """The square side a folder without `data.size` is resized to when its images, (width, height) as read from
+    the headers, come in several sizes: the median shorter side (so a typical image is shrunk along its longer
+    side only), said in one line; None when they all have one size, which is then kept."""
+    distinct = sorted(set(sizes))
+    if len(distinct) == 1:
+        return None
+    side = int(numpy.median([min(width, height) for width, height in sizes]))
+    widths, heights = [w for w, _ in distinct], [h for _, h in distinct]
+    say(
+        f"data.size: the images come in {len(distinct)} sizes ({min(widths)}-{max(widths)} x {min(heights)}-"
+        f"{max(heights)} pixels); each is resized to {side}x{side}, the median shorter side (data.size=N chooses)"
+    )
+    return side
 
 
 def folder_stats(data: ImageFolder, sample: int = STATS_SAMPLE, seed: int = 0) -> tuple[Tensor, Tensor]:

@@ -123,10 +123,15 @@ def test_ranks_partition_the_epoch(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("workers", [0, 1])
-def test_corrupt_image_is_a_data_error_naming_the_file(tmp_path: Path, workers: int) -> None:
+def test_corrupt_image_is_a_data_error_naming_the_file(tmp_path: Path, workers: int, monkeypatch) -> None:
+    from hasten.data import imagefolder
+
     write_folder(tmp_path)
     bad = tmp_path / "train" / "dog" / "002.png"
     bad.write_bytes(bad.read_bytes()[:40])  # a truncated PNG
+    with pytest.raises(DataError, match=r"dog/002\.png.*cannot decode"):  # its header, read with the sizes
+        open_image_folder(tmp_path)
+    monkeypatch.setattr(imagefolder, "SIZE_SAMPLE", 1)  # a folder too large for every header to be read
     data = open_image_folder(tmp_path)
     with pytest.raises(DataError, match=r"dog/002\.png.*cannot decode"):
         train, _ = image_folder_loaders(data, 4, 4, workers=workers)  # the normalisation statistics read it
@@ -149,15 +154,33 @@ def test_corrupt_file_met_during_training_names_it(tmp_path: Path) -> None:
     assert str(bad) in str(error.value) and "Traceback" not in str(error.value)
 
 
-def test_sizes_must_match_unless_resized(tmp_path: Path) -> None:
+def test_a_folder_of_mixed_sizes_is_resized_to_its_median_shorter_side(tmp_path: Path, capsys) -> None:
+    write_folder(tmp_path)  # 6x6 images
+    for name, (height, width) in {"zzz.jpg": (9, 7), "zzy.jpg": (40, 40), "zzx.jpg": (60, 50)}.items():
+        Image.fromarray(numpy.zeros((height, width, 3), dtype=numpy.uint8)).save(tmp_path / "train" / "emu" / name)
+    data = open_image_folder(tmp_path)
+    assert data.size == (6, 6) and data.resize  # the median shorter side (the mean would be 9, the largest 50)
+    said = " ".join(capsys.readouterr().err.split())  # (wrapped to the terminal's width)
+    assert "the images come in 4 sizes (6-50 x 6-60 pixels); each is resized to 6x6" in said
+    train, _ = image_folder_loaders(data, 16, 4, workers=0)
+    (images, _), *_ = list(train)
+    assert images.shape == (16, 3, 6, 6)  # every image comes out 6x6, whatever its size on disk
+    resized, _ = image_folder_loaders(open_image_folder(tmp_path, size=5), 16, 4, workers=0)  # data.size wins
+    (images, _), *_ = list(resized)
+    assert images.shape == (16, 3, 5, 5)
+
+
+def test_an_odd_size_the_sample_missed_is_named_with_the_fix(tmp_path: Path, monkeypatch) -> None:
+    from hasten.data import imagefolder
+
     write_folder(tmp_path)
     odd = tmp_path / "train" / "emu" / "zzz.jpg"
     Image.fromarray(numpy.zeros((9, 7, 3), dtype=numpy.uint8)).save(odd)
+    monkeypatch.setattr(imagefolder, "SIZE_SAMPLE", 1)  # only the first training image's header is read
+    data = open_image_folder(tmp_path)
+    assert data.size == (6, 6) and not data.resize
     with pytest.raises(DataError, match=r"zzz\.jpg: 7x9 pixels.*data\.size"):
-        image_folder_loaders(open_image_folder(tmp_path), 16, 4, workers=0)
-    resized, _ = image_folder_loaders(open_image_folder(tmp_path, size=5), 16, 4, workers=0)
-    (images, _), *_ = list(resized)
-    assert images.shape == (16, 3, 5, 5)
+        image_folder_loaders(data, 16, 4, workers=0)
 
 
 def test_missing_folders_are_named(tmp_path: Path) -> None:
