@@ -87,7 +87,9 @@ class DataConfig(Section):
     )
     augment: AugmentConfig = Field(AugmentConfig(), description="Augmentation of the training batches.")
     size: Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)] | None = Field(
-        None, description="Resize every image to size x size pixels; null: as stored."
+        None,
+        description="Resize every image to size x size pixels; null: as stored (an image folder of mixed sizes: a "
+        "square of its median shorter side).",
     )
     rgb: bool | None = Field(
         None, description="true: 3 channels (grey repeated); false: 1 channel (luma); null: as stored."
