@@ -105,3 +105,18 @@ def test_eval_every_steps_resolves_time_to_accuracy_without_changing_training(ti
         reached = [s for s, _, accuracy, _ in often["accuracy_curve"] if accuracy >= float(key)]
         assert seconds_at == (reached[0] if reached else None)
     assert round(often["best_test_accuracy"], 6) == max(accuracy for _, _, accuracy, _ in often["accuracy_curve"])
+
+
+def test_the_normalisation_statistics_are_computed_once_a_run(tiny_overrides, monkeypatch):
+    from hasten.run import assemble
+
+    computed: list[int] = []
+    real = assemble.channel_stats
+    monkeypatch.setattr(assemble, "channel_stats", lambda images: (computed.append(len(images)), real(images))[1])
+    # channels_last=auto: two candidates, so the start-up probe times a batch made by the run's own loaders
+    parts = build(load_recipe(None, [*tiny_overrides, "train.channels_last=auto"]))
+    assert computed == [len(parts.data.train_images)]  # the probe's batch and the run's loaders share them
+    mean, std = real(parts.data.train_images)
+    assert torch.equal(parts.train_loader.mean.flatten(), mean) and torch.equal(parts.train_loader.std.flatten(), std)
+    build(load_recipe(None, [*tiny_overrides, "seed=1", "data.subset=128"]))  # other images: computed afresh
+    assert computed == [len(parts.data.train_images), 128]
