@@ -220,6 +220,25 @@ def key_count() -> int:
     return sum(len(table.rows) for _, _, root in RECIPES for table in tables(root))
 
 
+def write_or_check(out: Path, page: str, check: bool, source: str, regenerate: str, wrote: str) -> int:
+    """A generated page's command: write `page` to `out` (saying `wrote`), or with `check` write nothing and exit 1
+    when `out` is missing or differs, naming `source` (what it is generated from) and the `regenerate` command."""
+    if check:
+        try:
+            current = out.read_text(encoding="utf-8")
+        except OSError:
+            current = None
+        if current != page:
+            state = "is missing" if current is None else f"is out of date with {source}"
+            print(f"{out} {state}: regenerate it with {regenerate}", file=sys.stderr)
+            return 1
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8", newline="\n")
+    print(f"wrote {out} ({wrote})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hasten.recipe.reference",
@@ -228,21 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", nargs="?", type=Path, default=DEFAULT_OUT, help=f"the page (default: {DEFAULT_OUT})")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when OUT differs from the schema")
     args = parser.parse_args(argv)
-    page = render()
-    if args.check:
-        try:
-            current = args.out.read_text(encoding="utf-8")
-        except OSError:
-            current = None
-        if current != page:
-            state = "is missing" if current is None else "is out of date with the recipe schema"
-            print(f"{args.out} {state}: regenerate it with {regenerate(args.out)}", file=sys.stderr)
-            return 1
-        return 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(page, encoding="utf-8", newline="\n")
-    print(f"wrote {args.out} ({key_count()} keys)")
-    return 0
+    return write_or_check(
+        args.out, render(), args.check, "the recipe schema", regenerate(args.out), f"{key_count()} keys"
+    )
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ when the page is stale."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
+from hasten.recipe.reference import write_or_check
 from hasten.techniques.registry import SWITCHES, technique_of
 
 PAGE = Path("docs/techniques.md")
@@ -35,22 +37,17 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str]) -> int:
-    """`python -m hasten.techniques.registry [--check] [OUT]`: write the page, or exit 1 when it is stale."""
-    check = "--check" in argv
-    out = Path(next((a for a in argv if a != "--check"), PAGE))
-    page = render()
-    if check:
-        current = out.read_text(encoding="utf-8") if out.is_file() else None
-        if current != page:
-            print(f"{out} is out of date with hasten/techniques/registry.py: regenerate it with make reference",
-                  file=sys.stderr)  # fmt: skip
-            return 1
-        return 0
-    out.write_text(page, encoding="utf-8", newline="\n")
-    print(f"wrote {out} ({len(SWITCHES)} switches)")
-    return 0
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hasten.techniques.docs", description="Write the list of techniques from the registry."
+    )
+    parser.add_argument("out", nargs="?", type=Path, default=PAGE, help=f"the page (default: {PAGE})")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when OUT differs from the registry")
+    args = parser.parse_args(argv)
+    again = "make reference" if args.out == PAGE else f"python -m hasten.techniques.docs {args.out.as_posix()}"
+    source = "hasten/techniques/registry.py"
+    return write_or_check(args.out, render(), args.check, source, again, f"{len(SWITCHES)} switches")
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
