@@ -31,7 +31,6 @@ from hasten.data.loader import Augment, ShardedEpochs, channel_stats
 from hasten.data.preprocessing import open_image
 from hasten.data.transforms import class_interleaved, first_per_class, flip_labels, noise_generator
 from hasten.errors import DataError
-from hasten.progress import say
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 TEST_SPLITS = ("val", "test")  # the held-out split's folder name, first found wins
@@ -65,6 +64,7 @@ class ImageFolder:
     size: tuple[int, int]  # (width, height) in pixels every image is brought to
     resize: bool  # False: images of another size are an error rather than resized
     name: str = "imagefolder"
+    size_note: str = ""  # what opening it decided about the image size, for the run's opening lines (or "")
 
     @property
     def num_classes(self) -> int:
@@ -318,28 +318,29 @@ def open_image_folder(
     first_size, first_mode = _header(first)
     # the held-out split is read only at the end of the first epoch: a bad file is named now, not after it
     sizes = [first_size, *(_header(path)[0] for path in test.paths)]
+    note = ""
     if size is None:
         spread = numpy.linspace(0, len(train.paths) - 1, min(SIZE_SAMPLE, len(train.paths))).round().astype(int)
         sizes += [_header(train.paths[i])[0] for i in sorted(set(spread.tolist()))]
-        size = mixed_sizes_side(sizes)
+        size, note = mixed_sizes_side(sizes)
     mode = ("L" if first_mode in GREY_MODES else "RGB") if rgb is None else ("RGB" if rgb else "L")
-    return ImageFolder(root, classes, train, test, mode, (size, size) if size else first_size, size is not None)
+    shape = (size, size) if size else first_size
+    return ImageFolder(root, classes, train, test, mode, shape, size is not None, size_note=note)
 
 
-def mixed_sizes_side(sizes: list[tuple[int, int]]) -> int | None:
+def mixed_sizes_side(sizes: list[tuple[int, int]]) -> tuple[int | None, str]:
     """The square side a folder without `data.size` is resized to when its images, (width, height) as read from
     the headers, come in several sizes: the median shorter side (so a typical image is shrunk along its longer
-    side only), said in one line; None when they all have one size, which is then kept."""
+    side only), with the line that says so; (None, "") when they all have one size, which is then kept."""
     distinct = sorted(set(sizes))
     if len(distinct) == 1:
-        return None
+        return None, ""
     side = int(numpy.median([min(width, height) for width, height in sizes]))
     widths, heights = [w for w, _ in distinct], [h for _, h in distinct]
-    say(
+    return side, (
         f"data.size: the images come in {len(distinct)} sizes ({min(widths)}-{max(widths)} x {min(heights)}-"
         f"{max(heights)} pixels); each is resized to {side}x{side}, the median shorter side (data.size=N chooses)"
     )
-    return side
 
 
 def folder_stats(data: ImageFolder, sample: int = STATS_SAMPLE, seed: int = 0) -> tuple[Tensor, Tensor]:

@@ -18,7 +18,6 @@ from hasten.data import ImageDataset, load_dataset
 from hasten.data.imagefolder import (
     ImageFolder,
     fits_in_memory,
-    open_image_folder,
     read_into_memory,
 )
 from hasten.data.preprocessing import dataset_summary
@@ -37,7 +36,7 @@ from hasten.progress import say
 from hasten.recipe.schema import Recipe, apply_overrides, to_yaml, validate
 from hasten.recipe.trust import USER_SOURCES
 from hasten.run.assemble import Parts, assemble, global_batch, lr_scale, optimizer_steps, seed_everything, train_size
-from hasten.run.loading import loader_workers
+from hasten.run.loading import loader_workers, open_folder
 from hasten.run.resolve import resolve, resume_from, run_dir
 from hasten.run.trainer import Plan, Saving, Trainer
 from hasten.run.user import builtin_holdout, load_data
@@ -63,9 +62,7 @@ def _dataset(recipe: Recipe) -> ImageDataset | ImageFolder:
     if cfg.name in USER_SOURCES:  # data.target's function (hasten/run/user.py)
         return load_data(recipe)
     if cfg.name == "imagefolder":
-        options = dict(subset=cfg.subset, test_subset=cfg.test_subset, per_class=cfg.per_class, seed=recipe.seed)
-        folder = open_image_folder(cfg.root, size=cfg.size, rgb=cfg.rgb, label_noise=cfg.label_noise,
-                                   val_fraction=cfg.val_fraction, **options)  # fmt: skip
+        folder = open_folder(recipe, cfg.root)
         if cfg.in_memory is True or (cfg.in_memory == "auto" and fits_in_memory(folder, available_memory_bytes())):
             return read_into_memory(folder, loader_workers(recipe))  # decoded once: the in-memory loader's fast path
         return folder

@@ -1,4 +1,5 @@
-"""The recipe's loader settings, read in one place: whichever path the data takes (in memory, an image folder, a
+"""The recipe's data and loader settings, read in one place: an image folder opened with the recipe's data keys
+(`open_folder`), and whichever path the data takes (in memory, an image folder, a
 user's streamed Dataset, the test loader `hasten evaluate` rebuilds), its loaders get their options from here.
 
 The training loader is shuffled from the seed, augmented as data.augment says and shares its remainder over the
@@ -8,14 +9,29 @@ ranks as train.remainder says; the test loader takes eval batches, split over th
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from hasten.data.imagefolder import default_workers
+from hasten.data.imagefolder import ImageFolder, default_workers, open_image_folder
 from hasten.data.loader import Augment
+from hasten.engine import distributed
+from hasten.progress import say
 from hasten.recipe.schema import Recipe
+
+
+def open_folder(recipe: Recipe, root: str | Path) -> ImageFolder:
+    """The image folder at `root` with the recipe's data keys applied; what opening it decided (a folder of mixed
+    image sizes: the square side) is said once, by the main process, with the run's other opening lines."""
+    cfg = recipe.data
+    folder = open_image_folder(root, size=cfg.size, rgb=cfg.rgb, label_noise=cfg.label_noise, seed=recipe.seed,
+                               val_fraction=cfg.val_fraction, subset=cfg.subset, test_subset=cfg.test_subset,
+                               per_class=cfg.per_class)  # fmt: skip
+    if folder.size_note and distributed.is_main():
+        say(folder.size_note)
+    return folder
 
 
 def loader_options(

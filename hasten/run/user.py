@@ -16,13 +16,13 @@ import torch
 from torch import nn
 
 from hasten.data.datasets import ImageDataset
-from hasten.data.imagefolder import ImageFolder, ImageFolderLoader, open_image_folder
+from hasten.data.imagefolder import ImageFolder, ImageFolderLoader
 from hasten.data.transforms import prepare
 from hasten.data.user import StreamedData, hold_out, own_data, stream_stats
 from hasten.errors import RecipeError
 from hasten.recipe.schema import Recipe, validate
 from hasten.recipe.trust import USER_SOURCES, call_target, describe_class, import_target
-from hasten.run.loading import loader_options, loader_workers
+from hasten.run.loading import loader_options, loader_workers, open_folder
 
 
 def describe_data(data: Any) -> str:
@@ -47,9 +47,7 @@ def load_data(recipe: Recipe, data: Any = None) -> ImageDataset | StreamedData |
             )
         data = call_target(import_target(cfg.target or "", "data.target"), cfg.args, "data.target")
     if isinstance(data, (str, Path)):  # an image folder
-        options = dict(subset=cfg.subset, test_subset=cfg.test_subset, per_class=cfg.per_class, seed=recipe.seed)
-        return open_image_folder(data, size=cfg.size, rgb=cfg.rgb, label_noise=cfg.label_noise,
-                                 val_fraction=cfg.val_fraction, **options)  # fmt: skip
+        return open_folder(recipe, data)
     loaded = own_data(data, classes=cfg.classes, val_fraction=cfg.val_fraction, seed=recipe.seed, subset=cfg.subset,
                       test_subset=cfg.test_subset, workers=loader_workers(recipe))  # fmt: skip
     if isinstance(loaded, ImageDataset):

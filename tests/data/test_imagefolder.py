@@ -25,6 +25,8 @@ from hasten.data.loader import Augment, InMemoryLoader
 from hasten.data.makefolder import folder_name
 from hasten.data.transforms import prepare
 from hasten.errors import DataError
+from hasten.recipe.schema import load_recipe
+from hasten.run.loading import open_folder
 from tests.counted import assert_counted
 
 CLASSES = ["cat", "dog", "emu"]
@@ -160,8 +162,11 @@ def test_a_folder_of_mixed_sizes_is_resized_to_its_median_shorter_side(tmp_path:
         Image.fromarray(numpy.zeros((height, width, 3), dtype=numpy.uint8)).save(tmp_path / "train" / "emu" / name)
     data = open_image_folder(tmp_path)
     assert data.size == (6, 6) and data.resize  # the median shorter side (the mean would be 9, the largest 50)
-    said = " ".join(capsys.readouterr().err.split())  # (wrapped to the terminal's width)
-    assert "the images come in 4 sizes (6-50 x 6-60 pixels); each is resized to 6x6" in said
+    note = "the images come in 4 sizes (6-50 x 6-60 pixels); each is resized to 6x6"
+    assert note in data.size_note and capsys.readouterr().err == ""  # the data layer decides; the run says it
+    open_folder(load_recipe(None, ["data.name=imagefolder", f"data.root={tmp_path}"]), tmp_path)
+    assert note in " ".join(capsys.readouterr().err.split())  # (wrapped to the terminal's width)
+    assert open_image_folder(tmp_path, size=5).size_note == ""  # data.size given: nothing decided
     train, _ = image_folder_loaders(data, 16, 4, workers=0)
     (images, _), *_ = list(train)
     assert images.shape == (16, 3, 6, 6)  # every image comes out 6x6, whatever its size on disk
