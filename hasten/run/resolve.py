@@ -241,7 +241,7 @@ def choose_on_machine(
             values["train.batch_size"] = sizes[0]
             notes.append(
                 f"train.batch_size=auto -> {sizes[0]}: the smallest batch; {images:,} training images leave no "
-                f"larger one {rules.MIN_RUN_STEPS} optimizer steps"
+                f"larger one {rules.steps_needed(epochs)} optimizer steps"
             )
     recipe = recipe.model_copy(deep=True)
     recipe.precision, recipe.train.channels_last = choice.precision, choice.channels_last

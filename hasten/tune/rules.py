@@ -14,7 +14,7 @@ holds the measurements that chose them and the command that made each.
   (1 + B_noise / B) t(B): on a GPU, where t(B) hardly grows with B, a large batch; on a CPU, where it grows almost
   in proportion, a small one. Candidates are powers of two from MIN_BATCH, capped so the run keeps at least
   MIN_RUN_STEPS optimizer steps (a 400-image set trained for one epoch at batch 64 takes 7 steps and learns
-  nothing).
+  nothing), and with `train.epochs: auto` the whole RUN_STEPS budget within MAX_EPOCHS.
 - **Budget** (`train.epochs: auto`): enough optimizer steps for a small set to converge (RUN_STEPS), at least
   MIN_EPOCHS passes over a large one, at most MAX_EPOCHS.
 - **Learning rate across batches**: the recipe gives Adam's LR per `optim.base_batch` images and scales it by the
@@ -47,15 +47,24 @@ def steps_per_epoch(images: int, batch: int, world: int = 1, accumulate: int = 1
     return step.steps_per_epoch(-(-shard // batch), accumulate)
 
 
+def steps_needed(epochs: int | None) -> int:
+    """Optimizer steps a candidate batch's run must keep: MIN_RUN_STEPS for a given number of epochs, the budget's
+    RUN_STEPS for `train.epochs: auto` (None)."""
+    return MIN_RUN_STEPS if epochs is not None else RUN_STEPS
+
+
 def batch_candidates(images: int, epochs: int | None, world: int = 1, accumulate: int = 1) -> list[int]:
-    """Per-process batches the rule may choose: powers of two from MIN_BATCH to MAX_BATCH whose run of `epochs`
-    (None: the epochs `auto_epochs` would give it) over `images`, split over `world` processes with `accumulate`
-    micro-batches a step, keeps MIN_RUN_STEPS optimizer steps. MIN_BATCH alone when even it leaves fewer: the
-    run is then as long as its budget allows."""
+    """Per-process batches the rule may choose: powers of two from MIN_BATCH to MAX_BATCH whose run over `images`,
+    split over `world` processes with `accumulate` micro-batches a step, keeps enough optimizer steps: with
+    `epochs` given, MIN_RUN_STEPS; with `epochs` None (`train.epochs: auto`), the whole RUN_STEPS that
+    `auto_epochs` plans, not cut short by MAX_EPOCHS (the time rule assumes each candidate's run reaches its result;
+    300 images at batch 64 would get 60 epochs of 5 steps, half the budget). MIN_BATCH alone when even it falls
+    short: the run is then as long as its budget allows."""
+    needed = steps_needed(epochs)
     candidates, batch = [MIN_BATCH], 2 * MIN_BATCH
     while batch <= MAX_BATCH:
         run_epochs = epochs if epochs is not None else auto_epochs(images, batch, world, accumulate)
-        if run_epochs * steps_per_epoch(images, batch, world, accumulate) < MIN_RUN_STEPS:
+        if run_epochs * steps_per_epoch(images, batch, world, accumulate) < needed:
             break
         candidates.append(batch)
         batch *= 2

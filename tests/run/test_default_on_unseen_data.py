@@ -26,15 +26,16 @@ def letters(tmp_path_factory) -> Path:
 # seed 0 also under a second kernel set in CI (the numerics pass); the three take ~1.5 min natively, ~3 under SSE4.1
 @pytest.mark.parametrize("seed", [pytest.param(0, marks=pytest.mark.numerics), 1, 2])
 def test_a_small_folder_is_learnt_on_every_seed_at_the_rules_budget(letters, tmp_path, seed):
-    """Measured on an AMD EPYC (AVX2), native kernels: 85.5%, 85.5%, 86.0% on seeds 0-2 (batch 16, 608 steps), so
-    FLOOR leaves 10 points for other kernels and for another batch the time rule may pick on another machine."""
+    """The time rule may pick either candidate, 16 or 32, by this machine's step times. Measured on an AMD EPYC
+    (AVX2), native kernels, seeds 0-2: batch 16 (608 steps) 85.5%, 85.5%, 86.0%; batch 32 (600 steps) 89.0%, 80.5%,
+    83.0%. FLOOR leaves 5 points below the worst for other kernels."""
     quiet = ["run.progress=false", "run.tensorboard=false", "train.threads=1"]
     summary = hasten.train(None, [f"data.root={letters}", "data.name=imagefolder", f"seed={seed}", *quiet,
                                   f"run.dir={tmp_path / 'run'}"])  # fmt: skip
     assert summary["test_accuracy"] >= FLOOR, summary["test_accuracy"]
     recorded = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
     batch, epochs = recorded["train"]["batch_size"], recorded["train"]["epochs"]
-    assert batch in rules.batch_candidates(300, None) and epochs == rules.auto_epochs(300, batch)
-    assert summary["steps"] == epochs * rules.steps_per_epoch(300, batch) >= rules.MIN_RUN_STEPS
+    assert batch in rules.batch_candidates(300, None) == [16, 32] and epochs == rules.auto_epochs(300, batch)
+    assert summary["steps"] == epochs * rules.steps_per_epoch(300, batch) >= rules.RUN_STEPS
     assert recorded["data"]["augment"]["flip"] is False and recorded["train"]["tta_flip"] is False  # mirrors
     assert summary["warnings"] == []

@@ -39,10 +39,14 @@ def test_candidates_keep_the_run_long_enough():
     assert rules.batch_candidates(1200, epochs=1) == [16]  # 32 would leave 38 steps
     assert rules.batch_candidates(1200, epochs=10) == [16, 32, 64, 128]  # 128: 10 x 10 steps
     assert rules.batch_candidates(60_000, epochs=1, world=2) == [16, 32, 64, 128, 256]  # 512 x 2: 59 steps
-    for images in (50, 400, 1200, 5000, 60_000):  # epochs=auto: each candidate's own budget
+    # epochs=auto: each candidate gets the budget's whole RUN_STEPS, not cut short by MAX_EPOCHS. 300 images at
+    # batch 64 would be 60 epochs of 5 steps, half the budget: a faster machine's timing chose it, and it learnt less
+    assert rules.batch_candidates(300, epochs=None) == [16, 32]  # 32: 60 epochs of 10 steps
+    assert rules.batch_candidates(20, epochs=None) == [16]  # even 16 falls short: the smallest, as long as allowed
+    for images in (50, 300, 400, 1200, 5000, 60_000):
         for batch in rules.batch_candidates(images, epochs=None)[1:]:
             epochs = rules.auto_epochs(images, batch)
-            assert epochs * rules.steps_per_epoch(images, batch) >= rules.MIN_RUN_STEPS
+            assert epochs * rules.steps_per_epoch(images, batch) >= rules.RUN_STEPS and epochs <= rules.MAX_EPOCHS
 
 
 def test_auto_epochs_take_enough_steps_within_bounds():
