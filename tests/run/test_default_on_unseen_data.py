@@ -13,7 +13,7 @@ import hasten
 from benchmarks import datasets
 from hasten.tune import rules
 
-FLOOR = 0.75  # each seed; chance is 0.10. Measured: see the test's docstring
+FLOOR = 0.70  # each seed; chance is 0.10. Measured: see the test's docstring
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,8 @@ def letters(tmp_path_factory) -> Path:
 def test_a_small_folder_is_learnt_on_every_seed_at_the_rules_budget(letters, tmp_path, seed):
     """The time rule may pick either candidate, 16 or 32, by this machine's step times. Measured on an AMD EPYC
     (AVX2), native kernels, seeds 0-2: batch 16 (608 steps) 85.5%, 85.5%, 86.0%; batch 32 (600 steps) 89.0%, 80.5%,
-    83.0%. FLOOR leaves 5 points below the worst for other kernels."""
+    83.0%; seed 1 in bf16 (which the probe may pick on a CPU with bf16 instructions; emulated here): batch 16 81.5%,
+    batch 32 79.5%. FLOOR sits 9.5 points below the worst, for other kernels."""
     quiet = ["run.progress=false", "run.tensorboard=false", "train.threads=1"]
     summary = hasten.train(None, [f"data.root={letters}", "data.name=imagefolder", f"seed={seed}", *quiet,
                                   f"run.dir={tmp_path / 'run'}"])  # fmt: skip
