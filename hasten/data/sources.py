@@ -20,6 +20,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from hasten.data.cache import cache_folder
 from hasten.data.download import CHUNK_BYTES, download, sha256_file
 from hasten.data.idx import GZIP_MAGIC
 from hasten.data.registry import DATASETS, SPECS, DatasetSpec, FileSpec, get_spec
@@ -41,17 +42,6 @@ __all__ = [
     "info",
     "resolve",
 ]
-
-
-def cache_folder(name: str) -> Path:
-    """`$HASTEN_CACHE/<name>` when set, else `$XDG_CACHE_HOME/hasten/<name>`, or `~/.cache/hasten/<name>` (XDG
-    says to ignore a relative value): hasten's cache of datasets, weights and start-up probe results."""
-    own = os.environ.get("HASTEN_CACHE", "")
-    if own:
-        return Path(own).expanduser() / name
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "hasten" / name
 
 
 def file_urls(file: FileSpec, mirror: str | None = None) -> tuple[str, ...]:

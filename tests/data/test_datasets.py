@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -13,7 +14,7 @@ import numpy
 import pytest
 import torch
 
-from hasten.data import DATASETS, info, load_dataset, resolve
+from hasten.data import DATASETS, info, load_dataset, readers, resolve
 from hasten.data.cifar import LAYOUTS, read_cifar
 from hasten.errors import DataError
 
@@ -45,6 +46,48 @@ def test_digits() -> None:
     assert set(torch.bincount(digits.test_labels).tolist()) <= {35, 36, 37}
     again = load_dataset("digits")
     assert torch.equal(digits.test_images, again.test_images) and torch.equal(digits.test_labels, again.test_labels)
+
+
+def _without_sklearn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any import of scikit-learn from here on fails, as if it were not installed."""
+    for name in ("sklearn", "sklearn.datasets", "sklearn.model_selection"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_digits_are_read_from_the_cache_without_scikit_learn_after_the_first_run(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("HASTEN_CACHE", str(tmp_path / "cache"))
+    first = readers.digits_arrays()
+    (cached,) = (tmp_path / "cache" / "digits").glob("digits-sklearn-*.npz")
+    _without_sklearn(monkeypatch)
+    again = readers.digits_arrays()  # scikit-learn is not imported: it would fail
+    assert all(numpy.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(first, again, strict=True))
+    cached.write_bytes(b"not an npz")  # a damaged cache file is not trusted: made again, from scikit-learn
+    with pytest.raises(ImportError):
+        readers.digits_arrays()
+    monkeypatch.undo()
+    monkeypatch.setenv("HASTEN_CACHE", str(tmp_path / "cache"))
+    assert all(numpy.array_equal(a, b) for a, b in zip(readers.digits_arrays(), first, strict=True))
+    assert numpy.array_equal(numpy.load(cached)["test_labels"], first[3])  # rewritten whole
+
+
+def test_a_cached_digits_file_of_other_arrays_is_ignored(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("HASTEN_CACHE", str(tmp_path / "cache"))
+    first = readers.digits_arrays()
+    (cached,) = (tmp_path / "cache" / "digits").glob("*.npz")
+    wrong = {"train_images": first[0], "train_labels": first[1] + 10, "test_images": first[2],
+             "test_labels": first[3]}  # fmt: skip
+    numpy.savez(cached, **wrong)  # labels out of 0..9
+    assert readers._read_digits_cache(cached) is None
+    numpy.savez(cached, **(wrong | {"train_labels": first[1], "test_images": first[2][:, :, :4]}))  # other shape
+    assert readers._read_digits_cache(cached) is None
+    assert numpy.array_equal(readers.digits_arrays()[1], first[1])
+
+
+def test_digits_are_read_where_the_cache_cannot_be_written(monkeypatch, tmp_path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("HASTEN_CACHE", str(blocked))
+    assert len(readers.digits_arrays()[0]) == 1437 and blocked.read_text().startswith("a file")
 
 
 def test_synthetic_is_deterministic_and_balanced() -> None:
