@@ -160,10 +160,11 @@ class ModelConfig(Section):
         description="ResNet: channels of each stage (one per model.blocks entry) in place of width x 2**stage; "
         "null: from model.width.",
     )
-    whiten: bool = Field(
+    whiten: bool | Literal["auto"] = Field(
         False,
         description="Patch-whitening init of the first Conv2d, frozen when every filter is set "
-        "(hasten/techniques/whitening.py).",
+        "(hasten/techniques/whitening.py). auto: on for hasten's ResNet trained from scratch (model.name=resnet, no "
+        "model.pretrained), off for any other model.",
     )
     whiten_eps: Annotated[float, Field(gt=0)] = Field(
         5e-4, description="Added to each eigenvalue before 1/sqrt in the whitening: caps its gain."

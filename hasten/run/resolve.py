@@ -109,6 +109,8 @@ def resolve(
     if user_objects(recipe, given_model, given_data):  # fail before anything is timed or trained
         check_model(copy.deepcopy(model).to(device), data.image_shape, len(data.classes), device)
         recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)
+    recipe, more = resolve_whiten(recipe, given_model is not None)
+    notes += more
     resumed = resumed_choices(recipe)  # a resume continues with what its run chose: exact, as resumes are
     recipe, machine_keys, more = choose_on_machine(recipe, model, data, device, resumed)
     notes += more
@@ -120,6 +122,19 @@ def resolve(
     if recipe.optim.lr == "auto":  # last: the range test runs the run as decided so far
         recipe = resolve_lr(recipe, data, model, device)
     return recipe, machine_keys
+
+
+def resolve_whiten(recipe: Recipe, model_given: bool) -> tuple[Recipe, list[str]]:
+    """`model.whiten: auto` decided (hasten/tune/rules.py's auto_whiten): on for hasten's ResNet from scratch, off
+    for a model object given to `hasten.train`, an imported or layer-list model, or pretrained weights."""
+    if recipe.model.whiten != "auto":
+        return recipe, []
+    recipe = recipe.model_copy(deep=True)
+    name = "object" if model_given else recipe.model.name
+    recipe.model.whiten = rules.auto_whiten(name, recipe.model.pretrained)
+    if recipe.model.whiten:
+        return recipe, ["model.whiten=auto -> true: the ResNet's first conv whitens the images' patches, frozen"]
+    return recipe, [f"model.whiten=auto -> false: the first conv of a {name} model or pretrained weights is kept"]
 
 
 def resolve_budget(

@@ -116,7 +116,7 @@ class Whitening(Technique):
     @classmethod
     def from_recipe(cls, recipe: Recipe, context: Context) -> Whitening | None:
         cfg = recipe.model
-        if not cfg.whiten:
+        if cfg.whiten is not True:  # false, or `auto` not decided (resolve decides it for a run)
             return None
         return cls(context.train_images, cfg.whiten_images, cfg.whiten_eps, pretrained=bool(cfg.pretrained))
 

@@ -114,6 +114,14 @@ def auto_epochs(images: int, batch: int, world: int = 1, accumulate: int = 1) ->
     return max(MIN_EPOCHS, min(MAX_EPOCHS, -(-RUN_STEPS // steps_per_epoch(images, batch, world, accumulate))))
 
 
+def auto_whiten(model: str, pretrained: str | None) -> bool:
+    """model.whiten=auto: hasten's ResNet trained from scratch starts with its first conv's filters whitening the
+    images' patches, frozen (hasten/techniques/whitening.py); a user's model or pretrained weights are left as they
+    are. Measured in docs/defaults.md: on 100 classes of rendered glyphs the network without it stayed at the loss of
+    a uniform guess for the default budget's whole 5 epochs."""
+    return model == "resnet" and not pretrained
+
+
 AUTO_TRANSLATE_FRACTION = 1 / 32  # data.augment.translate=auto: shifts of up to this share of the image side
 AUTO_TRANSLATE_EPOCHS = 5  # ... in runs of at least this many epochs (docs/defaults.md)
 

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import nn
 
 import hasten
@@ -17,6 +18,7 @@ from hasten.run.build import build, trainer_for
 from hasten.run.trainer import Plan
 from hasten.runfolder.log import RunLog
 from hasten.techniques.whitening import Whitening, image_patches, whiten_first_conv, whitening_filters
+from hasten.tune import rules
 from tests.resuming import final_weights, resume_into
 
 
@@ -163,3 +165,24 @@ def test_a_streamed_datasets_first_images_whiten_a_users_model(tiny_overrides):
     assert torch.equal(images, parts.train_loader.normalise(stored))
     expected = whitening_filters(image_patches(images, (3, 3)), 4, 5e-4).view(4, 3, 3, 3)
     assert torch.allclose(parts.model[0].weight, expected) and not parts.model[0].weight.requires_grad
+
+
+def test_auto_whitens_hasten_s_resnet_from_scratch_only():
+    assert rules.auto_whiten("resnet", None) is True
+    assert rules.auto_whiten("resnet", "weights.safetensors") is False  # the pretrained conv wins
+    assert not any(rules.auto_whiten(name, None) for name in ("sequential", "import", "object", "timm"))
+
+
+def test_the_default_recipe_records_its_whitening_choice(tiny_overrides, tmp_path, capsys):
+    hasten.train(None, [*tiny_overrides, "model.whiten_images=40", f"run.dir={tmp_path / 'resnet'}"])
+    recorded = yaml.safe_load((tmp_path / "resnet" / "recipe.yaml").read_text())
+    assert recorded["model"]["whiten"] is True
+    assert "model.whiten=auto -> true" in capsys.readouterr().err
+    # a model object given to hasten.train keeps its own first conv, trainable
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10))
+    hasten.train(None, [*tiny_overrides, f"run.dir={tmp_path / 'own'}"], model=model)
+    recorded = yaml.safe_load((tmp_path / "own" / "recipe.yaml").read_text())
+    assert recorded["model"]["whiten"] is False and model[0].weight.requires_grad
+    assert "model.whiten=auto -> false" in capsys.readouterr().err
+    # the record recipe keeps the first conv it was tuned with
+    assert load_recipe("fashion-fast", []).model.whiten is False
