@@ -186,8 +186,10 @@ def trainer(parts, tmp_path: Path) -> Trainer:
     return Trainer(parts.model, parts.optimizer, parts.scheduler, parts.precision, loaders, plan, log, parts.hooks)
 
 
-def test_freeze_trains_the_head_only_then_everything(tiny_overrides: list[str], tmp_path: Path) -> None:
-    parts = build(load_recipe(None, [*tiny_overrides, "train.freeze_epochs=1", "optim.weight_decay=0.01"]))
+@pytest.mark.parametrize("whiten", [False, True])
+def test_freeze_trains_the_head_only_then_everything(tiny_overrides: list[str], tmp_path: Path, whiten: bool) -> None:
+    overrides = [*tiny_overrides, "train.freeze_epochs=1", "optim.weight_decay=0.01", f"model.whiten={str(whiten).lower()}"]
+    parts = build(load_recipe(None, [*overrides, "model.whiten_images=40"]))
     steps_per_epoch = len(parts.train_loader)
     loop = trainer(parts, tmp_path)
     body = {k: v.clone() for k, v in parts.model.named_parameters() if not k.startswith("head.")}
@@ -199,9 +201,11 @@ def test_freeze_trains_the_head_only_then_everything(tiny_overrides: list[str], 
     params = dict(parts.model.named_parameters())
     assert all(torch.equal(params[k], v) for k, v in body.items())  # no update, not even weight decay
     assert not torch.equal(parts.model.head.weight, head)
-    assert all(p.requires_grad for p in parts.model.parameters())  # unfrozen after the first epoch
+    # unfrozen after the first epoch, all but the whitened first conv, which whitening keeps frozen
+    thawed = {k for k, p in parts.model.named_parameters() if p.requires_grad}
+    assert thawed == set(params) - ({"stem.0.weight"} if whiten else set())
     loop.train_step(*next(iter(parts.train_loader)))
-    assert not torch.equal(params["stem.0.weight"], body["stem.0.weight"])
+    assert torch.equal(params["stem.0.weight"], body["stem.0.weight"]) is whiten
     assert parts.hooks.stateful["freeze"].state_dict() == {"steps": steps_per_epoch + 1}
 
 
