@@ -188,7 +188,12 @@ def trainer(parts, tmp_path: Path) -> Trainer:
 
 @pytest.mark.parametrize("whiten", [False, True])
 def test_freeze_trains_the_head_only_then_everything(tiny_overrides: list[str], tmp_path: Path, whiten: bool) -> None:
-    overrides = [*tiny_overrides, "train.freeze_epochs=1", "optim.weight_decay=0.01", f"model.whiten={str(whiten).lower()}"]
+    overrides = [
+        *tiny_overrides,
+        "train.freeze_epochs=1",
+        "optim.weight_decay=0.01",
+        f"model.whiten={str(whiten).lower()}",
+    ]
     parts = build(load_recipe(None, [*overrides, "model.whiten_images=40"]))
     steps_per_epoch = len(parts.train_loader)
     loop = trainer(parts, tmp_path)
