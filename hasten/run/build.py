@@ -193,11 +193,13 @@ def risky_settings(recipe: Recipe, parts: Parts) -> list[str]:
 
 def divergence_advice(recipe: Recipe) -> list[str]:
     """What a run that diverged or does not learn is told to try, as overrides its own recipe accepts (each is
-    validated against it: optim.lr=auto is offered only where the optimizer takes it): half the LR, the LR range
-    test, a warm-up twice as long, half the batch."""
+    validated against it): half the LR, the LR range test where its rule was measured for the optimizer (SGD), a
+    warm-up twice as long, half the batch."""
     lr = recipe.optim.lr
     advice = [f"optim.lr={lr / 2:.3g}"] if isinstance(lr, float) else []
-    advice += ["optim.lr=auto", f"schedule.min_warmup_steps={max(2 * recipe.schedule.min_warmup_steps, 50)}"]
+    if recipe.optim.name in rules.LR_AUTO_CALIBRATED:  # elsewhere the range test's peak is a guess (docs/lr-auto.md)
+        advice.append("optim.lr=auto")
+    advice.append(f"schedule.min_warmup_steps={max(2 * recipe.schedule.min_warmup_steps, 50)}")
     batch = recipe.train.batch_size
     if isinstance(batch, int) and batch >= 2 * rules.MIN_BATCH:
         advice.append(f"train.batch_size={batch // 2}")

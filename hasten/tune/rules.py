@@ -122,6 +122,8 @@ def auto_whiten(model: str, pretrained: str | None) -> bool:
     return model == "resnet" and not pretrained
 
 
+LR_AUTO_CALIBRATED = ("sgd",)  # optim.lr=auto's rule was measured for these optimizers (docs/lr-auto.md)
+
 AUTO_TRANSLATE_FRACTION = 1 / 32  # data.augment.translate=auto: shifts of up to this share of the image side
 AUTO_TRANSLATE_EPOCHS = 5  # ... in runs of at least this many epochs (docs/defaults.md)
 
