@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from hasten.recipe.schema import Recipe
 
 
+MAX_PATCHES = 1 << 22  # patches the covariance is taken over at most (4.2M: 450 MB for 3x3 RGB, in float32)
+
+
 def whitening_filters(patches: Tensor, out_channels: int, eps: float) -> Tensor:
     """Whitening filters from `patches` (N, D): the eigenvectors v_i of the patches' covariance, largest
     eigenvalue first, each signed so its largest entry is positive and divided by sqrt(eigenvalue + eps), laid
@@ -126,5 +129,14 @@ class Whitening(Technique):
         elif self.train_images is None:
             note = "skipped: this run gives its techniques no training images"
         else:
-            note = whiten_first_conv(model, self.train_images(self.images), self.eps)
+            count, capped = self.images, ""
+            found = first_conv(model)
+            if found is not None:  # a bounded sample: large images have hundreds of thousands of patches each
+                kh, kw = found[1].kernel_size
+                sample = self.train_images(1)
+                windows = max(1, (sample.shape[2] - kh + 1) * (sample.shape[3] - kw + 1))
+                if count * windows > MAX_PATCHES:
+                    count = max(1, MAX_PATCHES // windows)
+                    capped = f" (at most {MAX_PATCHES:,} patches: {count:,} of model.whiten_images={self.images:,})"
+            note = whiten_first_conv(model, self.train_images(count), self.eps) + capped
         say(f"model.whiten: {note}")

@@ -17,6 +17,7 @@ from hasten.run.assemble import first_train_images
 from hasten.run.build import build, trainer_for
 from hasten.run.trainer import Plan
 from hasten.runfolder.log import RunLog
+from hasten.techniques import whitening
 from hasten.techniques.whitening import Whitening, image_patches, whiten_first_conv, whitening_filters
 from hasten.tune import rules
 from tests.resuming import final_weights, resume_into
@@ -186,3 +187,18 @@ def test_the_default_recipe_records_its_whitening_choice(tiny_overrides, tmp_pat
     assert "model.whiten=auto -> false" in capsys.readouterr().err
     # the record recipe keeps the first conv it was tuned with
     assert load_recipe("fashion-fast", []).model.whiten is False
+
+
+def test_large_images_whiten_from_a_bounded_number_of_patches(monkeypatch, capsys):
+    asked = []
+
+    def train_images(count: int) -> torch.Tensor:
+        asked.append(count)
+        return torch.randn(count, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+
+    monkeypatch.setattr(whitening, "MAX_PATCHES", 10_000)  # 62 x 62 = 3,844 windows an image: 2 images
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2))
+    Whitening(train_images, 5000, 5e-4, pretrained=False).on_model(model)
+    assert asked == [1, 2] and not model[0].weight.requires_grad
+    said = " ".join(capsys.readouterr().err.split())  # as printed, wrapped to the terminal
+    assert "8 whitening filters from 2 images, frozen (at most 10,000 patches: 2 of model.whiten_images=5,000)" in said
