@@ -4,9 +4,7 @@ and its registry entry. Every reader has the signature of `Reader`."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
-import os
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,7 +13,7 @@ from typing import Any, Protocol
 
 import numpy
 
-from hasten.data.cache import cache_folder
+from hasten.data.cache import cache_folder, write_atomic_bytes
 from hasten.data.cifar import read_cifar
 from hasten.data.idx import read_idx_pair
 from hasten.errors import DataError
@@ -128,17 +126,13 @@ def _read_digits_cache(path: Path) -> tuple[numpy.ndarray, ...] | None:
 
 
 def _write_digits_cache(path: Path, arrays: tuple[numpy.ndarray, ...]) -> None:
-    """Written to a temporary file beside it, then renamed, so a reader never sees half a file; a cache that cannot
-    be written (a read-only home) is left out, not an error."""
-    part = path.with_name(f"{path.name}.{os.getpid()}.part")
+    """Written atomically (a reader never sees half a file); a cache that cannot be written (a read-only home) is
+    left out, not an error."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(part, "wb") as stream:
-            numpy.savez(stream, **dict(zip(DIGITS_KEYS, arrays, strict=True)))
-        os.replace(part, path)
+        write_atomic_bytes(path, lambda stream: numpy.savez(stream, **dict(zip(DIGITS_KEYS, arrays, strict=True))))
     except OSError:
-        with contextlib.suppress(OSError):
-            part.unlink(missing_ok=True)
+        pass
 
 
 def _idx_arrays(spec: Spec, folder: Path) -> tuple[numpy.ndarray, ...]:

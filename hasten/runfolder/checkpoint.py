@@ -16,7 +16,6 @@ schema), so a hand-edited file is an error naming the field, not a traceback lat
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
 import random
 import re
@@ -31,21 +30,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from safetensors.torch import load_file as load_safetensors
 
+from hasten.data.cache import write_atomic_bytes
 from hasten.errors import CheckpointError, schema_problems
 
 DIGEST_SUFFIX = ".sha256"
 NAME = re.compile(r"^step-(\d+)\.pt$")
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return  # not every platform can open a directory
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _sha256(path: Path) -> str:
@@ -54,20 +43,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def write_atomic_bytes(path: Path, write: Any) -> None:
-    """Call `write(file)` on a temporary file beside `path`, fsync it, and rename it over `path`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
 
 
 def _tensor_bytes(value: Any) -> int:
