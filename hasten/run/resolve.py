@@ -134,7 +134,8 @@ def resolve_whiten(recipe: Recipe, model_given: bool) -> tuple[Recipe, list[str]
     recipe.model.whiten = rules.auto_whiten(name, recipe.model.pretrained)
     if recipe.model.whiten:
         return recipe, ["model.whiten=auto -> true: the ResNet's first conv whitens the images' patches, frozen"]
-    return recipe, [f"model.whiten=auto -> false: the first conv of a {name} model or pretrained weights is kept"]
+    kept = "the pretrained weights" if recipe.model.pretrained else f"model.name={name}"
+    return recipe, [f"model.whiten=auto -> false: {kept} keeps its own first conv"]
 
 
 def resolve_budget(
