@@ -87,7 +87,11 @@ class Augment:
 
 
 def channel_stats(images: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-channel mean and std of uint8 `images` (N, C, H, W), in [0, 1] units, computed in chunks."""
+    """Per-channel mean and std of `images` (N, C, H, W) divided by 255 (uint8 pixels: in [0, 1] units). uint8
+    images are counted per level (a 256-bin histogram a channel: exact, and ~10x faster over Fashion-MNIST's 47
+    million pixels than summing them, which every run's start-up pays); others are summed in chunks."""
+    if images.dtype == torch.uint8:
+        return _level_stats(images)
     total = torch.zeros(images.shape[1], dtype=torch.float64)
     total_sq = torch.zeros_like(total)
     for chunk in images.split(8192):
@@ -98,6 +102,18 @@ def channel_stats(images: Tensor) -> tuple[Tensor, Tensor]:
     mean = total / count
     std = (total_sq / count - mean.square()).clamp_min(1e-12).sqrt()
     return mean.float(), std.float()
+
+
+def _level_stats(images: Tensor) -> tuple[Tensor, Tensor]:
+    """`channel_stats` of uint8 images from each channel's count of every pixel level."""
+    levels = torch.arange(256, dtype=torch.float64, device=images.device) / 255
+    means, stds = [], []
+    for channel in range(images.shape[1]):
+        counts = torch.bincount(images[:, channel].reshape(-1), minlength=256).to(torch.float64)
+        mean = (counts * levels).sum() / counts.sum()
+        means.append(mean)
+        stds.append(((counts * (levels - mean).square()).sum() / counts.sum()).clamp_min(1e-12).sqrt())
+    return torch.stack(means).float().cpu(), torch.stack(stds).float().cpu()
 
 
 REMAINDERS = ("pad", "drop", "split")

@@ -134,3 +134,21 @@ def test_channel_stats_match_torch():
     values = images.double() / 255
     assert torch.allclose(mean.double(), values.mean((0, 2, 3)), atol=1e-6)
     assert torch.allclose(std.double(), values.std((0, 2, 3), unbiased=False), atol=1e-5)
+
+
+def test_channel_stats_count_uint8_levels_as_the_sums_would():
+    """uint8 images take the per-level count, other dtypes the chunked sums: the same statistics either way,
+    on channels with different contents (one constant, one skewed, one full-range)."""
+    generator = torch.Generator().manual_seed(0)
+    images = torch.stack(
+        [
+            torch.full((40, 6, 5), 7, dtype=torch.uint8),
+            (torch.rand(40, 6, 5, generator=generator).square() * 255).to(torch.uint8),
+            torch.randint(0, 256, (40, 6, 5), dtype=torch.uint8, generator=generator),
+        ],
+        dim=1,
+    )
+    counted, summed = channel_stats(images), channel_stats(images.float())
+    assert torch.allclose(counted[0], summed[0], atol=1e-6) and torch.allclose(counted[1], summed[1], atol=1e-5)
+    assert counted[0][0].item() == pytest.approx(7 / 255) and counted[1][0].item() < 1e-5  # a constant channel
+    assert counted[0].dtype == counted[1].dtype == torch.float32
