@@ -173,6 +173,8 @@ def asked_rise_steps(config: ScheduleConfig, lr_scale: float = 1.0) -> int:
     """The optimizer steps the LR should take to rise to its peak: `schedule.min_warmup_steps`, times the factor
     the scaling rule multiplied the LR by when that is above 1 (Goyal et al., 2017 pair the linear rule with a
     gradual warmup; a larger global batch means a larger peak to approach)."""
+    if config.min_warmup_steps == "auto":  # decided from the data's classes before a run builds its schedule
+        raise ValueError("schedule.min_warmup_steps=auto is decided from the data (run/resolve.resolve_for_data)")
     return round(config.min_warmup_steps * max(1.0, lr_scale))
 
 

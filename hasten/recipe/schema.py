@@ -322,11 +322,11 @@ class ScheduleConfig(Section):
         description="Linear warmup before any schedule: a fraction of the run (< 1) or a count of optimizer steps "
         "(>= 1).",
     )
-    min_warmup_steps: Annotated[int, Field(ge=0)] = Field(
+    min_warmup_steps: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         50,
         description="The LR rises to its peak over at least this many optimizer steps (times the batch rule's LR "
         "factor when above 1; at most half the run): one-cycle's rise is lengthened, other schedules get a warmup. "
-        "0: off.",
+        "0: off. auto: one step per class of the data, at least 10 (hasten/tune/rules.py's auto_rise_steps).",
     )
     floor: Annotated[float, Field(ge=0, le=1)] = Field(
         0.0, description="cosine, linear: the final LR as a fraction of the peak."

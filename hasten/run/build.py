@@ -199,7 +199,8 @@ def divergence_advice(recipe: Recipe) -> list[str]:
     advice = [f"optim.lr={lr / 2:.3g}"] if isinstance(lr, float) else []
     if recipe.optim.name in rules.LR_AUTO_CALIBRATED:  # elsewhere the range test's peak is a guess (docs/lr-auto.md)
         advice.append("optim.lr=auto")
-    advice.append(f"schedule.min_warmup_steps={max(2 * recipe.schedule.min_warmup_steps, 50)}")
+    rise = recipe.schedule.min_warmup_steps
+    advice.append(f"schedule.min_warmup_steps={max(2 * rise, 50) if isinstance(rise, int) else 50}")
     batch = recipe.train.batch_size
     if isinstance(batch, int) and batch >= 2 * rules.MIN_BATCH:
         advice.append(f"train.batch_size={batch // 2}")

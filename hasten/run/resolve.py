@@ -79,6 +79,12 @@ def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: in
             f"{side}-pixel images, as the training shifts (data.augment.translate_max_fraction)"
         )
         train_cfg.tta_translate = most
+    if resolved.schedule.min_warmup_steps == "auto":
+        rise = resolved.schedule.min_warmup_steps = rules.auto_rise_steps(len(data.classes))
+        notes.append(
+            f"LR rise over at least {rise} optimizer steps ({len(data.classes)} classes; "
+            f"schedule.min_warmup_steps=auto: one a class, at least {rules.MIN_RISE_STEPS})"
+        )
     if train_cfg.tta_flip == "auto":
         train_cfg.tta_flip = allowed
         if allowed:

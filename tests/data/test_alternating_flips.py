@@ -116,7 +116,7 @@ def test_the_streamed_loader_gives_the_in_memory_batches():
 class FakeMirrorInvariant:
     """What resolve_for_data reads of a dataset, for one where mirrors keep the class."""
 
-    name, image_shape, train_labels = "fashion-mnist", (1, 28, 28), torch.zeros(64)
+    name, image_shape, train_labels, classes = "fashion-mnist", (1, 28, 28), torch.zeros(64), list("abcdefghij")
 
 
 def test_the_recipe_key_is_validated_and_warned_about_where_mirrors_change_the_class():

@@ -12,8 +12,11 @@ import torch
 import yaml
 
 import hasten
+from hasten.data.datasets import ImageDataset
+from hasten.engine.schedules import asked_rise_steps
 from hasten.recipe.schema import load_recipe, shipped_recipes
 from hasten.run.build import divergence_advice
+from hasten.run.resolve import resolve_for_data
 from hasten.tune import autotune, rules
 
 
@@ -110,6 +113,34 @@ def test_a_resume_keeps_the_batch_and_budget_its_run_chose(tmp_path, monkeypatch
     _fake_step_times(monkeypatch, {16: 0.1, 32: 1.0, 64: 1.0, 128: 1.0, 256: 1.0, 512: 1.0})  # would now pick 16
     summary = hasten.train(None, [*base, "train.epochs=4", "resume=auto"])  # (nothing left to train: the summary)
     assert summary["global_batch"] == 32
+
+
+def test_the_lr_rises_over_one_step_a_class_and_at_least_ten():
+    assert [rules.auto_rise_steps(classes) for classes in (2, 10, 11, 100, 1000)] == [10, 10, 11, 100, 1000]
+
+
+@pytest.mark.parametrize("classes", [10, 100])
+def test_the_default_recipe_rises_over_one_step_a_class(classes):
+    images = torch.zeros(2 * classes, 3, 8, 8, dtype=torch.uint8)
+    labels = torch.arange(classes).repeat(2)
+    data = ImageDataset(
+        "a-folder", images, labels, images[:classes], labels[:classes], [f"c{i}" for i in range(classes)]
+    )
+    resolved, notes = resolve_for_data(load_recipe(None, []), data)
+    assert resolved.schedule.min_warmup_steps == max(10, classes)
+    assert f"LR rise over at least {max(10, classes)} optimizer steps ({classes} classes;" in "\n".join(notes)
+    # a recipe that names its rise keeps it, whatever the classes
+    named = resolve_for_data(load_recipe("fashion-fast", []), data)[0]
+    assert named.schedule.min_warmup_steps == 50
+
+
+def test_the_rise_the_data_decided_is_recorded(tmp_path):
+    hasten.train(
+        None, [*QUIET, "data.name=synthetic", "data.synthetic_size=64", "train.epochs=1", f"run.dir={tmp_path}"]
+    )
+    assert yaml.safe_load((tmp_path / "recipe.yaml").read_text())["schedule"]["min_warmup_steps"] == 10
+    with pytest.raises(ValueError, match="decided from the data"):  # never built unresolved
+        asked_rise_steps(load_recipe(None, []).schedule)
 
 
 def test_lr_auto_works_with_the_default_optimizer(tmp_path, capsys):
