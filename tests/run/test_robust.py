@@ -54,7 +54,11 @@ def test_default_recipe_learns_a_small_mirror_sensitive_set_in_one_epoch(tmp_pat
                                            ("someone-elses-data", False)])  # fmt: skip
 def test_flips_follow_what_the_dataset_allows(name, allowed):
     recipe = load_recipe(None, [])
-    data = type("Data", (), {"name": name, "train_labels": torch.zeros(60000), "image_shape": (1, 28, 28)})()
+    data = type(
+        "Data",
+        (),
+        {"name": name, "train_labels": torch.zeros(60000), "image_shape": (1, 28, 28), "classes": list("abcdefghij")},
+    )()
     resolved, notes = resolve_for_data(recipe, data)
     assert resolved.data.augment.flip is allowed and resolved.train.tta_flip is allowed
     assert any(("flips on" if allowed else "flips off") in note for note in notes)
@@ -63,7 +67,11 @@ def test_flips_follow_what_the_dataset_allows(name, allowed):
 
 def test_an_explicit_flip_setting_is_kept():
     recipe = load_recipe(None, ["data.augment.flip=true", "train.tta_flip=false"])
-    data = type("Data", (), {"name": "digits", "train_labels": torch.zeros(100), "image_shape": (1, 28, 28)})()
+    data = type(
+        "Data",
+        (),
+        {"name": "digits", "train_labels": torch.zeros(100), "image_shape": (1, 28, 28), "classes": list("abcdefghij")},
+    )()
     resolved, _ = resolve_for_data(recipe, data)
     assert resolved.data.augment.flip is True and resolved.train.tta_flip is False
 
@@ -71,7 +79,16 @@ def test_an_explicit_flip_setting_is_kept():
 @pytest.mark.parametrize("side, kept", [(28, 2), (32, 2), (16, 1), (8, 0)])
 def test_translation_is_at_most_a_tenth_of_the_image(side, kept):
     recipe = load_recipe(None, ["data.augment.translate=2", "train.tta_translate=2"])
-    data = type("Data", (), {"name": "x", "train_labels": torch.zeros(60000), "image_shape": (1, side, side)})()
+    data = type(
+        "Data",
+        (),
+        {
+            "name": "x",
+            "train_labels": torch.zeros(60000),
+            "image_shape": (1, side, side),
+            "classes": list("abcdefghij"),
+        },
+    )()
     resolved, notes = resolve_for_data(recipe, data)
     assert resolved.data.augment.translate == kept
     assert any("translate 2 ->" in note for note in notes) == (kept < 2)
