@@ -31,15 +31,19 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_atomic_bytes(path: Path, write: Any) -> None:
-    """Call `write(file)` on a temporary file beside `path`, fsync it, and rename it over `path`."""
+def write_atomic_bytes(path: Path, write: Any, *, durable: bool = True) -> None:
+    """Call `write(file)` on a temporary file beside `path`, fsync it, and rename it over `path`. `durable=False`
+    leaves out the fsyncs: for a cache file that its reader checks (a crash may leave it torn, never half-renamed
+    over a good one)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)

@@ -1,13 +1,16 @@
-"""IDX reader: round trips on files written here (gzipped and raw), and every kind of damage names the file."""
+"""IDX reader: round trips on files written here (gzipped and raw), every kind of damage names the file, and the
+cache of gunzipped copies is used only while a copy matches its gzip file."""
 
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 
 import numpy
 import pytest
 
+from hasten.data.cache import cache_folder
 from hasten.data.idx import read_idx, read_idx_pair
 from hasten.errors import DataError
 
@@ -154,3 +157,76 @@ def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="cannot read") as error:
         read_idx(path)
     assert str(path) in str(error.value)
+
+
+def decoded_copies() -> list[Path]:
+    folder = cache_folder("decoded")
+    return sorted(folder.iterdir()) if folder.is_dir() else []
+
+
+def test_gunzipped_once_then_read_from_the_cache(tmp_path: Path, images: numpy.ndarray, monkeypatch) -> None:
+    path = write_idx(tmp_path / "train-images-idx3-ubyte.gz", images)
+    numpy.testing.assert_array_equal(read_idx(path), images)
+    (copy,) = decoded_copies()
+    assert copy.name.endswith("-train-images-idx3-ubyte") and copy.read_bytes() == idx_bytes(images)
+
+    def no_gunzip(data: bytes) -> bytes:
+        raise AssertionError("gunzipped again although the cache holds a matching copy")
+
+    monkeypatch.setattr("hasten.data.idx.gzip.decompress", no_gunzip)
+    read = read_idx(path)
+    numpy.testing.assert_array_equal(read, images)
+    assert read.flags.writeable
+
+
+def test_a_damaged_copy_is_ignored_and_written_again(tmp_path: Path, images: numpy.ndarray) -> None:
+    path = write_idx(tmp_path / "images.gz", images)
+    read_idx(path)
+    (copy,) = decoded_copies()
+    damaged = bytearray(copy.read_bytes())
+    damaged[-1] ^= 0xFF  # same length: only the CRC-32 of the gzip trailer tells
+    copy.write_bytes(bytes(damaged))
+    numpy.testing.assert_array_equal(read_idx(path), images)
+    assert copy.read_bytes() == idx_bytes(images)
+    copy.write_bytes(b"")  # and one of another length
+    numpy.testing.assert_array_equal(read_idx(path), images)
+    assert copy.read_bytes() == idx_bytes(images)
+
+
+def test_a_rewritten_file_is_read_again_not_from_its_old_copy(tmp_path: Path, images: numpy.ndarray) -> None:
+    path = write_idx(tmp_path / "images.gz", images)
+    read_idx(path)
+    changed = (255 - images).astype(numpy.uint8)
+    write_idx(path, changed)
+    os.utime(path, ns=(1, 1))  # another modification time, whatever the file system's resolution
+    numpy.testing.assert_array_equal(read_idx(path), changed)
+
+
+def test_a_damaged_trailer_is_an_error_even_with_a_copy_cached(tmp_path: Path, images: numpy.ndarray) -> None:
+    path = write_idx(tmp_path / "crc.gz", images)
+    read_idx(path)
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-8] ^= 0xFF  # the stored CRC-32; same size, and the old modification time put back
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(DataError, match="corrupt gzip"):
+        read_idx(path)
+
+
+def test_several_gzip_members_are_read_whole_and_not_cached(tmp_path: Path, images: numpy.ndarray) -> None:
+    data = idx_bytes(images)
+    path = tmp_path / "members.gz"
+    path.write_bytes(gzip.compress(data[:50]) + gzip.compress(data[50:]))  # the trailer covers only the last member
+    for _ in range(2):
+        numpy.testing.assert_array_equal(read_idx(path), images)
+    assert decoded_copies() == []
+
+
+def test_a_cache_that_cannot_be_written_is_left_out(tmp_path: Path, images: numpy.ndarray, monkeypatch) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("HASTEN_CACHE", str(blocker))
+    path = write_idx(tmp_path / "images.gz", images)
+    for _ in range(2):
+        numpy.testing.assert_array_equal(read_idx(path), images)
