@@ -9,7 +9,8 @@ every other parameter (biases, batch-norm scales and shifts, the linear classifi
 
 The Muon step per filter bank is torch.optim.Muon's (in recent torch; 2-D parameters only) applied to the
 reshaped matrix: momentum `buf <- lerp(buf, grad, 1 - momentum)`, Nesterov `grad.lerp(buf, momentum)`, Newton-Schulz
-(torch's own function when this torch has it, else the same iteration below), decoupled weight decay
+(on a GPU in bfloat16, torch's own function when this torch has it; on a CPU the same iteration in float32, see
+`newton_schulz_dtype`), decoupled weight decay
 `p <- p (1 - lr wd)`, then `p <- p - lr sqrt(max(1, rows / cols)) O`. airbench's sum-form momentum differs from
 the lerp form only by a factor (1 - momentum), which the orthogonalisation removes. airbench also rescales each
 filter bank to a fixed norm after every step; that is not done here (batch norm after a conv makes its scale moot
@@ -41,17 +42,28 @@ NS_STEPS = 5
 NS_EPS = 1e-7
 
 
+def newton_schulz_dtype(device: torch.device) -> torch.dtype:
+    """The precision of the Newton-Schulz iteration: bfloat16 on a GPU (torch.optim.Muon's and airbench's choice:
+    tensor cores multiply it at full speed), float32 on a CPU. A filter bank here is at most a few hundred columns
+    wide, so a CPU's matrix products are per-call overhead either way, and bfloat16 has no fast small-matrix kernel
+    on most CPUs: the ten banks of fashion-fast's ResNet took 42 ms a step in bfloat16 against 3.6 ms in float32 on a
+    2-core AVX2 EPYC (a fifth of its training time). float32 is also the more exact iteration."""
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
 def newton_schulz(
     matrix: Tensor,
     steps: int = NS_STEPS,
     coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
     eps: float = NS_EPS,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> Tensor:
     """An approximately semi-orthogonal matrix (singular values near 1) with `matrix`'s singular vectors: `steps`
-    quintic Newton-Schulz iterations in bfloat16, as torch.optim.Muon does, on the wide orientation of `matrix`."""
+    quintic Newton-Schulz iterations in `dtype` (bfloat16: torch.optim.Muon's iteration) on the wide orientation
+    of `matrix`."""
     a, b, c = coefficients
     tall = matrix.size(0) > matrix.size(1)
-    x = matrix.bfloat16().T if tall else matrix.bfloat16()
+    x = matrix.to(dtype).T if tall else matrix.to(dtype)
     x = x / x.norm().clamp(min=eps)  # spectral norm at most 1
     for _ in range(steps):
         gram = x @ x.T
@@ -59,22 +71,31 @@ def newton_schulz(
     return x.T if tall else x
 
 
-def orthogonalize(matrix: Tensor) -> Tensor:
-    """Newton-Schulz orthogonalisation of a 2-D update: torch's function where this torch has it."""
-    if torch_newton_schulz is not None:
+def orthogonalize(matrix: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """Newton-Schulz orthogonalisation of a 2-D update in `dtype` (None: `newton_schulz_dtype` of its device); in
+    bfloat16 torch's function where this torch has it."""
+    dtype = dtype or newton_schulz_dtype(matrix.device)
+    if dtype == torch.bfloat16 and torch_newton_schulz is not None:
         # it divides its bfloat16 copy in place, and .bfloat16() of a bfloat16 tensor is no copy
         own = matrix.clone() if matrix.dtype == torch.bfloat16 else matrix
         return torch_newton_schulz(own, NS_COEFFICIENTS, NS_STEPS, NS_EPS)
-    return newton_schulz(matrix)
+    return newton_schulz(matrix, dtype=dtype)
 
 
 def muon_update(
-    param: Tensor, grad: Tensor, buffer: Tensor, lr: float, momentum: float, nesterov: bool, weight_decay: float
+    param: Tensor,
+    grad: Tensor,
+    buffer: Tensor,
+    lr: float,
+    momentum: float,
+    nesterov: bool,
+    weight_decay: float,
+    ns_dtype: torch.dtype | None = None,
 ) -> None:
     """One Muon step of a 2-D `param` (in place, as are `buffer`'s momentum): torch.optim.Muon's single-tensor
-    update with its default ("original") LR adjustment."""
+    update with its default ("original") LR adjustment, orthogonalised in `ns_dtype` (None: the device's rule)."""
     buffer.lerp_(grad, 1 - momentum)
-    update = orthogonalize(grad.lerp(buffer, momentum) if nesterov else buffer)
+    update = orthogonalize(grad.lerp(buffer, momentum) if nesterov else buffer, ns_dtype)
     rows, cols = param.shape
     param.mul_(1 - lr * weight_decay)
     param.add_(update, alpha=-lr * math.sqrt(max(1, rows / cols)))
@@ -82,11 +103,19 @@ def muon_update(
 
 class Muon(torch.optim.Optimizer):
     """Groups with `orthogonalize=True` take Muon steps on their parameters seen as (out, rest) matrices; the others
-    SGD steps. `fixed_momentum=True` tells the LR schedule to leave a group's momentum alone."""
+    SGD steps. `fixed_momentum=True` tells the LR schedule to leave a group's momentum alone. `ns_dtype`: the
+    precision of the orthogonalisation (None: `newton_schulz_dtype` of each parameter's device)."""
 
     def __init__(
-        self, params: Iterable[Any], lr: float, momentum: float = 0.9, nesterov: bool = True, weight_decay: float = 0.0
+        self,
+        params: Iterable[Any],
+        lr: float,
+        momentum: float = 0.9,
+        nesterov: bool = True,
+        weight_decay: float = 0.0,
+        ns_dtype: torch.dtype | None = None,
     ):
+        self.ns_dtype = ns_dtype
         defaults = dict(
             lr=lr,
             momentum=momentum,
@@ -141,6 +170,7 @@ class Muon(torch.optim.Optimizer):
             group["momentum"],
             group["nesterov"],
             group["weight_decay"],
+            self.ns_dtype,
         )
         if matrix.data_ptr() != p.data_ptr():
             p.copy_(matrix.view(p.shape))

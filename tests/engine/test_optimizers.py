@@ -12,7 +12,14 @@ import torch
 from torch import nn
 
 import hasten
-from hasten.engine.optimizers import Muon, muon_groups, newton_schulz, torch_newton_schulz
+from hasten.engine.optimizers import (
+    Muon,
+    muon_groups,
+    newton_schulz,
+    newton_schulz_dtype,
+    orthogonalize,
+    torch_newton_schulz,
+)
 from hasten.errors import RecipeError
 from hasten.recipe.schema import load_recipe
 from hasten.run.build import build
@@ -42,7 +49,7 @@ def test_filter_step_is_torch_muon_on_the_reshaped_matrix(channels_last, nestero
         filters.data = filters.data.to(memory_format=torch.channels_last)
     matrix = nn.Parameter(filters.detach().reshape(4, 27).clone())
     ours = Muon([{"params": [filters], "orthogonalize": True}], lr=0.1, momentum=0.9, nesterov=nesterov,
-                weight_decay=0.01)  # fmt: skip
+                weight_decay=0.01, ns_dtype=torch.bfloat16)  # fmt: skip
     theirs = torch.optim.Muon([matrix], lr=0.1, momentum=0.9, nesterov=nesterov, weight_decay=0.01)
     for _ in range(3):
         grad = torch.randn(4, 3, 3, 3)
@@ -53,6 +60,31 @@ def test_filter_step_is_torch_muon_on_the_reshaped_matrix(channels_last, nestero
         assert torch.equal(filters.detach().reshape(4, 27), matrix.detach())
     assert filters.is_contiguous(memory_format=torch.channels_last) == channels_last  # its layout kept
     assert torch.equal(ours.state[filters]["momentum_buffer"], theirs.state[matrix]["momentum_buffer"])
+
+
+def test_newton_schulz_runs_in_float32_on_a_cpu_and_in_bfloat16_on_a_gpu():
+    assert newton_schulz_dtype(torch.device("cpu")) == torch.float32
+    assert newton_schulz_dtype(torch.device("cuda", 0)) == torch.bfloat16
+    matrix = torch.randn(8, 36)
+    cpu = orthogonalize(matrix)
+    assert cpu.dtype == torch.float32 and torch.equal(cpu, newton_schulz(matrix, dtype=torch.float32))
+    singular = torch.linalg.svdvals(cpu)
+    assert singular.min() > 0.5 and singular.max() < 1.5
+    assert not torch.equal(cpu, orthogonalize(matrix, torch.bfloat16).float())  # a real difference of precision
+
+
+@pytest.mark.parametrize("ns_dtype", [None, torch.float32])
+def test_a_cpu_filter_step_orthogonalises_in_float32(ns_dtype):
+    filters = nn.Parameter(torch.randn(4, 3, 3, 3))
+    start = filters.detach().clone()
+    ours = Muon([{"params": [filters], "orthogonalize": True}], lr=0.1, momentum=0.9, nesterov=True, ns_dtype=ns_dtype)
+    grad = torch.randn(4, 3, 3, 3)
+    filters.grad = grad
+    ours.step()
+    flat = grad.reshape(4, 27)
+    buffer = torch.zeros(4, 27).lerp_(flat, 1 - 0.9)  # the momentum, from zeros; then Nesterov's look-ahead
+    expected = start.reshape(4, 27).add(newton_schulz(flat.lerp(buffer, 0.9), dtype=torch.float32), alpha=-0.1)
+    assert torch.equal(filters.detach().reshape(4, 27), expected)
 
 
 def tiny_net() -> nn.Sequential:
