@@ -17,6 +17,7 @@ from hasten.data import ImageDataset
 from hasten.data.imagefolder import (
     ImageFolder,
 )
+from hasten.data.loader import in_layout
 from hasten.data.registry import mirror_invariant
 from hasten.engine import distributed
 from hasten.engine.distributed import world_size
@@ -216,7 +217,7 @@ def probe_batch(recipe: Recipe, data: Any, device: torch.device, size: int) -> t
         trial.data.augment.translate = 0
     train_loader, _ = loaders(trial, data, device, distributed.rank(), world_size())
     images, labels = next(iter(train_loader))
-    return images.contiguous(), labels
+    return in_layout(images, False), labels
 
 
 def choose_on_machine(

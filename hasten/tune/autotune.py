@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hasten.data.loader import in_layout
 from hasten.data.sources import cache_folder
 from hasten.engine.distributed import all_reduce_sum, broadcast_object, is_main, world_size
 from hasten.engine.precision import make_precision
@@ -148,7 +149,7 @@ def probe(
     device = images.device
     losses: dict[Candidate, float] = {}
     steps = {option: _step_on_copy(model, option, device, num_classes, loss_fn) for option in options}
-    layout = {False: images.contiguous(), True: images.contiguous(memory_format=torch.channels_last)}
+    layout = {False: in_layout(images, False), True: in_layout(images, True)}
     few = max(SCREEN_MIN, len(labels) // SCREEN_SHARE)  # a look at a small batch: below some images it says little
     screen = {c: (x[:few], labels[:few]) for c, x in layout.items()}
     dropped = _screen(steps, screen, device) if few < len(labels) else {}
@@ -227,8 +228,7 @@ def time_batches(
     processes the ranks' times are summed, so every rank sees the same. `model` is never touched."""
     images, labels = batch
     device = images.device
-    if option.channels_last:
-        images = images.contiguous(memory_format=torch.channels_last)
+    images = in_layout(images, option.channels_last)
     step = _step_on_copy(model, option, device, num_classes)
     best = {size: math.inf for size in sizes}
     started = time.perf_counter()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hasten.data.loader import Augment, InMemoryLoader, channel_stats, flip, translate
+from hasten.data.loader import Augment, InMemoryLoader, channel_stats, flip, in_layout, translate
 
 
 def make_loader(n=100, batch=16, **kwargs) -> InMemoryLoader:
@@ -152,3 +152,28 @@ def test_channel_stats_count_uint8_levels_as_the_sums_would():
     assert torch.allclose(counted[0], summed[0], atol=1e-6) and torch.allclose(counted[1], summed[1], atol=1e-5)
     assert counted[0][0].item() == pytest.approx(7 / 255) and counted[1][0].item() < 1e-5  # a constant channel
     assert counted[0].dtype == counted[1].dtype == torch.float32
+
+
+CONTIGUOUS_STRIDES, CHANNELS_LAST_STRIDES = (64, 64, 8, 1), (64, 1, 8, 1)  # (N, 1, 8, 8): the strides a conv reads
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_batches_have_the_strides_of_the_loaders_layout_even_with_one_channel(channels_last):
+    """translate makes its batch channels-last in memory; a one-channel batch counts as contiguous in both layouts,
+    so only its strides tell a convolution which kernels to use: they must be the run's layout's, in training and
+    evaluation alike (a contiguous run once trained channels-last and evaluated contiguous, at half the speed)."""
+    images = torch.randint(0, 256, (16, 1, 8, 8), dtype=torch.uint8)
+    want = CHANNELS_LAST_STRIDES if channels_last else CONTIGUOUS_STRIDES
+    for augment in (Augment(flip=True, translate=2), None):
+        loader = InMemoryLoader(images, torch.arange(16) % 2, 4, mean=torch.zeros(1), std=torch.ones(1),
+                                augment=augment, channels_last=channels_last)  # fmt: skip
+        for batch, _ in loader:
+            assert batch.stride() == want, (augment, batch.stride())
+
+
+def test_in_layout_restrides_a_one_channel_batch():
+    nhwc = torch.randn(2, 8, 8, 1).permute(0, 3, 1, 2)  # channels-last in memory
+    assert nhwc.contiguous().stride() == CHANNELS_LAST_STRIDES  # .contiguous() leaves it as it is
+    assert in_layout(nhwc, False).stride() == CONTIGUOUS_STRIDES
+    assert in_layout(nhwc.contiguous(), True).stride() == CHANNELS_LAST_STRIDES
+    assert torch.equal(in_layout(nhwc, False), nhwc)
