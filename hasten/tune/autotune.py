@@ -68,7 +68,9 @@ SCREEN_MIN = 16  # images: the first look's least batch (a batch that small is t
 SCREENED_OUT = 3.0
 TIE = 0.05  # candidates within this fraction of the fastest count as tied: the first of them in `candidates` order wins
 LOSS_TOLERANCE = 0.05  # largest |16-bit loss - fp32 loss| on the probe batch, relative to the fp32 loss (and 0.05)
-CACHE_FORMAT = 1  # the layout of a cached probe result; another value is not read
+# the layout of a cached probe result; another value is not read. 2: results timed before the probe's inputs took
+# their layout's strides (format 1) could compare one layout with itself, so they are probed again
+CACHE_FORMAT = 2
 MAX_CACHE_BYTES = 64 * 1024  # a cached result is a few hundred bytes: a larger file is not one
 
 

@@ -242,12 +242,14 @@ def test_a_corrupt_or_foreign_cache_file_is_ignored_with_a_note_never_executed(c
         def __reduce__(self):
             return (marker.write_text, ("pwned",))
 
-    good = {"format": 1, "key": key, "choice": "fp32", "seconds": {str(o): 1.0 for o in options}, "dropped": {}}
+    good = {"format": autotune.CACHE_FORMAT, "key": key, "choice": "fp32", "seconds": {str(o): 1.0 for o in options},
+            "dropped": {}}  # fmt: skip
     cases = {
         "not JSON": pickle.dumps(Payload()),
         "not JSON (UnicodeDecodeError)": b"\xff\xfe",
         "larger than": b" " * (autotune.MAX_CACHE_BYTES + 1),
-        "not a format-1 probe result": json.dumps([1, 2]).encode(),
+        f"not a format-{autotune.CACHE_FORMAT} probe result": json.dumps([1, 2]).encode(),
+        "not a format": json.dumps(good | {"format": 1}).encode(),  # timed before inputs took their layout's strides
         "written for another key": json.dumps(good | {"key": {**key, "batch": 9}}).encode(),
         "is not one of the candidates": json.dumps(good | {"choice": "fp64 turbo"}).encode(),
         "timings do not name the candidates": json.dumps(good | {"seconds": {"fp32": 1.0}}).encode(),

@@ -4,6 +4,7 @@ tests hold on any machine; no timing is asserted."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -199,7 +200,9 @@ def test_a_second_run_reads_the_batch_timings_from_the_cache(tmp_path, monkeypat
     assert len(timed) == 1 and second["global_batch"] == first["global_batch"] == 32
     assert "timed on this machine before" in err
     (kept,) = (Path(os.environ["HASTEN_CACHE"]) / "probe").glob("batch-*.json")
-    kept.write_text('{"format": 1, "what": "batch", "key": {}, "seconds": {"16": "soon"}}')
+    kept.write_text(
+        json.dumps({"format": autotune.CACHE_FORMAT, "what": "batch", "key": {}, "seconds": {"16": "soon"}})
+    )
     third = hasten.train(None, [*base, f"run.dir={tmp_path / 'c'}"])
     assert len(timed) == 2 and third["global_batch"] == 32
     assert "ignored (written for another key); timing again" in capsys.readouterr().err.replace("\n  ", " ")
