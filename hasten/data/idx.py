@@ -44,24 +44,21 @@ GZIP_SMALLEST = 18  # bytes: a 10-byte header and the 8-byte trailer (CRC-32 and
 
 def _file_bytes(path: Path) -> bytes | bytearray:
     """The file's contents, gunzipped when it starts with the gzip magic bytes (from the cache of decoded files when
-    a copy there matches the gzip trailer)."""
+    a copy there matches the gzip trailer). The file is opened once: a cached copy needs only its trailer."""
     try:
         with open(path, "rb") as f:
-            gzipped = f.read(2) == GZIP_MAGIC
-            if not gzipped:
-                return _read_all(f, os.fstat(f.fileno()).st_size, start=0)
             stat = os.fstat(f.fileno())
-            trailer = None
-            if stat.st_size >= GZIP_SMALLEST:
+            size = stat.st_size
+            if f.read(2) != GZIP_MAGIC:
+                return _read_all(f, size)
+            copy = trailer = None
+            if size >= GZIP_SMALLEST:
                 f.seek(-8, os.SEEK_END)
                 trailer = struct.unpack("<II", f.read(8))  # (CRC-32, length mod 2**32) of the last member's payload
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    copy = _decoded_copy(path, stat) if trailer is not None else None
-    if copy is not None and (cached := _read_decoded(copy, *trailer)) is not None:
-        return cached
-    try:
-        raw = path.read_bytes()
+                copy = _decoded_copy(path, stat)
+                if (cached := _read_decoded(copy, *trailer)) is not None:
+                    return cached
+            raw = _read_all(f, size)
     except OSError as exc:
         raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     try:
@@ -78,10 +75,10 @@ def _file_bytes(path: Path) -> bytes | bytearray:
     return data
 
 
-def _read_all(f, size: int, start: int) -> bytearray:
-    """The rest of open file `f` from `start` (its size given) into one writable buffer: no copy after reading."""
-    f.seek(start)
-    buffer = bytearray(size - start)
+def _read_all(f, size: int) -> bytearray:
+    """The whole of open file `f` (of `size` bytes) in one writable buffer: no copy after reading."""
+    f.seek(0)
+    buffer = bytearray(size)
     got = f.readinto(buffer)
     if got != len(buffer):  # the file shrank while it was read
         del buffer[got:]
@@ -101,7 +98,7 @@ def _read_decoded(copy: Path, crc: int, length: int) -> bytearray | None:
             size = os.fstat(f.fileno()).st_size
             if size & 0xFFFFFFFF != length:
                 return None
-            data = _read_all(f, size, start=0)
+            data = _read_all(f, size)
     except OSError:
         return None
     return data if len(data) == size and zlib.crc32(data) == crc else None

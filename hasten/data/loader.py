@@ -35,11 +35,15 @@ import torch
 from torch import Tensor
 
 
+def layout(channels_last: bool) -> torch.memory_format:
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
 def in_layout(images: Tensor, channels_last: bool) -> Tensor:
     """A copy of `images` (N, C, H, W) with the strides of the layout asked for. `.contiguous(memory_format=...)`
     is no copy when the tensor counts as being in that layout already, and a one-channel batch counts as being in
     both (a size-1 dimension's stride is not checked), while a convolution picks its kernels by the strides."""
-    return images.clone(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    return images.clone(memory_format=layout(channels_last))
 
 
 def flip(images: Tensor, mask: Tensor) -> Tensor:
@@ -212,8 +216,8 @@ class ShardedEpochs:
         the strides, so a translated batch (made channels-last by `translate`) would train channels-last in a
         contiguous run and evaluate contiguous: on a 2-core AVX2 EPYC, fashion-fast then evaluated at half the
         speed its training suggested, and the start-up probe timed one layout twice."""
-        layout = torch.channels_last if self.channels_last else torch.contiguous_format
-        return images.to(torch.float32, memory_format=layout).div_(255).sub_(self.mean).div_(self.std)
+        x = images.to(torch.float32, memory_format=layout(self.channels_last))
+        return x.div_(255).sub_(self.mean).div_(self.std)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         return self.batches()

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from hasten.data.loader import in_layout
 from hasten.engine.memory import (
     NothingFits,
     Search,
@@ -67,9 +68,7 @@ class StepMemory:
         return self.trainer.device
 
     def step(self, batch_size: int) -> None:
-        images = torch.randn(batch_size, *self.image_shape, device=self.device)
-        if self.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
+        images = in_layout(torch.randn(batch_size, *self.image_shape, device=self.device), self.channels_last)
         labels = torch.randint(0, self.num_classes, (batch_size,), device=self.device)
         self.trainer.train_step(images, labels)
 

@@ -17,7 +17,6 @@ from hasten.data import ImageDataset
 from hasten.data.imagefolder import (
     ImageFolder,
 )
-from hasten.data.loader import in_layout
 from hasten.data.registry import mirror_invariant
 from hasten.engine import distributed
 from hasten.engine.distributed import world_size
@@ -216,8 +215,7 @@ def probe_batch(recipe: Recipe, data: Any, device: torch.device, size: int) -> t
     if trial.data.augment.translate == "auto":  # decided with the budget, after the probe; no part of the step
         trial.data.augment.translate = 0
     train_loader, _ = loaders(trial, data, device, distributed.rank(), world_size())
-    images, labels = next(iter(train_loader))
-    return in_layout(images, False), labels
+    return next(iter(train_loader))  # (the probe gives each candidate the batch in its own layout)
 
 
 def choose_on_machine(
