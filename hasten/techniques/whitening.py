@@ -37,23 +37,46 @@ if TYPE_CHECKING:
     from hasten.recipe.schema import Recipe
 
 
-MAX_PATCHES = 1 << 22  # patches the covariance is taken over at most (4.2M: 450 MB for 3x3 RGB, in float32)
+MAX_PATCHES = 1 << 22  # patches the covariance is taken over at most (4.2M)
+PATCH_CHUNK = 1 << 16  # patches summed at a time, in float64 (64K x 27 values: 14 MB for 3x3 RGB)
 
 
 def whitening_filters(patches: Tensor, out_channels: int, eps: float) -> Tensor:
     """Whitening filters from `patches` (N, D): the eigenvectors v_i of the patches' covariance, largest
     eigenvalue first, each signed so its largest entry is positive and divided by sqrt(eigenvalue + eps), laid
-    out as +v_0, -v_0, +v_1, -v_1, ...; min(out_channels, 2D) rows of D values (float32). The covariance is
-    summed in float64 a chunk of rows at a time (millions of patches: a float64 copy of all would double the
-    memory)."""
-    n, dim = patches.shape
+    out as +v_0, -v_0, +v_1, -v_1, ...; min(out_channels, 2D) rows of D values (float32). The sums are taken in
+    float64 a chunk of rows at a time (millions of patches: a float64 copy of all would double the memory)."""
+    dim = patches.shape[1]
     total, products = torch.zeros(dim, dtype=torch.float64), torch.zeros(dim, dim, dtype=torch.float64)
-    for chunk in patches.split(1 << 16):
+    for chunk in patches.split(PATCH_CHUNK):
         chunk = chunk.double().cpu()
         total += chunk.sum(0)
         products += chunk.T @ chunk
-    mean = total / n
-    covariance = (products - n * torch.outer(mean, mean)) / max(n - 1, 1)
+    return filters_from_moments(len(patches), total, products, out_channels, eps)
+
+
+def image_moments(images: Tensor, kernel_size: tuple[int, int]) -> tuple[int, Tensor, Tensor]:
+    """The count, sum (D,) and sum of outer products (D, D) of every `kernel_size` window of `images` (N, C, H, W)
+    at stride 1 without padding, in float64: what `whitening_filters(image_patches(images, kernel_size))` sums, a
+    chunk of images at a time. The windows of a chunk stay in the (images, D, windows) layout unfold gives, multiplied
+    as one batched product: on a 2-core AVX2 CPU, 1,200 RGB images of 32x32 took a third of the time of unfolding
+    them all into one (N * windows, D) matrix and multiplying that, and the memory is one chunk's."""
+    kh, kw = kernel_size
+    windows = max(1, (images.shape[2] - kh + 1) * (images.shape[3] - kw + 1))
+    dim = images.shape[1] * kh * kw
+    total, products = torch.zeros(dim, dtype=torch.float64), torch.zeros(dim, dim, dtype=torch.float64)
+    for part in images.split(max(1, PATCH_CHUNK // windows)):
+        chunk = F.unfold(part.float(), kernel_size).double().cpu()  # (n, D, windows)
+        total += chunk.sum((0, 2))
+        products += torch.bmm(chunk, chunk.transpose(1, 2)).sum(0)
+    return len(images) * windows, total, products
+
+
+def filters_from_moments(count: int, total: Tensor, products: Tensor, out_channels: int, eps: float) -> Tensor:
+    """`whitening_filters` from the patches' count, float64 sum and sum of outer products."""
+    dim = total.shape[0]
+    mean = total / count
+    covariance = (products - count * torch.outer(mean, mean)) / max(count - 1, 1)
     eigenvalues, eigenvectors = torch.linalg.eigh(covariance)  # ascending
     eigenvalues, eigenvectors = eigenvalues.flip(0), eigenvectors.flip(1)
     # an eigenvector's sign is the solver's choice: fixed here (largest entry positive), so the filters are the
@@ -91,7 +114,7 @@ def whiten_first_conv(model: nn.Module, images: Tensor, eps: float) -> str:
     kh, kw = conv.kernel_size
     if images.shape[2] < kh or images.shape[3] < kw:
         return f"skipped: the images are smaller than the first conv's ({name}) {kh}x{kw} kernel"
-    filters = whitening_filters(image_patches(images.cpu(), (kh, kw)), conv.out_channels, eps)
+    filters = filters_from_moments(*image_moments(images, (kh, kw)), conv.out_channels, eps)
     filled = len(filters)
     with torch.no_grad():
         conv.weight[:filled] = filters.view(filled, conv.in_channels, kh, kw).to(conv.weight)

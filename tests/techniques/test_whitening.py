@@ -18,7 +18,14 @@ from hasten.run.build import build, trainer_for
 from hasten.run.trainer import Plan
 from hasten.runfolder.log import RunLog
 from hasten.techniques import whitening
-from hasten.techniques.whitening import Whitening, image_patches, whiten_first_conv, whitening_filters
+from hasten.techniques.whitening import (
+    Whitening,
+    filters_from_moments,
+    image_moments,
+    image_patches,
+    whiten_first_conv,
+    whitening_filters,
+)
 from hasten.tune import rules
 from tests.resuming import final_weights, resume_into
 
@@ -53,6 +60,17 @@ def test_patches_are_the_convs_windows():
     images, weight = torch.randn(2, 3, 6, 5), torch.randn(4, 3, 3, 3)
     by_conv = F.conv2d(images, weight).permute(0, 2, 3, 1).reshape(-1, 4)  # (N * windows, out)
     assert torch.allclose(image_patches(images, (3, 3)) @ weight.view(4, -1).T, by_conv, atol=1e-5)
+
+
+def test_moments_summed_a_chunk_of_images_at_a_time_are_those_of_all_patches(monkeypatch):
+    monkeypatch.setattr(whitening, "PATCH_CHUNK", 50)  # 12 windows an image: chunks of 4 images, then 3
+    images = torch.randn(7, 3, 6, 5) * torch.tensor([1.0, 2.0, 0.5])[:, None, None] + 0.3
+    count, total, products = image_moments(images, (3, 3))
+    patches = image_patches(images, (3, 3)).double()
+    assert count == len(patches) == 7 * 12
+    assert torch.allclose(total, patches.sum(0)) and torch.allclose(products, patches.T @ patches)
+    expected = whitening_filters(image_patches(images, (3, 3)), 8, 1e-3)
+    assert torch.allclose(filters_from_moments(count, total, products, 8, 1e-3), expected, atol=1e-6, rtol=0)
 
 
 class Tiny(nn.Module):
