@@ -191,12 +191,19 @@ def risky_settings(recipe: Recipe, parts: Parts) -> list[str]:
     return found
 
 
-def divergence_advice(recipe: Recipe) -> list[str]:
+def divergence_advice(recipe: Recipe, run_steps: int | None = None) -> list[str]:
     """What a run that diverged or does not learn is told to try, as overrides its own recipe accepts (each is
-    validated against it): half the LR, the LR range test where its rule was measured for the optimizer (SGD), a
-    warm-up twice as long, half the batch."""
+    validated against it): first, for a run of fewer than the budget rule's optimizer steps (`run_steps`, when
+    known), the epochs that give it that many (a small set at a few epochs has not started to learn, whatever its
+    LR); then half the LR, the LR range test where its rule was measured for the optimizer (SGD), a warm-up twice as
+    long, half the batch."""
+    advice = []
+    epochs = recipe.train.epochs
+    if run_steps and isinstance(epochs, int) and run_steps < rules.RUN_STEPS:
+        advice.append(f"train.epochs={-(-rules.RUN_STEPS * epochs // run_steps)}")
     lr = recipe.optim.lr
-    advice = [f"optim.lr={lr / 2:.3g}"] if isinstance(lr, float) else []
+    if isinstance(lr, float):
+        advice.append(f"optim.lr={lr / 2:.3g}")
     if recipe.optim.name in rules.LR_AUTO_CALIBRATED:  # elsewhere the range test's peak is a guess (docs/lr-auto.md)
         advice.append("optim.lr=auto")
     rise = recipe.schedule.min_warmup_steps
@@ -292,6 +299,7 @@ def start_run(
     checkpoint = resume_from(recipe, folder / "checkpoints")  # before anything in the run folder is written
     claim_run_folder(recipe, folder, checkpoint, parts.machine_keys)
     log = RunLog(folder, enabled=distributed.is_main(), tensorboard=recipe.run.tensorboard)
+    run_steps = optimizer_steps(recipe, parts.train_loader)
     plan = Plan(
         epochs=recipe.train.epochs,
         num_classes=len(parts.data.classes),
@@ -301,10 +309,10 @@ def start_run(
         progress=recipe.run.progress,
         accumulate=recipe.train.accumulate,
         on_nan=recipe.train.on_nan,
-        rise_steps=rise_steps(recipe.schedule, optimizer_steps(recipe, parts.train_loader), lr_scale(recipe)),
+        rise_steps=rise_steps(recipe.schedule, run_steps, lr_scale(recipe)),
         clip_grad_norm=recipe.train.clip_grad_norm,
         eval_every_steps=recipe.train.eval_every_steps,
-        divergence_advice=divergence_advice(recipe),
+        divergence_advice=divergence_advice(recipe, run_steps),
         mid_eval=recipe.train.mid_eval,
         clock=clock,
     )

@@ -648,7 +648,8 @@ class Trainer:
         if test_accuracy < chance + 0.1 * (1 - chance):
             self.warn(
                 f"test accuracy {test_accuracy:.2%} is at chance level ({chance:.2%} for {self.plan.num_classes} "
-                "classes): the model did not learn; see the training loss per epoch in metrics.csv"
+                "classes): the model did not learn; see the training loss per epoch in metrics.csv, and try "
+                f"{', '.join(self.plan.divergence_advice)}"
             )
 
     def train_epoch(self, bar: EpochProgress) -> dict[str, float]:

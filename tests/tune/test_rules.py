@@ -7,17 +7,20 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
 
 import hasten
+from hasten.clock import Clock
 from hasten.data.datasets import ImageDataset
 from hasten.engine.schedules import asked_rise_steps
 from hasten.recipe.schema import load_recipe, shipped_recipes
-from hasten.run.build import divergence_advice
+from hasten.run.build import build, divergence_advice, start_run
 from hasten.run.resolve import resolve_for_data
+from hasten.run.trainer import Trainer
 from hasten.tune import autotune, rules
 
 
@@ -219,3 +222,28 @@ def test_optim_lr_auto_with_an_uncalibrated_optimizer_warns(tiny_overrides, caps
     assert "optim.lr=auto" not in divergence_advice(load_recipe(None, ["train.batch_size=64", "train.epochs=3"]))
     assert "optim.lr=auto" in divergence_advice(load_recipe(None, ["optim.name=sgd", "train.batch_size=64",
                                                                   "train.epochs=3"]))  # fmt: skip
+
+
+def test_a_short_run_is_first_advised_the_epochs_of_the_budget():
+    # 200 images at batch 16 for one epoch: 13 optimizer steps, where the budget rule gives small sets 600
+    recipe = load_recipe(None, ["train.batch_size=16", "train.epochs=1"])
+    advice = divergence_advice(recipe, run_steps=13)
+    assert advice[0] == "train.epochs=47" and advice[1].startswith("optim.lr=")  # ceil(600 / 13)
+    load_recipe(None, ["train.batch_size=16", "train.epochs=1", advice[0]])  # accepted by the recipe
+    three = divergence_advice(load_recipe(None, ["train.batch_size=16", "train.epochs=3"]), run_steps=39)
+    assert three[0] == "train.epochs=47"  # 3 epochs x 600 / 39 steps
+    for long_enough in (rules.RUN_STEPS, None):  # a run of the budget's length, or one whose length is not known
+        assert not any(a.startswith("train.epochs=") for a in divergence_advice(recipe, run_steps=long_enough))
+
+
+def test_a_run_at_chance_is_told_what_to_try(tiny_overrides):
+    recipe = load_recipe(None, [*tiny_overrides, "train.epochs=1", "model.whiten=false"])
+    parts = build(recipe)
+    trainer, log = start_run(parts.recipe, parts, Path(parts.recipe.run.dir), None, Clock())
+    log.close()
+    steps = -(-len(parts.train_loader.images) // 16)  # one epoch at batch 16
+    assert trainer.plan.divergence_advice[0] == f"train.epochs={-(-rules.RUN_STEPS // steps)}"
+    warned = []
+    Trainer.check_result(SimpleNamespace(plan=trainer.plan, warn=warned.append), 0.1)  # a result at chance
+    assert len(warned) == 1 and "chance level" in warned[0]
+    assert warned[0].endswith("try " + ", ".join(trainer.plan.divergence_advice))
