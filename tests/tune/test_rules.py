@@ -18,7 +18,7 @@ from hasten.clock import Clock
 from hasten.data.datasets import ImageDataset
 from hasten.engine.schedules import asked_rise_steps
 from hasten.recipe.schema import load_recipe, shipped_recipes
-from hasten.run.build import build, divergence_advice, start_run
+from hasten.run.build import build, divergence_advice, short_run_note, start_run
 from hasten.run.resolve import resolve_for_data
 from hasten.run.trainer import Trainer
 from hasten.tune import autotune, rules
@@ -236,13 +236,25 @@ def test_a_short_run_is_first_advised_the_epochs_of_the_budget():
         assert not any(a.startswith("train.epochs=") for a in divergence_advice(recipe, run_steps=long_enough))
 
 
-def test_a_run_at_chance_is_told_what_to_try(tiny_overrides):
+def test_a_short_run_says_at_start_that_it_is_short():
+    recipe = load_recipe(None, ["train.batch_size=16", "train.epochs=1"])
+    note = short_run_note(recipe, 75)  # 1,200 images at batch 16 for one epoch
+    assert note is not None and "75 optimizer steps" in note
+    assert note.endswith(f"train.epochs=8 gives it {rules.RUN_STEPS}")  # ceil(600 / 75)
+    load_recipe(None, ["train.batch_size=16", "train.epochs=1", "train.epochs=8"])  # what it names is accepted
+    assert short_run_note(recipe, rules.RUN_STEPS) is None  # the budget's length: nothing to say
+    assert short_run_note(load_recipe(None, ["train.batch_size=16"]), 75) is None  # train.epochs=auto plans its own
+
+
+def test_a_run_at_chance_is_told_what_to_try(tiny_overrides, capsys):
     recipe = load_recipe(None, [*tiny_overrides, "train.epochs=1", "model.whiten=false"])
     parts = build(recipe)
     trainer, log = start_run(parts.recipe, parts, Path(parts.recipe.run.dir), None, Clock())
     log.close()
     steps = -(-len(parts.train_loader.images) // 16)  # one epoch at batch 16
     assert trainer.plan.divergence_advice[0] == f"train.epochs={-(-rules.RUN_STEPS // steps)}"
+    said = " ".join(capsys.readouterr().err.split())  # (wrapped to 80 columns)
+    assert short_run_note(parts.recipe, steps) in said  # the same run was told at its start that it is short
     warned = []
     Trainer.check_result(SimpleNamespace(plan=trainer.plan, warn=warned.append), 0.1)  # a result at chance
     assert len(warned) == 1 and "chance level" in warned[0]
