@@ -64,7 +64,7 @@ class ImageFolder:
     size: tuple[int, int]  # (width, height) in pixels every image is brought to
     resize: bool  # False: images of another size are an error rather than resized
     name: str = "imagefolder"
-    size_note: str = ""  # what opening it decided about the image size, for the run's opening lines (or "")
+    size_note: str = ""  # what opening it decided about the image size and channels, for the opening lines
 
     @property
     def num_classes(self) -> int:
@@ -253,8 +253,8 @@ def open_image_folder(
     so the first N in file order would be a few classes only); `per_class` the first N of each class;
     `label_noise` flips that fraction of training labels (seeded). Without `size`: when the images come in one
     size (the held-out split's headers and a sample of the training split's say so), that size; when in several,
-    each is resized to a square of the median shorter side (`mixed_sizes_side`); without `rgb`, the first image's
-    mode decides (grey: 1 channel, else RGB).
+    each is resized to a square of the median shorter side (`mixed_sizes_side`); without `rgb`, one grey channel when
+    every image looked at (the held-out split's and the training sample's) is grey, else RGB (`folder_mode`).
     `val_fraction` > 0: that share of train/ (seeded, stratified by class) is the evaluation split instead of
     val/ or test/, which the folder then need not have.
     """
@@ -314,18 +314,37 @@ def open_image_folder(
     if label_noise:
         noisy, _ = flip_labels(train.labels, label_noise, len(classes), noise_generator(seed))
         train = FolderSplit(train.paths, noisy)
-    first = train.paths[0]
-    first_size, first_mode = _header(first)
+    first_size = _header(train.paths[0])[0]
     # the held-out split is read only at the end of the first epoch: a bad file is named now, not after it
-    sizes = [first_size, *(_header(path)[0] for path in test.paths)]
-    note = ""
+    headers = [_header(path) for path in test.paths]
+    spread = numpy.linspace(0, len(train.paths) - 1, min(SIZE_SAMPLE, len(train.paths))).round().astype(int)
+    headers += [_header(train.paths[i]) for i in sorted(set(spread.tolist()))]  # the first file among them
+    notes = []
     if size is None:
-        spread = numpy.linspace(0, len(train.paths) - 1, min(SIZE_SAMPLE, len(train.paths))).round().astype(int)
-        sizes += [_header(train.paths[i])[0] for i in sorted(set(spread.tolist()))]
-        size, note = mixed_sizes_side(sizes)
-    mode = ("L" if first_mode in GREY_MODES else "RGB") if rgb is None else ("RGB" if rgb else "L")
+        size, note = mixed_sizes_side([first_size, *(found for found, _ in headers)])
+        notes += [note] * bool(note)
+    if rgb is None:
+        mode, note = folder_mode([mode for _, mode in headers])
+        notes += [note] * bool(note)
+    else:
+        mode = "RGB" if rgb else "L"
     shape = (size, size) if size else first_size
-    return ImageFolder(root, classes, train, test, mode, shape, size is not None, size_note=note)
+    return ImageFolder(root, classes, train, test, mode, shape, size is not None, size_note="\n".join(notes))
+
+
+def folder_mode(modes: list[str]) -> tuple[str, str]:
+    """How a folder without `data.rgb` is read, from the Pillow modes of the images whose headers were sampled:
+    one grey channel when every one is grey, else RGB (a grey image's channel repeated), so that a folder of colour
+    photos with a few grey ones in it keeps its colour; with the line that says so when the folder mixes them."""
+    grey = sum(mode in GREY_MODES for mode in modes)
+    if grey == len(modes):
+        return "L", ""
+    if not grey:
+        return "RGB", ""
+    return "RGB", (
+        f"data.rgb: {grey} of {len(modes)} images looked at are grey, the rest in colour; all are read as RGB, the "
+        "grey ones' channel repeated (data.rgb=false reads every image as grey)"
+    )
 
 
 def mixed_sizes_side(sizes: list[tuple[int, int]]) -> tuple[int | None, str]:

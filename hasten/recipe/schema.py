@@ -92,7 +92,9 @@ class DataConfig(Section):
         "square of its median shorter side).",
     )
     rgb: bool | None = Field(
-        None, description="true: 3 channels (grey repeated); false: 1 channel (luma); null: as stored."
+        None,
+        description="true: 3 channels (grey repeated); false: 1 channel (luma); null: as stored (an image folder "
+        "of grey and colour images: 3 channels).",
     )
     workers: Annotated[int, Field(ge=0)] | None = Field(
         None,

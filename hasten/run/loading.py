@@ -30,7 +30,8 @@ def open_folder(recipe: Recipe, root: str | Path) -> ImageFolder:
                                val_fraction=cfg.val_fraction, subset=cfg.subset, test_subset=cfg.test_subset,
                                per_class=cfg.per_class)  # fmt: skip
     if folder.size_note and distributed.is_main():
-        say(folder.size_note)
+        for line in folder.size_note.splitlines():
+            say(line)
     return folder
 
 

@@ -175,6 +175,25 @@ def test_a_folder_of_mixed_sizes_is_resized_to_its_median_shorter_side(tmp_path:
     assert images.shape == (16, 3, 5, 5)
 
 
+def test_a_folder_of_colour_images_with_a_grey_one_first_keeps_its_colour(tmp_path: Path, capsys) -> None:
+    write_folder(tmp_path)  # RGB PNGs
+    first = tmp_path / "train" / "cat" / "000.png"  # the first training file, now grey
+    Image.open(first).convert("L").save(first)
+    data = open_image_folder(tmp_path)
+    assert data.mode == "RGB" and data.image_shape == (3, 6, 6)  # not every image read as grey for the first's sake
+    note = "data.rgb: 1 of 21 images looked at are grey, the rest in colour; all are read as RGB"
+    assert note in data.size_note
+    open_folder(load_recipe(None, ["data.name=imagefolder", f"data.root={tmp_path}"]), tmp_path)
+    assert note in " ".join(capsys.readouterr().err.split())  # said at the run's start
+    assert open_image_folder(tmp_path, rgb=False).mode == "L" and open_image_folder(tmp_path, rgb=False).size_note == ""
+    for path in (tmp_path / "train").rglob("*.png"):  # every image grey: one channel, nothing to say
+        Image.open(path).convert("L").save(path)
+    for path in (tmp_path / "val").rglob("*.png"):
+        Image.open(path).convert("L").save(path)
+    grey = open_image_folder(tmp_path)
+    assert grey.mode == "L" and grey.image_shape == (1, 6, 6) and grey.size_note == ""
+
+
 def test_an_odd_size_the_sample_missed_is_named_with_the_fix(tmp_path: Path, monkeypatch) -> None:
     from hasten.data import imagefolder
 
