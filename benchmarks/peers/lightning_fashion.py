@@ -42,6 +42,7 @@ from hasten.recipe.schema import PrecisionName, Recipe, apply_overrides, load_re
 from hasten.run.assemble import optimizer as make_optimizer
 from hasten.run.assemble import scaled_lr, seed_everything, tricks
 from hasten.run.build import dataset
+from hasten.run.loading import eval_batch_size
 from hasten.techniques import one_hot, param_groups, soft_cross_entropy
 
 # Lightning's name for each of hasten's modes (PRECISION_MODES)
@@ -83,7 +84,8 @@ def train_lightning(recipe: Recipe) -> dict[str, Any]:
     train_loader = DataLoader(
         TensorDataset(data.train_images, data.train_labels), batch_size=recipe.train.batch_size, shuffle=True
     )
-    test_loader = DataLoader(TensorDataset(data.test_images, data.test_labels), batch_size=recipe.train.eval_batch_size)
+    eval_batch = eval_batch_size(recipe, device, tuple(data.test_images.shape[1:]))  # hasten's, as hasten's run has it
+    test_loader = DataLoader(TensorDataset(data.test_images, data.test_labels), batch_size=eval_batch)
     steps = recipe.train.epochs * len(train_loader)
     aug = recipe.data.augment
     augment = Augment(aug.flip, aug.translate) if (aug.flip or aug.translate) else None

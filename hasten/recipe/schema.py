@@ -396,9 +396,12 @@ class TrainConfig(Section):
         description="Training images per step, per process. auto: the batch of least predicted time to the result on "
         "this machine (hasten/tune/rules.py).",
     )
-    # 256, not larger: on a CPU, fashion-fast's evaluation (one view or six) ran ~1.7x faster in batches of 256 than
-    # of 1024, whose activations overflow the caches (docs/results/wallclock.md); a GPU hardly minds
-    eval_batch_size: Annotated[int, Field(ge=1)] = Field(256, description="Images per batch when evaluating.")
+    eval_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto",
+        description="Images per batch when evaluating. auto: 256 on a GPU; on a CPU, where activations that outgrow "
+        "the caches slow the pass, 64 of up to 64x64 pixels, fewer of larger images, at least 16 "
+        "(hasten/tune/rules.py).",
+    )
     # so time to accuracy resolves to seconds
     eval_every_steps: Annotated[int, Field(ge=0)] = Field(
         0,

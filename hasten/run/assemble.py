@@ -58,14 +58,14 @@ def loaders(
     sliced into batches; an image folder is decoded by DataLoader workers. Their options: `loader_options`."""
     if isinstance(data, StreamedData):  # a user's Dataset, streamed by DataLoader workers
         return streamed_loaders(recipe, data, device, rank, world_size)
+    stats = normalisation_stats(data, recipe.seed)
+    train, test = loader_options(recipe, *stats, device, data.image_shape, rank, world_size)
     if isinstance(data, ImageFolder):
-        train, test = loader_options(recipe, *normalisation_stats(data, recipe.seed), device, rank, world_size)
         workers = loader_workers(recipe)
         return (
             ImageFolderLoader(BatchDecoder(data.train, data.mode, data.size, data.resize), workers=workers, **train),
             ImageFolderLoader(BatchDecoder(data.test, data.mode, data.size, data.resize), workers=workers, **test),
         )
-    train, test = loader_options(recipe, *normalisation_stats(data, recipe.seed), device, rank, world_size)
     train_loader = InMemoryLoader(data.train_images, data.train_labels, **train)
     return train_loader, InMemoryLoader(data.test_images, data.test_labels, **test)
 

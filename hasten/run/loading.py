@@ -20,6 +20,7 @@ from hasten.data.loader import Augment
 from hasten.engine import distributed
 from hasten.progress import say
 from hasten.recipe.schema import Recipe
+from hasten.tune import rules
 
 
 def open_folder(recipe: Recipe, root: str | Path) -> ImageFolder:
@@ -35,8 +36,21 @@ def open_folder(recipe: Recipe, root: str | Path) -> ImageFolder:
     return folder
 
 
+def eval_batch_size(recipe: Recipe, device: torch.device, image_shape: tuple[int, ...]) -> int:
+    """`train.eval_batch_size`, or for `auto` the rule's batch for (C, H, W) images on this device
+    (hasten/tune/rules.py's eval_batch)."""
+    asked = recipe.train.eval_batch_size
+    return asked if asked != "auto" else rules.eval_batch(device.type, int(image_shape[-2]), int(image_shape[-1]))
+
+
 def loader_options(
-    recipe: Recipe, mean: Tensor, std: Tensor, device: torch.device, rank: int = 0, world_size: int = 1
+    recipe: Recipe,
+    mean: Tensor,
+    std: Tensor,
+    device: torch.device,
+    image_shape: tuple[int, ...],
+    rank: int = 0,
+    world_size: int = 1,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The keyword arguments of the run's training and test loaders (`ShardedEpochs`'s options), with the
     normalisation statistics `mean` and `std` of its training images."""
@@ -44,7 +58,7 @@ def loader_options(
     common = dict(mean=mean, std=std, channels_last=cfg.channels_last, device=device, rank=rank, world_size=world_size)
     augment = Augment(aug.flip, aug.translate) if (aug.flip or aug.translate) else None
     train = dict(batch_size=cfg.batch_size, shuffle=True, seed=recipe.seed, augment=augment, remainder=cfg.remainder)
-    test = dict(batch_size=cfg.eval_batch_size, remainder="split")
+    test = dict(batch_size=eval_batch_size(recipe, device, image_shape), remainder="split")
     return train | common, test | common
 
 

@@ -25,6 +25,7 @@ from hasten.models.user import check_model
 from hasten.progress import say
 from hasten.recipe.schema import PRECISION_MODES, Recipe, dotted
 from hasten.run.assemble import assemble, loaders, lr_scale, train_size
+from hasten.run.loading import eval_batch_size
 from hasten.run.user import recorded, user_objects
 from hasten.runfolder.checkpoint import checkpoints_in, latest_usable, load_checkpoint
 from hasten.tune import autotune, rules
@@ -112,6 +113,11 @@ def resolve(
     the machine decided (a resume may decide them again)."""
     world = world_size()
     recipe, notes = resolve_for_data(recipe, data, world)
+    if recipe.train.eval_batch_size == "auto":
+        recipe.train.eval_batch_size = eval_batch_size(recipe, device, data.image_shape)  # (resolve_for_data's copy)
+        height, width = data.image_shape[-2:]
+        where = f"{height}x{width} images on a CPU" if device.type == "cpu" else f"on {device.type}"
+        notes.append(f"train.eval_batch_size=auto -> {recipe.train.eval_batch_size} ({where})")
     if user_objects(recipe, given_model, given_data):  # fail before anything is timed or trained
         check_model(copy.deepcopy(model).to(device), data.image_shape, len(data.classes), device)
         recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)

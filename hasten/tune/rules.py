@@ -114,6 +114,23 @@ def auto_epochs(images: int, batch: int, world: int = 1, accumulate: int = 1) ->
     return max(MIN_EPOCHS, min(MAX_EPOCHS, -(-RUN_STEPS // steps_per_epoch(images, batch, world, accumulate))))
 
 
+EVAL_BATCH = 256  # train.eval_batch_size=auto on a GPU
+# ... on a CPU, where a forward pass over a batch whose activations outgrow the caches slows per image: at most
+# EVAL_BATCH_CPU images and EVAL_PIXELS pixels a batch (the default model, one thread: 28-64 px images ran 1.3-1.9x
+# slower per image in batches of 128 or 256 than of 64, 96 px ones 1.3x slower at 64 than at 16 or 32; docs/defaults.md)
+EVAL_BATCH_CPU = 64
+EVAL_PIXELS = 64 * 64 * 64
+
+
+def eval_batch(device_type: str, height: int, width: int) -> int:
+    """train.eval_batch_size=auto: EVAL_BATCH on a GPU; on a CPU the largest power of two of images from MIN_BATCH
+    to EVAL_BATCH_CPU that holds at most EVAL_PIXELS pixels (MIN_BATCH when even it holds more)."""
+    if device_type != "cpu":
+        return EVAL_BATCH
+    fits = max(1, EVAL_PIXELS // max(1, height * width))
+    return max(MIN_BATCH, min(EVAL_BATCH_CPU, 1 << (fits.bit_length() - 1)))
+
+
 def auto_whiten(model: str, pretrained: str | None) -> bool:
     """model.whiten=auto: hasten's ResNet trained from scratch starts with its first conv's filters whitening the
     images' patches, frozen (hasten/techniques/whitening.py); a user's model or pretrained weights are left as they

@@ -63,7 +63,7 @@ def _test_loader(recipe: Any, data: Any, facts: RunFacts, device: torch.device) 
     from hasten.data.loader import InMemoryLoader
     from hasten.run.loading import loader_options, loader_workers
 
-    _, options = loader_options(recipe, torch.tensor(facts.mean), torch.tensor(facts.std), device)
+    _, options = loader_options(recipe, torch.tensor(facts.mean), torch.tensor(facts.std), device, facts.image_shape)
     if isinstance(data, ImageFolder):
         decoder = BatchDecoder(data.test, data.mode, data.size, data.resize)
         return ImageFolderLoader(decoder, workers=loader_workers(recipe), **options)

@@ -91,6 +91,24 @@ def test_a_run_takes_the_batch_the_rule_picks_and_records_it(tmp_path, monkeypat
     assert "train.batch_size=auto -> 32" in capsys.readouterr().err
 
 
+def test_the_eval_batch_on_a_cpu_is_smaller_for_larger_images():
+    assert rules.eval_batch("cpu", 8, 8) == rules.eval_batch("cpu", 28, 28) == rules.eval_batch("cpu", 64, 64) == 64
+    assert rules.eval_batch("cpu", 80, 80) == 32  # 40 of 80x80 fit in 262,144 pixels: the power of two below
+    assert rules.eval_batch("cpu", 96, 96) == rules.eval_batch("cpu", 512, 512) == rules.MIN_BATCH  # at least 16
+    assert rules.eval_batch("cuda", 28, 28) == rules.eval_batch("cuda", 224, 224) == rules.EVAL_BATCH == 256
+
+
+def test_a_run_records_the_eval_batch_it_decided(tmp_path, capsys):
+    overrides = [*QUIET, "data.name=synthetic", "data.synthetic_size=64", "data.size=64", "train.batch_size=16",
+                 "train.epochs=1", "model.width=4", f"run.dir={tmp_path}"]  # fmt: skip
+    hasten.train(None, overrides)
+    assert yaml.safe_load((tmp_path / "recipe.yaml").read_text())["train"]["eval_batch_size"] == 64
+    assert "train.eval_batch_size=auto -> 64 (64x64 images on a CPU)" in capsys.readouterr().err
+    given = tmp_path / "given"
+    hasten.train(None, [*overrides[:-1], "train.eval_batch_size=100", f"run.dir={given}"])  # as given
+    assert yaml.safe_load((given / "recipe.yaml").read_text())["train"]["eval_batch_size"] == 100
+
+
 def test_small_data_gets_the_smallest_batch_without_timing_any(tmp_path, monkeypatch, capsys):
     timed = _fake_step_times(monkeypatch, {})
     overrides = [*QUIET, "data.name=synthetic", "data.synthetic_size=256", "train.epochs=2", f"run.dir={tmp_path}"]
