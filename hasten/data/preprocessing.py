@@ -34,7 +34,7 @@ RESIZERS = ("torch", "pillow")  # which bilinear resize training used (module do
 # the largest image side hasten trains on or converts images to (data.size, a run's recorded input size): a
 # 2048 x 2048 RGB image is 50 MB as floats; a size read from a file beyond this is refused before any allocation
 MAX_IMAGE_SIDE = 2048
-PREDICT_BYTES = 1 << 28  # float bytes of images per forward pass in predict (at most PREDICT_BATCH images too)
+PREDICT_BYTES = 1 << 28  # float bytes of images per forward pass in predict, at most
 
 
 @contextlib.contextmanager

@@ -47,9 +47,9 @@ from hasten.recipe.schema import Recipe, validate
 from hasten.recipe.trust import Trust, embedded_recipe
 from hasten.runfolder.checkpoint import latest_usable, load_checkpoint, load_model_weights, training_checkpoint
 from hasten.techniques.tta import black_fill, tta_logits
+from hasten.tune import rules
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # AveragedModel / DDP and torch.compile prefix every key
-PREDICT_BATCH = 256  # images per forward pass in predict
 
 
 def _strip(key: str) -> str:
@@ -286,12 +286,22 @@ class Predicts:
     def logits_of(self, pixels: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def device_type(self) -> str:
+        """Where `logits_of` computes: "cpu" unless a subclass says otherwise."""
+        return "cpu"
+
+    def chunk(self) -> int:
+        """Images per forward pass: as many as the run's evaluation would batch on this device
+        (`train.eval_batch_size: auto`, hasten/tune/rules.py), and at most PREDICT_BYTES of them as floats."""
+        pre = self.preprocessing
+        batch = rules.eval_batch(self.device_type(), pre.height, pre.width)
+        return max(1, min(batch, PREDICT_BYTES // (4 * pre.channels * pre.height * pre.width)))
+
     def probabilities(self, images: Any) -> Tensor:
         """(N, classes) probabilities of images: paths, Pillow images, or uint8 (N, C, H, W) in the model's mode.
-        Files are read a chunk at a time (PREDICT_BATCH images, at most PREDICT_BYTES as floats), so a folder of
-        any size takes the memory of one chunk."""
+        Files are read a chunk at a time (`chunk` images), so a folder of any size takes the memory of one chunk."""
         pre = self.preprocessing
-        per_chunk = max(1, min(PREDICT_BATCH, PREDICT_BYTES // (4 * pre.channels * pre.height * pre.width)))
+        per_chunk = self.chunk()
         if isinstance(images, (Tensor, numpy.ndarray)):
             pixels = pre.batch(images)
             logits = [self.logits_of(chunk) for chunk in pixels.split(per_chunk)]
@@ -340,6 +350,9 @@ class Predictor(nn.Module, Predicts):
     def logits_of(self, pixels: Tensor) -> Tensor:
         device = next(self.model.parameters()).device
         return self(self.preprocessing.normalise(pixels.to(device))).cpu()
+
+    def device_type(self) -> str:
+        return next(self.model.parameters()).device.type
 
 
 def decode_metadata(meta: dict[str, str]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from hasten.data.preprocessing import Preprocessing
 from hasten.data.transforms import resize_images
 from hasten.errors import CheckpointError
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
+from hasten.tune import rules
 from hasten.use.load import evaluated_state_dict
 from tests.tiny import tiny_recipe
 
@@ -164,6 +165,10 @@ def test_safetensors_export_carries_metadata_and_reproduces_accuracy(ema_run, tm
     with torch.no_grad():
         logits = model(model.preprocessing.normalise(images))
     assert accuracy(logits.argmax(1), labels) == summary["test_accuracy"]
+    # predict batches as the run's evaluation did on this device (64 images of 28x28 on a CPU): several chunks here,
+    # and the same probabilities as one pass over every image
+    assert model.chunk() == rules.eval_batch("cpu", 28, 28) == 64 and len(images) > model.chunk()
+    assert torch.allclose(probs, logits.softmax(1), atol=1e-5)
 
 
 @pytest.mark.numerics
