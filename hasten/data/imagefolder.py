@@ -64,7 +64,7 @@ class ImageFolder:
     size: tuple[int, int]  # (width, height) in pixels every image is brought to
     resize: bool  # False: images of another size are an error rather than resized
     name: str = "imagefolder"
-    size_note: str = ""  # what opening it decided about the image size and channels, for the opening lines
+    notes: tuple[str, ...] = ()  # what opening it decided about the image size and channels: the run says each
 
     @property
     def num_classes(self) -> int:
@@ -314,22 +314,25 @@ def open_image_folder(
     if label_noise:
         noisy, _ = flip_labels(train.labels, label_noise, len(classes), noise_generator(seed))
         train = FolderSplit(train.paths, noisy)
-    first_size = _header(train.paths[0])[0]
     # the held-out split is read only at the end of the first epoch: a bad file is named now, not after it
-    headers = [_header(path) for path in test.paths]
-    spread = numpy.linspace(0, len(train.paths) - 1, min(SIZE_SAMPLE, len(train.paths))).round().astype(int)
-    headers += [_header(train.paths[i]) for i in sorted(set(spread.tolist()))]  # the first file among them
+    held_out = [_header(path) for path in test.paths]
+    # the training split: a spread sample from its first file on when the size or the channels are to be decided
+    # from it, else its first file alone
+    count = min(SIZE_SAMPLE, len(train.paths)) if size is None or rgb is None else 1
+    spread = numpy.linspace(0, len(train.paths) - 1, count).round().astype(int)
+    sampled = [_header(train.paths[i]) for i in sorted(set(spread.tolist()))]
+    first_size = sampled[0][0]
     notes = []
     if size is None:
-        size, note = mixed_sizes_side([first_size, *(found for found, _ in headers)])
+        size, note = mixed_sizes_side([first_size, *(found for found, _ in held_out + sampled)])
         notes += [note] * bool(note)
     if rgb is None:
-        mode, note = folder_mode([mode for _, mode in headers])
+        mode, note = folder_mode([found for _, found in held_out + sampled])
         notes += [note] * bool(note)
     else:
         mode = "RGB" if rgb else "L"
     shape = (size, size) if size else first_size
-    return ImageFolder(root, classes, train, test, mode, shape, size is not None, size_note="\n".join(notes))
+    return ImageFolder(root, classes, train, test, mode, shape, size is not None, notes=tuple(notes))
 
 
 def folder_mode(modes: list[str]) -> tuple[str, str]:

@@ -350,7 +350,7 @@ def start_run(
     asked = asked_rise_steps(recipe.schedule, lr_scale(recipe))
     if 2 * plan.rise_steps < asked and checkpoint is None:  # under half the warm-up asked for
         trainer.warn(
-            f"the run has only {optimizer_steps(recipe, parts.train_loader)} optimizer steps: its LR rises over "
+            f"the run has only {run_steps} optimizer steps: its LR rises over "
             f"{plan.rise_steps} of them where schedule.min_warmup_steps asks for {asked}; more epochs or a smaller "
             "batch would let it warm up fully"
         )

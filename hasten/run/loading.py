@@ -30,9 +30,9 @@ def open_folder(recipe: Recipe, root: str | Path) -> ImageFolder:
     folder = open_image_folder(root, size=cfg.size, rgb=cfg.rgb, label_noise=cfg.label_noise, seed=recipe.seed,
                                val_fraction=cfg.val_fraction, subset=cfg.subset, test_subset=cfg.test_subset,
                                per_class=cfg.per_class)  # fmt: skip
-    if folder.size_note and distributed.is_main():
-        for line in folder.size_note.splitlines():
-            say(line)
+    if distributed.is_main():
+        for note in folder.notes:
+            say(note)
     return folder
 
 

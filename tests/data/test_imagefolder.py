@@ -163,10 +163,11 @@ def test_a_folder_of_mixed_sizes_is_resized_to_its_median_shorter_side(tmp_path:
     data = open_image_folder(tmp_path)
     assert data.size == (6, 6) and data.resize  # the median shorter side (the mean would be 9, the largest 50)
     note = "the images come in 4 sizes (6-50 x 6-60 pixels); each is resized to 6x6"
-    assert note in data.size_note and capsys.readouterr().err == ""  # the data layer decides; the run says it
+    # the data layer decides; the run says it
+    assert any(note in line for line in data.notes) and capsys.readouterr().err == ""
     open_folder(load_recipe(None, ["data.name=imagefolder", f"data.root={tmp_path}"]), tmp_path)
     assert note in " ".join(capsys.readouterr().err.split())  # (wrapped to the terminal's width)
-    assert open_image_folder(tmp_path, size=5).size_note == ""  # data.size given: nothing decided
+    assert open_image_folder(tmp_path, size=5).notes == ()  # data.size given: nothing decided
     train, _ = image_folder_loaders(data, 16, 4, workers=0)
     (images, _), *_ = list(train)
     assert images.shape == (16, 3, 6, 6)  # every image comes out 6x6, whatever its size on disk
@@ -182,16 +183,16 @@ def test_a_folder_of_colour_images_with_a_grey_one_first_keeps_its_colour(tmp_pa
     data = open_image_folder(tmp_path)
     assert data.mode == "RGB" and data.image_shape == (3, 6, 6)  # not every image read as grey for the first's sake
     note = "data.rgb: 1 of 21 images looked at are grey, the rest in colour; all are read as RGB"
-    assert note in data.size_note
+    assert any(note in line for line in data.notes)
     open_folder(load_recipe(None, ["data.name=imagefolder", f"data.root={tmp_path}"]), tmp_path)
     assert note in " ".join(capsys.readouterr().err.split())  # said at the run's start
-    assert open_image_folder(tmp_path, rgb=False).mode == "L" and open_image_folder(tmp_path, rgb=False).size_note == ""
+    assert open_image_folder(tmp_path, rgb=False).mode == "L" and open_image_folder(tmp_path, rgb=False).notes == ()
     for path in (tmp_path / "train").rglob("*.png"):  # every image grey: one channel, nothing to say
         Image.open(path).convert("L").save(path)
     for path in (tmp_path / "val").rglob("*.png"):
         Image.open(path).convert("L").save(path)
     grey = open_image_folder(tmp_path)
-    assert grey.mode == "L" and grey.image_shape == (1, 6, 6) and grey.size_note == ""
+    assert grey.mode == "L" and grey.image_shape == (1, 6, 6) and grey.notes == ()
 
 
 def test_an_odd_size_the_sample_missed_is_named_with_the_fix(tmp_path: Path, monkeypatch) -> None:
