@@ -97,6 +97,30 @@ def test_summary_times_accuracy_on_the_wall_clock_from_the_command_start(tiny_ov
     assert summary["mid_eval"] == "plain"
 
 
+def test_the_probe_is_not_charged_with_torch_optims_import_of_dynamo(tmp_path):
+    """Building a torch.optim optimizer imports torch._dynamo (seconds); the start-up's split charges that to the
+    imports, so the probe's line is the probe's own time: by the time `resolve` (the probe) starts it is imported.
+    In a fresh process, since this test session has long imported it."""
+    script = f"""
+import sys
+import hasten.run.build as build
+from hasten.recipe.schema import load_recipe
+from tests.tiny import tiny_recipe
+seen = []
+def resolve(*args, _resolve=build.resolve, **kwargs):
+    seen.append("torch._dynamo" in sys.modules)
+    return _resolve(*args, **kwargs)
+build.resolve = resolve
+before = "torch._dynamo" in sys.modules
+build.build(load_recipe("default", tiny_recipe({str(tmp_path / "run")!r})))
+print(before, seen)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parents[2])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "False [True]"
+
+
 def test_a_resumed_run_keeps_counting_from_its_checkpoint(tiny_overrides, tmp_path):
     first = hasten.train(None, [*tiny_overrides, "train.epochs=1"])
     summary = hasten.train(None, [*tiny_overrides, "resume=auto", "resume.allow_changes=[train.epochs]"])
