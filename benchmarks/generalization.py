@@ -494,7 +494,9 @@ def dataset_note(name: str, out: Path, args: argparse.Namespace) -> dict[str, An
     """What the report says of a dataset: its overrides (but those at DATA_RESET's values), where it comes from."""
     overrides = dataset_overrides(name, out, args.folders)
     note: dict[str, Any] = {"overrides": as_list({k: v for k, v in overrides.items() if DATA_RESET.get(k) != v})}
-    if name in generated.REGISTRY:
+    if args.folders and name in args.folders:
+        note["folder"] = args.folders[name]
+    elif name in generated.REGISTRY:
         found = generated.manifest(out / "data" / name) or {}
         note |= {"generated": generated.REGISTRY[name].summary, "sha256": found.get("sha256")}
     if overrides.get("data.test_subset") not in (None, "null"):

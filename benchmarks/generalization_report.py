@@ -289,7 +289,9 @@ def write_report(results: dict[str, Any], path: Path) -> str:
             lines.append(f"- {_epochs(r)} epochs: {len(reached)} of {len(times)} default seeds reach 93%{median}")
     lines += ["", "## Datasets", ""]
     for name, note in results["datasets"].items():
-        text = note.get("generated") or "registered dataset"
+        text = note.get("generated") or (
+            "an image folder of your own (--folder)" if note.get("folder") else "registered dataset"
+        )
         if note.get("test_subset"):
             text += f"; judged on the first {note['test_subset']:,} test images"
         if note.get("sha256"):

@@ -181,6 +181,7 @@ def test_the_cache_follows_the_recipe_hastens_source_and_user_folders(tmp_path: 
     text = (tmp_path / "out" / "report.md").read_text()
     (second,) = [line for line in text.splitlines() if line.startswith("| synthetic | 2 |")]
     assert "| synthetic | 1 |" in text and "| not run | not run | not run |" in second
+    assert "- `synthetic`: registered dataset" in text and "- `mine`: an image folder of your own (--folder)" in text
     first, second = sorted((tmp_path / "mine" / "train").rglob("*.png"))[:2]
     first.write_bytes(second.read_bytes())  # the user replaces an image
     generalization.main(argv)
