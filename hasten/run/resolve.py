@@ -249,6 +249,11 @@ def choose_on_machine(
     else:
         sizes = [values["train.batch_size"]]
     choice = options[0]
+    # the images each process will train on, at the most epochs any candidate batch gives the run: what bounds the
+    # probe's time (autotune.time_limit)
+    epochs_ = recipe.train.epochs
+    run_epochs = epochs_ if epochs_ != "auto" else rules.auto_epochs(images, min(sizes), world, accumulate)
+    run_images = images * run_epochs // world
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout, DataLoader seeds
         batch = probe_batch(recipe, data, device, max(sizes)) if len(options) > 1 or len(sizes) > 1 else None
         if len(options) > 1:
@@ -256,11 +261,11 @@ def choose_on_machine(
             probed = [key for key in ("precision", "train.channels_last") if key in asked and key not in kept]
             # timed here, or as timed before on this machine (the probe's cache), and said there
             choice = autotune.cached_probe(
-                model, (batch[0][:at], batch[1][:at]), len(data.classes), options, probed
+                model, (batch[0][:at], batch[1][:at]), len(data.classes), options, probed, run_images
             ).choice
         if len(sizes) > 1:
             timed = rules.timed_sizes(sizes)
-            measured, where = autotune.cached_batch_times(model, batch, len(data.classes), choice, timed)
+            measured, where = autotune.cached_batch_times(model, batch, len(data.classes), choice, timed, run_images)
             seconds = rules.step_time_line(measured, sizes)
             values["train.batch_size"] = rules.choose_batch(seconds)
             notes.append(f"{rules.describe_batch_choice(seconds, values['train.batch_size'], measured)}; {where}")

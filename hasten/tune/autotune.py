@@ -7,9 +7,11 @@ channels_last both win for convolutions. So before training, a probe times the r
 (hasten.engine.step.TrainStep: the user's model, a real batch, the run's loss) on a copy of the model, for each
 setting, interleaved over a few rounds so drift of a shared machine hits every candidate alike, and keeps the
 fastest per-step time (the minimum over rounds: noise only ever adds time). Time is not spent on hopeless
-candidates: a first look at an eighth of the batch leaves out those SCREENED_OUT (3x) slower than the fastest
-(bf16 on a CPU without bf16 instructions: 5-10x), and after the first full round those OUTPACED (1.5x) slower are
-timed no more; neither could come within TIE of the fastest. Candidates within TIE (5%) of the
+candidates: where precisions are mixed, a first look at an eighth of the batch leaves out those SCREENED_OUT (3x)
+slower than the fastest (a 16-bit mode where the CPU emulates it: 5-10x), and after the first full round those
+OUTPACED (1.5x) slower are timed no more; neither could come within TIE of the fastest. Nor is it spent out of
+proportion to the run: after two timed rounds the probe stops at MAX_PROBE_SECONDS, or at PROBE_SHARE of the run's
+predicted training time if that is less (`time_limit`). Candidates within TIE (5%) of the
 fastest count as tied and the first in a fixed order wins (fp32 before bf16, contiguous before channels_last), so
 two runs on one machine choose alike unless a candidate really is faster: what is not worth 5% is not worth the
 16-bit rounding or a second layout.
@@ -57,6 +59,9 @@ from hasten.version import __version__
 
 ROUNDS = 4  # timed steps per candidate, interleaved: the minimum over them is kept
 MAX_PROBE_SECONDS = 8.0  # after two rounds, stop early once the probe has taken this long
+# ... or this share of the run it serves (its images times the fastest seconds per image timed so far), if less:
+# a 4-epoch run of 500 115-pixel photos (~25 s of training on 2 cores) spent 9 s of its start-up in the probe
+PROBE_SHARE = 0.05
 # after the first timed round, a candidate this many times slower than the fastest is timed no more: it cannot come
 # within TIE of it
 OUTPACED = 1.5
@@ -142,11 +147,26 @@ def _step_on_copy(model: nn.Module, option: Candidate, device: torch.device, num
     return TrainStep(copy_, optimizer, precision, num_classes, **kwargs)
 
 
+def time_limit(run_images: int | None, seconds_per_image: float) -> float:
+    """How long a probe may go on after its second timed round: MAX_PROBE_SECONDS, or PROBE_SHARE of the run it
+    serves (`run_images` images at the fastest `seconds_per_image` timed) if that is less; None: the run's length
+    is not known."""
+    if run_images is None:
+        return MAX_PROBE_SECONDS
+    return min(MAX_PROBE_SECONDS, PROBE_SHARE * run_images * seconds_per_image)
+
+
 def probe(
-    model: nn.Module, batch: tuple[Tensor, Tensor], num_classes: int, options: Sequence[Candidate], loss_fn=None
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    num_classes: int,
+    options: Sequence[Candidate],
+    loss_fn=None,
+    run_images: int | None = None,
 ) -> Probe:
     """Time one training step of a copy of `model` on `batch` for each of `options`; the fastest safe one wins.
-    `model` itself is never touched (its weights, buffers and memory format stay as they were)."""
+    `model` itself is never touched (its weights, buffers and memory format stay as they were). `run_images`: the
+    images the run will train on, which bounds the probe's time (`time_limit`)."""
     images, labels = batch
     device = images.device
     losses: dict[Candidate, float] = {}
@@ -154,7 +174,9 @@ def probe(
     layout = {False: in_layout(images, False), True: in_layout(images, True)}
     few = max(SCREEN_MIN, len(labels) // SCREEN_SHARE)  # a look at a small batch: below some images it says little
     screen = {c: (x[:few], labels[:few]) for c, x in layout.items()}
-    dropped = _screen(steps, screen, device) if few < len(labels) else {}
+    # the first look is for a 16-bit candidate that may be hopeless; layouts of one precision are not 3x apart
+    mixed = len({option.precision for option in options}) > 1
+    dropped = _screen(steps, screen, device) if few < len(labels) and mixed else {}
     screened, best = dict(dropped), {option: math.inf for option in options}
     outpaced: set[Candidate] = set()
     started = time.perf_counter()
@@ -167,7 +189,8 @@ def probe(
                 losses[option] = loss
             else:
                 best[option] = min(best[option], seconds)
-        if round_ >= 2 and time.perf_counter() - started > MAX_PROBE_SECONDS:
+        per_image = min(best.values()) / len(labels)
+        if round_ >= 2 and time.perf_counter() - started > time_limit(run_images, per_image):
             break
         if round_ == 0:
             dropped = screened | _unsafe(losses)
@@ -223,11 +246,17 @@ def _unsafe(losses: dict[Candidate, float]) -> dict[Candidate, str]:
 
 
 def time_batches(
-    model: nn.Module, batch: tuple[Tensor, Tensor], num_classes: int, option: Candidate, sizes: Sequence[int]
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    num_classes: int,
+    option: Candidate,
+    sizes: Sequence[int],
+    run_images: int | None = None,
 ) -> dict[int, float]:
     """Seconds of one training step of a copy of `model` in `option` at each batch size of `sizes` (the first
     images of `batch`, which holds at least the largest), interleaved over rounds, the minimum kept; under several
-    processes the ranks' times are summed, so every rank sees the same. `model` is never touched."""
+    processes the ranks' times are summed, so every rank sees the same. `model` is never touched. `run_images`
+    bounds its time as `probe`'s."""
     images, labels = batch
     device = images.device
     images = in_layout(images, option.channels_last)
@@ -239,7 +268,8 @@ def time_batches(
             seconds, _ = _timed_step(step, (images[:size], labels[:size]), device)
             if round_:
                 best[size] = min(best[size], seconds)
-        if round_ >= 2 and time.perf_counter() - started > MAX_PROBE_SECONDS:
+        per_image = min(best[size] / size for size in sizes)
+        if round_ >= 2 and time.perf_counter() - started > time_limit(run_images, per_image):
             break
     totals = all_reduce_sum([best[size] for size in sizes], device)
     return dict(zip(sizes, totals, strict=True))
@@ -405,7 +435,12 @@ def _read_json(path: Path) -> tuple[Any, str | None]:
 
 
 def cached_probe(
-    model: nn.Module, batch: tuple[Tensor, Tensor], num_classes: int, options: Sequence[Candidate], asked: Sequence[str]
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    num_classes: int,
+    options: Sequence[Candidate],
+    asked: Sequence[str],
+    run_images: int | None = None,
 ) -> Probe:
     """`probe`'s result for this machine, model and batch: from the cache when it holds a valid one for the key,
     else measured and cached; said in the opening lines (the choice, the timings, the key and the cache file).
@@ -423,7 +458,7 @@ def cached_probe(
         return found
     if problem and is_main():
         say(f"probe cache {path} ignored ({problem}); probing again")
-    result = probe(model, batch, num_classes, options)
+    result = probe(model, batch, num_classes, options, run_images=run_images)
     if is_main():
         announce(result, len(images), asked)
         failed = write_cached(path, key, result)
@@ -453,7 +488,12 @@ def _parse_batch_times(saved: Any, key: dict[str, Any]) -> dict[int, float]:
 
 
 def cached_batch_times(
-    model: nn.Module, batch: tuple[Tensor, Tensor], num_classes: int, option: Candidate, sizes: Sequence[int]
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    num_classes: int,
+    option: Candidate,
+    sizes: Sequence[int],
+    run_images: int | None = None,
 ) -> tuple[dict[int, float], str]:
     """`time_batches`'s seconds per step at each of `sizes`, from the cache when it holds them for this machine,
     model, image shape, option and sizes (a cached file is data, checked field by field like the probe's), else
@@ -466,7 +506,7 @@ def cached_batch_times(
         return found, f"timed on this machine before ({path}; delete it to time again)"
     if problem and is_main():
         say(f"batch timing cache {path} ignored ({problem}); timing again")
-    measured = time_batches(model, batch, num_classes, option, sizes)
+    measured = time_batches(model, batch, num_classes, option, sizes, run_images)
     failed = None
     if is_main():
         when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -101,6 +101,36 @@ def test_probe_spends_no_rounds_on_hopeless_candidates(monkeypatch):
     assert "left out: 8.0x slower" in result.describe(128)
 
 
+def test_the_probe_is_bounded_by_the_run_it_serves(monkeypatch):
+    """After its second timed round the probe stops once it has taken PROBE_SHARE of the run's predicted training
+    time (its images at the fastest seconds per image), or MAX_PROBE_SECONDS; with one precision there is no first
+    look (it is for a 16-bit candidate that may be hopeless)."""
+    assert autotune.time_limit(None, 1.0) == autotune.MAX_PROBE_SECONDS
+    assert autotune.time_limit(1_000, 0.002) == pytest.approx(autotune.PROBE_SHARE * 2.0)
+    assert autotune.time_limit(10**9, 0.002) == autotune.MAX_PROBE_SECONDS
+    options = autotune.candidates("fp32", "auto", torch.device("cpu"))  # two layouts of fp32
+    seconds = {options[0]: 1.0, options[1]: 1.2}  # per step of 128 images
+    batch = (torch.randn(128, 2, 8, 8), torch.randint(0, 3, (128,)))
+
+    class Clock:  # each reading a second after the last
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            self.now += 1.0
+            return self.now
+
+    monkeypatch.setattr(autotune, "time", Clock())
+    calls = _fake_timings(monkeypatch, seconds)
+    autotune.probe(_net(), batch, 3, options, run_images=100)  # a run of 100 images: ~0.8 s of training
+    assert calls == options * 3  # no first look; the warm-up round and two timed ones
+    calls = _fake_timings(monkeypatch, seconds)
+    assert autotune.probe(_net(), batch, 3, options, run_images=10**6).choice == options[0]
+    assert calls == options * (autotune.ROUNDS + 1)  # a long run: every round
+    calls = _fake_timings(monkeypatch, seconds)
+    assert autotune.time_batches(_net(), batch, 3, options[0], [16, 64], run_images=100).keys() == {16, 64}
+    assert len(calls) == 2 * 3
+
+
 def test_probe_leaves_the_model_as_it_was(monkeypatch):
     monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)  # every candidate timed, on any CPU
     model = _net()
@@ -166,7 +196,7 @@ def counted_probe(monkeypatch) -> list[list[Candidate]]:
     calls: list[list[Candidate]] = []
     monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)  # bf16 among the candidates, on any CPU
 
-    def fake(model, batch, num_classes, options, loss_fn=None):
+    def fake(model, batch, num_classes, options, loss_fn=None, run_images=None):
         calls.append(list(options))
         seconds = {o: 1.0 + 0.1 * i for i, o in enumerate(reversed(options))}
         return autotune.Probe(seconds, options[-1], {})

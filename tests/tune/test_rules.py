@@ -66,7 +66,7 @@ def test_auto_epochs_take_enough_steps_within_bounds():
 def _fake_step_times(monkeypatch, seconds: dict[int, float]) -> list[list[int]]:
     timed = []
 
-    def time_batches(model, batch, num_classes, option, sizes):
+    def time_batches(model, batch, num_classes, option, sizes, run_images=None):
         timed.append(list(sizes))
         assert len(batch[0]) >= max(sizes)  # real images for the largest candidate
         return {size: seconds[size] for size in sizes}
