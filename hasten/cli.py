@@ -138,17 +138,18 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 def _launch(device: str, devices: int, args: list[str], max_restarts: int, started: float) -> int:
     """`devices` worker processes of `hasten ARGS` through torchrun's launcher, one per GPU on CUDA."""
-    import torch
-
     from hasten.clock import COMMAND_STARTED_ENV, started_epoch
-    from hasten.engine.distributed import launch, usable_cpus
+    from hasten.engine.distributed import launch
+    from hasten.machine import current
 
-    gpus = torch.cuda.device_count() if device in ("auto", "cuda") or device.startswith("cuda") else 0
+    machine = current()  # the GPUs and cores the ranks are laid on: this machine's, or HASTEN_MACHINE's profile's
+    gpu = machine.gpu if machine.gpu is not None and machine.gpu.kind == "cuda" else None
+    gpus = gpu.count if gpu is not None and (device in ("auto", "cuda") or device.startswith("cuda")) else 0
     if device.startswith("cuda") and devices > gpus:
         raise HastenError(f"--devices {devices}: this machine has {gpus} CUDA device(s)")
     if device == "auto" and 0 < gpus < devices:
         raise HastenError(f"--devices {devices}: this machine has {gpus} CUDA device(s); use device=cpu for CPU ranks")
-    cpus = usable_cpus()
+    cpus = machine.cores
     if (device == "cpu" or (device == "auto" and gpus == 0)) and devices > cpus:  # each rank is a whole process
         raise HastenError(
             f"--devices {devices}: this machine has {cpus} CPU core(s) for this process; CPU ranks beyond that only "
@@ -690,6 +691,9 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
 
         die_with_launcher(int(os.environ["HASTEN_LAUNCHER_PID"]))
     try:
+        from hasten.machine import current
+
+        current()  # a HASTEN_MACHINE that names no profile is refused before any work, whatever the command
         return ns.run(ns)
     except HastenError as error:
         console.print(f"[red]{who}error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)

@@ -14,7 +14,15 @@ from types import TracebackType
 from typing import Any, Self, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 WIDTH = 80  # columns every line hasten prints fits in: the narrowest terminal in common use
 
@@ -33,6 +41,21 @@ def wrap(text: str, width: int = WIDTH, indent: str = "  ") -> list[str]:
 def say(text: str, file: TextIO | None = None) -> None:
     """A note of hasten's on stderr (the opening lines, the probe, warnings), wrapped to fit 80 columns."""
     print("\n".join(wrap(text)), file=file or sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def step_shown(text: str, enabled: bool = True) -> Iterator[None]:
+    """A live step on stderr while the block runs (a spinner, `text` and the seconds so far), where stderr is a
+    terminal and `enabled`; it leaves no line behind (what it did is said after). Elsewhere nothing is drawn."""
+    console = Console(stderr=True)
+    if not (enabled and console.is_terminal):
+        yield
+        return
+    short = wrap(text, WIDTH - 12)[0]
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  transient=True) as bar:  # fmt: skip
+        bar.add_task(short, total=None)
+        yield
 
 
 # loggers of libraries whose warnings speak of their internals, not of the user's run: torch's ONNX exporter lists

@@ -31,6 +31,8 @@ from hasten.data.loader import Augment, ShardedEpochs, channel_stats
 from hasten.data.preprocessing import open_image
 from hasten.data.transforms import class_interleaved, first_per_class, flip_labels, noise_generator
 from hasten.errors import DataError
+from hasten.machine import current as current_machine
+from hasten.machine import loader_workers, pin_memory
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 TEST_SPLITS = ("val", "test")  # the held-out split's folder name, first found wins
@@ -172,8 +174,9 @@ class _BatchPlan:
 
 
 def default_workers() -> int:
-    """Workers when data.workers is unset: one per CPU core but one, at most 4 (see benchmarks/imagefolder.py)."""
-    return max(min(4, (os.cpu_count() or 1) - 1), 0)
+    """Workers when data.workers is unset: hasten.machine.loader_workers of the machine (one per core of this
+    process's share but one, at most 4; benchmarks/imagefolder.py)."""
+    return loader_workers(current_machine())
 
 
 class ImageFolderLoader(ShardedEpochs):
@@ -205,7 +208,7 @@ class ImageFolderLoader(ShardedEpochs):
                 num_workers=self.workers,
                 persistent_workers=self.workers > 0,
                 prefetch_factor=4 if self.workers else None,  # batches in flight per worker
-                pin_memory=self.device.type == "cuda",
+                pin_memory=pin_memory(current_machine(), self.device.type),
             )
         return self._loader
 

@@ -22,6 +22,9 @@ import torch.distributed as dist
 from torch import nn
 
 from hasten.errors import RecipeError
+from hasten.machine import Machine, auto_device, process_backend, threads_per_process
+from hasten.machine import current as current_machine
+from hasten.progress import say
 
 # how long a collective may wait for a missing peer before the job fails instead of hanging
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=int(os.environ.get("HASTEN_DIST_TIMEOUT_MIN", "10")))
@@ -55,10 +58,28 @@ class DistEnv:
         return self.rank == 0
 
 
-def resolve_device(name: str) -> torch.device:
-    """The recipe's `device`: "auto" is CUDA when there is a GPU, else the CPU; anything else as torch reads it.
-    The one place "auto" is decided."""
-    requested = ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+_said: set[str] = set()
+
+
+def _say_once(note: str) -> bool:
+    """Whether `note` is this process's to say now: the main process's (torchrun's RANK 0, or no RANK), once."""
+    if os.environ.get("RANK", "0") != "0" or note in _said:
+        return False
+    _said.add(note)
+    return True
+
+
+def resolve_device(name: str, machine: Machine | None = None) -> torch.device:
+    """The recipe's `device`: "auto" is the machine's accelerator where this process has one, else the CPU
+    (hasten.machine.auto_device, which says so when a HASTEN_MACHINE profile describes a GPU this machine lacks);
+    anything else as torch reads it. The one place "auto" is decided."""
+    machine = machine or current_machine()
+    if name == "auto":
+        requested, note = auto_device(machine)
+        if note and _say_once(note):
+            say(note)
+    else:
+        requested = name
     device = torch.device(requested)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RecipeError(f"device: {requested} asked for, but this PyTorch build sees no CUDA device (use device=cpu)")
@@ -69,9 +90,9 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def device_for(env: DistEnv, requested: str) -> torch.device:
+def device_for(env: DistEnv, requested: str, machine: Machine | None = None) -> torch.device:
     """The device of this process: its own GPU (by local rank) under CUDA, else the CPU."""
-    device = resolve_device(requested)
+    device = resolve_device(requested, machine)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1))
     if device.type == "cuda":
@@ -83,7 +104,7 @@ def init(env: DistEnv, device: torch.device) -> None:
     """Join the process group torchrun described (no-op for a single process)."""
     if not env.is_distributed or dist.is_initialized():
         return
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = process_backend(device.type)
     # torchrun's store outlives an elastic restart, and the process group's keys (each rank's address) would be
     # read back from the failed attempt; a prefix per attempt keeps the restarted workers to their own keys
     store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size, timeout=COLLECTIVE_TIMEOUT))
@@ -205,14 +226,6 @@ PEER_LOST_EXIT = 75  # a worker's exit code when another rank vanished under it:
 LAUNCHER_GONE_GRACE_SECONDS = 60  # after the launcher died: time to checkpoint and stop before exiting regardless
 
 
-def usable_cpus() -> int:
-    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow), else the count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def die_with_launcher(launcher: int) -> None:
     """In a worker of `launch`: end when the launcher process `launcher` dies, however it dies (SIGKILL
     included), instead of living on as an orphan holding memory and cores. Linux's PR_SET_PDEATHSIG delivers
@@ -257,7 +270,7 @@ def launch(nproc: int, args: list[str], *, max_restarts: int = 0, script: str | 
 
     target = [script] if script else ["-m", "hasten"]
     # torchrun would set 1 thread per worker and warn; share the cores instead (a GPU worker needs few)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // nproc)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(current_machine(), nproc)))
     os.environ[LAUNCHER_PID] = str(os.getpid())  # the workers end with this process (die_with_launcher)
     # the elastic agent logs each failure at length (and a summary block); the lines below say it in one each
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)

@@ -25,6 +25,7 @@ hasten/techniques/activation_checkpointing.py.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import resource
@@ -37,6 +38,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from hasten.errors import HastenError
+from hasten.machine import current as current_machine
 
 # CUDA: the run's peak seen before `measure_peak` reset the allocator's counter, by device index
 _cuda_peak_floor: dict[int, int] = {}
@@ -162,15 +164,17 @@ UNITS |= {"g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib
 
 
 def available_memory_bytes() -> int:
-    """Physical memory available now (Linux: MemAvailable), else all physical memory."""
+    """Physical memory available now (Linux: MemAvailable), else all physical memory; no more than the machine's
+    memory (hasten.machine.current(): a HASTEN_MACHINE profile of a smaller machine decides as that machine)."""
+    described = current_machine().memory_bytes or math.inf
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
             for line in meminfo:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # reported in KiB
+                    return int(min(int(line.split()[1]) * 1024, described))  # reported in KiB
     except OSError:
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(min(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), described))
 
 
 def parse_bytes(text: str) -> int:

@@ -32,6 +32,9 @@ import torch
 from torch import Tensor
 from torch.optim.sgd import sgd as sgd_step
 
+from hasten.machine import Machine
+from hasten.machine import current as current_machine
+
 try:  # torch versions that ship torch.optim.Muon have its Newton-Schulz iteration
     from torch.optim._muon import _zeropower_via_newtonschulz as torch_newton_schulz
 except ImportError:  # pragma: no cover - older torch: the same iteration, below
@@ -42,13 +45,16 @@ NS_STEPS = 5
 NS_EPS = 1e-7
 
 
-def newton_schulz_dtype(device: torch.device) -> torch.dtype:
-    """The precision of the Newton-Schulz iteration: bfloat16 on a GPU (torch.optim.Muon's and airbench's choice:
-    tensor cores multiply it at full speed), float32 on a CPU. A filter bank here is at most a few hundred columns
-    wide, so a CPU's matrix products are per-call overhead either way, and bfloat16 has no fast small-matrix kernel
-    on most CPUs: the ten banks of fashion-fast's ResNet took 42 ms a step in bfloat16 against 3.6 ms in float32 on a
-    2-core AVX2 EPYC (a fifth of its training time). float32 is also the more exact iteration."""
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
+def newton_schulz_dtype(device_type: str, machine: Machine) -> torch.dtype:
+    """The precision of the Newton-Schulz iteration: the dtype whose small matrix products are faster on the
+    device. bfloat16 on a GPU that multiplies it on tensor cores (torch.optim.Muon's and airbench's choice);
+    float32 on a CPU, and on a GPU without bfloat16. A filter bank here is at most a few hundred columns wide, so
+    a CPU's products are per-call overhead either way, and bfloat16 has no fast small-matrix kernel on the CPUs
+    measured: fashion-fast's ten banks took 42 ms a step in bfloat16 against 3.6 ms in float32 on a 2-core AVX2
+    EPYC, 4.0 against 2.1 ms on a Zen 4 with AVX512-BF16. float32 is also the more exact iteration."""
+    accelerator = machine.accelerator
+    gpu_bf16 = accelerator is not None and accelerator.kind == device_type and accelerator.bf16
+    return torch.bfloat16 if device_type != "cpu" and gpu_bf16 else torch.float32
 
 
 def newton_schulz(
@@ -72,9 +78,10 @@ def newton_schulz(
 
 
 def orthogonalize(matrix: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-    """Newton-Schulz orthogonalisation of a 2-D update in `dtype` (None: `newton_schulz_dtype` of its device); in
+    """Newton-Schulz orthogonalisation of a 2-D update in `dtype` (None: `newton_schulz_dtype` of its device on
+    hasten.machine.current()); in
     bfloat16 torch's function where this torch has it."""
-    dtype = dtype or newton_schulz_dtype(matrix.device)
+    dtype = dtype or newton_schulz_dtype(matrix.device.type, current_machine())
     if dtype == torch.bfloat16 and torch_newton_schulz is not None:
         # it divides its bfloat16 copy in place, and .bfloat16() of a bfloat16 tensor is no copy
         own = matrix.clone() if matrix.dtype == torch.bfloat16 else matrix
@@ -116,6 +123,7 @@ class Muon(torch.optim.Optimizer):
         ns_dtype: torch.dtype | None = None,
     ):
         self.ns_dtype = ns_dtype
+        self._machine = current_machine()  # read once: the rule's dtype for each device the parameters are on
         defaults = dict(
             lr=lr,
             momentum=momentum,
@@ -170,7 +178,7 @@ class Muon(torch.optim.Optimizer):
             group["momentum"],
             group["nesterov"],
             group["weight_decay"],
-            self.ns_dtype,
+            self.ns_dtype or newton_schulz_dtype(p.device.type, self._machine),
         )
         if matrix.data_ptr() != p.data_ptr():
             p.copy_(matrix.view(p.shape))

@@ -51,6 +51,7 @@ from hasten.experiments.variants import (  # re-exported: the sweep and transfer
     split_values,
     variant_recipe,
 )
+from hasten.machine import current as current_machine
 from hasten.models import build_model
 from hasten.progress import say
 from hasten.recipe.schema import Recipe, apply_overrides, validate
@@ -296,10 +297,11 @@ def run_grid(
     if measure_peak:
         if recipe.train.threads:
             torch.set_num_threads(recipe.train.threads)
-        device = resolve_device(recipe.device)
+        described = current_machine()
+        device = resolve_device(recipe.device, described)
         asked = set(precisions.values())
         if "auto" in asked:  # the probe's candidates: the runs say which one they took
-            asked = (asked - {"auto"}) | set(autotune.precision_candidates(device))
+            asked = (asked - {"auto"}) | set(autotune.precision_candidates(described, device.type))
         for precision in sorted(asked):
             flops, size = matmul_peak(compute_dtype(precision), device, min_seconds=peak_seconds)
             tf32 = device.type == "cuda" and precision == "fp32" and torch.backends.cudnn.allow_tf32

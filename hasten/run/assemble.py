@@ -34,6 +34,7 @@ from hasten.engine.optimizers import Muon, muon_groups
 from hasten.engine.precision import Precision, make_precision
 from hasten.engine.schedules import Scheduler, scale_lr, scheduler
 from hasten.errors import DataError, RecipeError
+from hasten.machine import Machine
 from hasten.models.pretrained import pretrained_from_config  # Freeze registers here
 from hasten.progress import say
 from hasten.recipe.schema import OptimConfig, Recipe
@@ -231,6 +232,7 @@ class Parts:
     hooks: Hooks  # from the recipe's technique objects: their loop hooks and, in `hooks.stateful`, their state
     compiled: bool = False  # train.compile asked for it and torch.compile worked
     machine_keys: tuple[str, ...] = ()  # keys set to auto that the start-up probe decided (hasten/tune/autotune.py)
+    machine: Machine | None = None  # the facts the machine's rules read (hasten/machine.py); None: not recorded
 
 
 def assemble(

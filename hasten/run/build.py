@@ -30,6 +30,7 @@ from hasten.engine.memory import available_memory_bytes
 from hasten.engine.precision import check_precision
 from hasten.engine.schedules import asked_rise_steps, rise_steps
 from hasten.errors import CheckpointError, DataError, HastenError, RecipeError
+from hasten.machine import current as current_machine
 from hasten.models import build_model
 from hasten.models.pretrained import save_weights  # Freeze registers here
 from hasten.models.user import own_model
@@ -142,7 +143,8 @@ def build(recipe: Recipe, model: Any = None, data: Any = None, clock: Clock | No
     wrapped in DistributedDataParallel; the model starts from the same weights everywhere (DDP broadcasts
     rank 0's)."""
     env = DistEnv.from_environ()
-    device = distributed.device_for(env, recipe.device)
+    machine = current_machine()  # the facts every machine rule below reads: gathered once, or HASTEN_MACHINE's
+    device = distributed.device_for(env, recipe.device, machine)
     distributed.init(env, device)
     clock = clock or Clock()  # marks where the start-up goes (hasten/clock.py)
     if recipe.train.threads:
@@ -165,9 +167,11 @@ def build(recipe: Recipe, model: Any = None, data: Any = None, clock: Clock | No
     # line in the start-up's split is the probe's own time
     importlib.import_module("torch._dynamo")  # (an `import` statement here would make `torch` local to build)
     clock.mark("start and imports")
-    recipe, machine_keys = resolve(recipe, data, model, device, given_model, given_data)
+    recipe, machine_keys = resolve(recipe, data, model, device, given_model, given_data, machine)
     clock.mark("probe")
-    return assemble(recipe, data, model, device, machine_keys, clock)
+    parts = assemble(recipe, data, model, device, machine_keys, clock)
+    parts.machine = machine
+    return parts
 
 
 def trainer_for(parts: Parts, plan: Plan, log: RunLog, saving: Saving | None = None) -> Trainer:
@@ -311,6 +315,8 @@ def train(
                 summary |= {"run_dir": str(log.dir), "lr": parts.lr, "global_batch": global_batch(recipe)}
                 summary |= {"world_size": world_size(), "precision": recipe.precision}  # auto: as chosen
                 summary |= {"channels_last": recipe.train.channels_last}
+                if parts.machine is not None:  # the facts its machine rules read (hasten/machine.py)
+                    summary["machine"] = parts.machine.record()
                 summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader)  # for evaluate/predict
                 summary["evaluated_on"] = evaluated_on(recipe)
                 summary["wall_seconds"] = round(trainer.wall_seconds(), 3)  # everything, from the command's start

@@ -21,6 +21,8 @@ from hasten.data.registry import mirror_invariant
 from hasten.engine import distributed
 from hasten.engine.distributed import world_size
 from hasten.errors import CheckpointError, RecipeError
+from hasten.machine import Machine
+from hasten.machine import current as current_machine
 from hasten.models.user import check_model
 from hasten.progress import say
 from hasten.recipe.schema import PRECISION_MODES, Recipe, dotted
@@ -104,13 +106,21 @@ def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: in
 
 
 def resolve(
-    recipe: Recipe, data: Any, model: nn.Module, device: torch.device, given_model: Any = None, given_data: Any = None
+    recipe: Recipe,
+    data: Any,
+    model: nn.Module,
+    device: torch.device,
+    given_model: Any = None,
+    given_data: Any = None,
+    machine: Machine | None = None,
 ) -> tuple[Recipe, tuple[str, ...]]:
     """Every setting the recipe leaves open, decided once: flips, shifts and TTA from the data; the user's model
     and data recorded; precision, memory layout and batch from the machine (or as the run being resumed chose
     them); the budget from the data; optim.lr=auto by a range test. One line per decision is printed; the returned
     recipe holds the values (it is the one recipe.yaml records and `assemble` builds from, unchanged), with the keys
-    the machine decided (a resume may decide them again)."""
+    the machine decided (a resume may decide them again). `machine`: the facts the machine's rules read (None:
+    hasten.machine.current())."""
+    machine = machine or current_machine()
     world = world_size()
     recipe, notes = resolve_for_data(recipe, data, world)
     if recipe.train.eval_batch_size == "auto":
@@ -124,7 +134,7 @@ def resolve(
     recipe, more = resolve_whiten(recipe, given_model is not None)
     notes += more
     resumed = resumed_choices(recipe)  # a resume continues with what its run chose: exact, as resumes are
-    recipe, machine_keys, more = choose_on_machine(recipe, model, data, device, resumed)
+    recipe, machine_keys, more = choose_on_machine(recipe, model, data, device, resumed, machine)
     notes += more
     recipe, more = resolve_budget(recipe, data, world, resumed)
     notes += more
@@ -225,13 +235,20 @@ def probe_batch(recipe: Recipe, data: Any, device: torch.device, size: int) -> t
 
 
 def choose_on_machine(
-    recipe: Recipe, model: nn.Module, data: Any, device: torch.device, resumed: dict[str, Any] | None = None
+    recipe: Recipe,
+    model: nn.Module,
+    data: Any,
+    device: torch.device,
+    resumed: dict[str, Any] | None = None,
+    machine: Machine | None = None,
 ) -> tuple[Recipe, tuple[str, ...], list[str]]:
     """`precision`, `train.channels_last` and `train.batch_size` left `auto`, decided by timing the run's training
     step on this machine (hasten/tune/autotune.py; the batch by hasten/tune/rules.py's time rule), or as the run being
     resumed decided them (`resumed`). Returns the recipe holding the values chosen (recipe.yaml records them), the
     keys that were `auto`, and the lines that say what was chosen. The probe times copies of `model` and leaves the
-    model and the random streams as they were."""
+    model and the random streams as they were. `machine`: the facts the candidates are drawn from (None:
+    hasten.machine.current())."""
+    machine = machine or current_machine()
     values = {"precision": recipe.precision, "train.channels_last": recipe.train.channels_last,
               "train.batch_size": recipe.train.batch_size}  # fmt: skip
     asked = [key for key, value in values.items() if value == "auto"]
@@ -240,7 +257,9 @@ def choose_on_machine(
     kept = {key: (resumed or {})[key] for key in asked if key in (resumed or {})}
     notes = [f"{', '.join(f'{k}=auto -> {v}' for k, v in kept.items())}, as the run being resumed chose"] * bool(kept)
     values |= kept
-    options = autotune.candidates(values["precision"], values["train.channels_last"], device)
+    options = autotune.candidates(values["precision"], values["train.channels_last"], device.type, machine)
+    if values["precision"] == "auto" and len({option.precision for option in options}) == 1:
+        notes.append(f"precision=auto -> {options[0].precision}: {autotune.why_one_precision(machine, device.type)}")
     world = world_size()
     images, accumulate = train_size(data), recipe.train.accumulate
     if values["train.batch_size"] == "auto":
@@ -260,15 +279,21 @@ def choose_on_machine(
             at = min(max(sizes), rules.PROBE_BATCH)
             probed = [key for key in ("precision", "train.channels_last") if key in asked and key not in kept]
             # timed here, or as timed before on this machine (the probe's cache), and said there
+            live = recipe.run.progress
             choice = autotune.cached_probe(
-                model, (batch[0][:at], batch[1][:at]), len(data.classes), options, probed, run_images
+                model, (batch[0][:at], batch[1][:at]), len(data.classes), options, probed, machine, run_images, live
             ).choice
         if len(sizes) > 1:
             timed = rules.timed_sizes(sizes)
-            measured, where = autotune.cached_batch_times(model, batch, len(data.classes), choice, timed, run_images)
-            seconds = rules.step_time_line(measured, sizes)
-            values["train.batch_size"] = rules.choose_batch(seconds)
-            notes.append(f"{rules.describe_batch_choice(seconds, values['train.batch_size'], measured)}; {where}")
+            measured, where = autotune.cached_batch_times(
+                model, batch, len(data.classes), choice, timed, machine, run_images, recipe.run.progress
+            )
+            seconds = rules.step_time_line(measured.seconds, sizes)
+            noise = measured.steadiness.spread if measured.steadiness is not None else 0.0
+            values["train.batch_size"] = rules.choose_batch(seconds, tie=rules.batch_tie(noise))
+            notes.append(
+                f"{rules.describe_batch_choice(seconds, values['train.batch_size'], measured.seconds)}; {where}"
+            )
         elif values["train.batch_size"] == "auto":
             values["train.batch_size"] = sizes[0]
             notes.append(

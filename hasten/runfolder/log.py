@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from hasten.errors import HastenError
+from hasten.machine import current as current_machine
 from hasten.runfolder.checkpoint import disk_full_message
 from hasten.version import __version__
 
@@ -45,6 +46,7 @@ def environment() -> dict[str, Any]:
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "cpu_count": os.cpu_count(),
         "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "decided_for": current_machine().describe(),  # the facts hasten's machine rules read (hasten/machine.py)
     }
 
 

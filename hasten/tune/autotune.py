@@ -53,7 +53,8 @@ from hasten.data.sources import cache_folder
 from hasten.engine.distributed import all_reduce_sum, broadcast_object, is_main, world_size
 from hasten.engine.precision import make_precision
 from hasten.engine.step import TrainStep
-from hasten.progress import say
+from hasten.machine import Activity, ActivityMeter, Machine
+from hasten.progress import say, step_shown
 from hasten.recipe.schema import PrecisionName
 from hasten.version import __version__
 
@@ -71,11 +72,19 @@ OUTPACED = 1.5
 SCREEN_SHARE = 8
 SCREEN_MIN = 16  # images: the first look's least batch (a batch that small is timed in full rounds only)
 SCREENED_OUT = 3.0
+# a candidate's two fastest timed steps further apart than this (relative) do not repeat: such timings, or those
+# taken while other work used more than BUSY_SHARE of the machine's CPU time, are timed again, RETIME_ROUNDS rounds
+# more, and if they still do not repeat, used for the run at hand but never cached
+REPEAT = 0.10
+BUSY_SHARE = 0.25
+RETIME_ROUNDS = 4
+MAX_TIE = 0.5  # gaps within the timings' spread count as ties, up to this: beyond it the fastest still wins
 TIE = 0.05  # candidates within this fraction of the fastest count as tied: the first of them in `candidates` order wins
 LOSS_TOLERANCE = 0.05  # largest |16-bit loss - fp32 loss| on the probe batch, relative to the fp32 loss (and 0.05)
 # the layout of a cached probe result; another value is not read. 2: results timed before the probe's inputs took
-# their layout's strides (format 1) could compare one layout with itself, so they are probed again
-CACHE_FORMAT = 2
+# their layout's strides (format 1) could compare one layout with itself, so they are probed again; 3: results kept
+# before a probe checked that its timings repeat on a machine not busy with other work (format 2) may be noise
+CACHE_FORMAT = 3
 MAX_CACHE_BYTES = 64 * 1024  # a cached result is a few hundred bytes: a larger file is not one
 
 
@@ -95,6 +104,7 @@ class Probe:
     seconds: dict[Candidate, float]
     choice: Candidate
     dropped: dict[Candidate, str]
+    steadiness: Steadiness | None = None  # None: read from the cache (it repeated when it was kept)
 
     def describe(self, batch: int) -> str:
         timed = ", ".join(f"{c} {batch / s:,.0f}" for c, s in sorted(self.seconds.items(), key=lambda kv: kv[1])
@@ -103,23 +113,30 @@ class Probe:
         return f"probe (images/s of the training step): {timed}{dropped}"
 
 
-def cpu_has_bf16() -> bool:
-    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX): elsewhere oneDNN emulates it, slower than
-    fp32 on every net measured (an AVX2-only EPYC: bf16 at 10 images/s of the default net's step, fp32 at 125)."""
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+def precision_candidates(machine: Machine, device_type: str) -> list[PrecisionName]:
+    """The precisions worth timing on `machine`'s `device_type`: on a CPU, fp32 and bf16 where it computes bf16
+    natively (AVX512-BF16 or AMX; elsewhere oneDNN emulates bf16, slower than fp32 on every net measured: an
+    AVX2-only EPYC ran the default net's step at 10 images/s in bf16, 125 in fp32), else fp32 alone; on a GPU, fp32
+    and bf16, or fp16 where it has no bf16 (fp16 has no fast CPU kernels and needs loss scaling)."""
+    if device_type == "cpu":
+        return ["fp32", "bf16"] if machine.cpu_bf16 else ["fp32"]
+    accelerator = machine.accelerator
+    if accelerator is None or accelerator.kind != device_type:
+        return ["fp32"]
+    return ["fp32", "bf16"] if accelerator.bf16 else ["fp32", "fp16"] if accelerator.fp16 else ["fp32"]
 
 
-def precision_candidates(device: torch.device) -> list[PrecisionName]:
-    """The precisions worth timing on `device`: fp32 and bf16 where it runs natively (a CPU without bf16
-    instructions: fp32 alone, nothing to time); on a GPU without bf16, fp16."""
-    if device.type == "cuda":
-        return ["fp32", "bf16"] if torch.cuda.is_bf16_supported() else ["fp32", "fp16"]
-    return ["fp32", "bf16"] if cpu_has_bf16() else ["fp32"]
+def why_one_precision(machine: Machine, device_type: str) -> str:
+    """Why `precision_candidates` offers fp32 alone here (for the opening line that says so)."""
+    if device_type == "cpu":
+        return (f"the CPU has no bf16 instructions ({machine.kernels} kernels; bf16 would be emulated, slower than "
+                "fp32): nothing to time")  # fmt: skip
+    return f"the {device_type} device has no fast 16-bit arithmetic: nothing to time"
 
 
-def candidates(precision: str, channels_last: bool | str, device: torch.device) -> list[Candidate]:
-    """Every combination the recipe leaves open (`auto`), the fixed values as given."""
-    precisions = precision_candidates(device) if precision == "auto" else [precision]
+def candidates(precision: str, channels_last: bool | str, device_type: str, machine: Machine) -> list[Candidate]:
+    """Every combination the recipe leaves open (`auto`) on `machine`'s `device_type`, the fixed values as given."""
+    precisions = precision_candidates(machine, device_type) if precision == "auto" else [precision]
     layouts = [False, True] if channels_last == "auto" else [bool(channels_last)]
     return [Candidate(p, c) for p in precisions for c in layouts]
 
@@ -156,6 +173,97 @@ def time_limit(run_images: int | None, seconds_per_image: float) -> float:
     return min(MAX_PROBE_SECONDS, PROBE_SHARE * run_images * seconds_per_image)
 
 
+@dataclass(frozen=True)
+class Steadiness:
+    """Whether a probe's timings are facts: `spread`, the largest gap between a contender's two fastest timed steps
+    (relative to the faster; one timing alone: inf); `activity`, the CPU time other work took while they were timed
+    (None: not measurable here); `retimed`, whether a first unsteady measurement was timed again."""
+
+    spread: float
+    activity: Activity | None = None
+    retimed: bool = False
+    busy: bool = False  # other work took more than BUSY_SHARE of the machine's CPU time (on some rank)
+
+    @classmethod
+    def of(cls, spread: float, activity: Activity | None, retimed: bool = False) -> Steadiness:
+        return cls(spread, activity, retimed, activity is not None and activity.others_share > BUSY_SHARE)
+
+    @property
+    def repeats(self) -> bool:
+        """The timings repeat within REPEAT on a machine not busy with other work: worth caching."""
+        return self.spread <= REPEAT and not self.busy
+
+    def problem(self) -> str:
+        """Why the timings are not kept (empty when they repeat)."""
+        if self.repeats:
+            return ""
+        why = []
+        if self.busy:
+            seen = f": {self.activity.describe()} while timing" if self.activity is not None else " (on another rank)"
+            why.append(f"the machine is busy{seen}")
+        if self.spread > REPEAT:
+            shown = "did not repeat" if math.isinf(self.spread) else f"differed by up to {self.spread:.0%}"
+            why.append(f"a candidate's timings {shown} (tolerance {REPEAT:.0%})")
+        again = ", even timed again" if self.retimed else ""
+        return "; ".join(why) + again
+
+
+def spread(timings: Sequence[float]) -> float:
+    """The gap between the two fastest of `timings`, relative to the fastest (inf with fewer than two)."""
+    finite = sorted(t for t in timings if math.isfinite(t))
+    if len(finite) < 2 or finite[0] <= 0:
+        return math.inf
+    return (finite[1] - finite[0]) / finite[0]
+
+
+def _interleaved(
+    run_one: Callable[[Any], float],
+    keys: Sequence[Any],
+    rounds: int,
+    limit: Callable[[float], float],
+    timings: dict[Any, list[float]],
+    narrow: Callable[[list[Any]], list[Any]] | None = None,
+) -> list[Any]:
+    """Up to `rounds` rounds over `keys`, each timed by `run_one(key)` and appended to `timings[key]`; after the
+    first round `narrow` may leave some keys out; after the second, it stops once `limit(fastest seconds)` seconds
+    have passed. Returns the keys timed last."""
+    started, keys = time.perf_counter(), list(keys)
+    for round_ in range(rounds):
+        for key in keys:
+            timings[key].append(run_one(key))
+        if not keys:
+            break
+        fastest = min(min(timings[key]) for key in keys)
+        if round_ >= 1 and time.perf_counter() - started > limit(fastest):
+            break
+        if round_ == 0 and narrow is not None:
+            keys = narrow(keys)
+    return keys
+
+
+def steadied(
+    run_one: Callable[[Any], float],
+    keys: Sequence[Any],
+    timings: dict[Any, list[float]],
+    limit: Callable[[float], float],
+    meter: ActivityMeter,
+    activity: Activity | None,
+) -> Steadiness:
+    """The steadiness of `timings` over `keys` (measured while `activity`); when they do not repeat, or other work
+    was busy on the machine, `keys` are timed again for up to RETIME_ROUNDS more rounds (within `limit`), their
+    minima kept, and the steadiness of those second timings returned."""
+    first = Steadiness.of(max((spread(timings[k]) for k in keys), default=0.0), activity)
+    if first.repeats or not keys:
+        return first
+    again: dict[Any, list[float]] = {key: [] for key in keys}
+    meter.start()
+    _interleaved(run_one, keys, RETIME_ROUNDS, limit, again)
+    second = Steadiness.of(max(spread(again[k]) for k in keys), meter.stop(), retimed=True)
+    for key in keys:
+        timings[key] += again[key]
+    return second
+
+
 def probe(
     model: nn.Module,
     batch: tuple[Tensor, Tensor],
@@ -163,12 +271,16 @@ def probe(
     options: Sequence[Candidate],
     loss_fn=None,
     run_images: int | None = None,
+    meter: ActivityMeter | None = None,
 ) -> Probe:
     """Time one training step of a copy of `model` on `batch` for each of `options`; the fastest safe one wins.
     `model` itself is never touched (its weights, buffers and memory format stay as they were). `run_images`: the
-    images the run will train on, which bounds the probe's time (`time_limit`)."""
+    images the run will train on, which bounds the probe's time (`time_limit`). `meter` tells whether other work
+    was busy on the machine while timing (`Steadiness`); candidates closer than the timings' own spread count as
+    tied, so noise does not pick between them."""
     images, labels = batch
     device = images.device
+    meter = meter or ActivityMeter()
     losses: dict[Candidate, float] = {}
     steps = {option: _step_on_copy(model, option, device, num_classes, loss_fn) for option in options}
     layout = {False: in_layout(images, False), True: in_layout(images, True)}
@@ -177,34 +289,41 @@ def probe(
     # the first look is for a 16-bit candidate that may be hopeless; layouts of one precision are not 3x apart
     mixed = len({option.precision for option in options}) > 1
     dropped = _screen(steps, screen, device) if few < len(labels) and mixed else {}
-    screened, best = dict(dropped), {option: math.inf for option in options}
-    outpaced: set[Candidate] = set()
-    started = time.perf_counter()
-    for round_ in range(ROUNDS + 1):  # round 0 warms each candidate up (kernel selection, allocations)
-        for option in options:
-            if option in dropped or option in outpaced:
-                continue
-            seconds, loss = _timed_step(steps[option], (layout[option.channels_last], labels), device)
-            if round_ == 0:
-                losses[option] = loss
-            else:
-                best[option] = min(best[option], seconds)
-        per_image = min(best.values()) / len(labels)
-        if round_ >= 2 and time.perf_counter() - started > time_limit(run_images, per_image):
-            break
-        if round_ == 0:
-            dropped = screened | _unsafe(losses)
-        if round_ == 1:
-            fastest = min(best.values())
-            outpaced = {o for o in options if best[o] > OUTPACED * fastest}
-    # summed over the ranks, with how many left each candidate out: one left out anywhere is left out everywhere
-    sums = all_reduce_sum([best[o] if o not in dropped else 0.0 for o in options] + [o in dropped for o in options],
-                          device)  # fmt: skip
-    totals, left_out = sums[: len(options)], sums[len(options) :]
+    for option in options:  # round 0 warms each candidate up (kernel selection, allocations) and checks its loss
+        if option not in dropped:
+            losses[option] = _timed_step(steps[option], (layout[option.channels_last], labels), device)[1]
+    dropped = dropped | _unsafe(losses)
+    timings: dict[Candidate, list[float]] = {option: [] for option in options}
+
+    def run_one(option: Candidate) -> float:
+        return _timed_step(steps[option], (layout[option.channels_last], labels), device)[0]
+
+    def limit(fastest: float) -> float:
+        return time_limit(run_images, fastest / len(labels))
+
+    def not_outpaced(keys: list[Candidate]) -> list[Candidate]:  # they cannot come within TIE of the fastest
+        fastest = min(timings[o][0] for o in keys)
+        return [o for o in keys if timings[o][0] <= OUTPACED * fastest]
+
+    meter.start()
+    contenders = [option for option in options if option not in dropped]
+    contenders = _interleaved(run_one, contenders, ROUNDS, limit, timings, not_outpaced)
+    steadiness = steadied(run_one, contenders, timings, limit, meter, meter.stop())
+    best = {o: min(timings[o], default=math.inf) for o in options}
+    # summed over the ranks, with how many left each candidate out: one left out anywhere is left out everywhere;
+    # the ranks' spreads and busy verdicts too, so all decide alike
+    own = [best[o] if o not in dropped else 0.0 for o in options] + [o in dropped for o in options]
+    sums = all_reduce_sum([*own, min(steadiness.spread, 1e9), steadiness.busy], device)
+    totals, left_out = sums[: len(options)], sums[len(options) : 2 * len(options)]
+    world = world_size()
+    if world > 1:
+        steadiness = Steadiness(sums[-2] / world, steadiness.activity, steadiness.retimed, bool(sums[-1]))
     seconds = {o: (t if not out else math.inf) for o, t, out in zip(options, totals, left_out, strict=True)}
     fastest = min(seconds.values())
-    choice = next(o for o in options if seconds[o] <= fastest * (1 + TIE))  # near-ties: the same choice every run
-    return Probe(seconds, choice, dropped)
+    # near-ties, or gaps smaller than the timings' own noise: the first in order, the same choice every run
+    tie = max(TIE, min(steadiness.spread, MAX_TIE))
+    choice = next(o for o in options if seconds[o] <= fastest * (1 + tie))
+    return Probe(seconds, choice, dropped, steadiness)
 
 
 def _screen(
@@ -252,27 +371,36 @@ def time_batches(
     option: Candidate,
     sizes: Sequence[int],
     run_images: int | None = None,
-) -> dict[int, float]:
+    meter: ActivityMeter | None = None,
+) -> tuple[dict[int, float], Steadiness]:
     """Seconds of one training step of a copy of `model` in `option` at each batch size of `sizes` (the first
-    images of `batch`, which holds at least the largest), interleaved over rounds, the minimum kept; under several
-    processes the ranks' times are summed, so every rank sees the same. `model` is never touched. `run_images`
-    bounds its time as `probe`'s."""
+    images of `batch`, which holds at least the largest), interleaved over rounds, the minimum kept, and whether
+    they repeat (`steadied`: timed again when not); under several processes the ranks' times are summed, so every
+    rank sees the same. `model` is never touched. `run_images` bounds its time as `probe`'s."""
     images, labels = batch
     device = images.device
     images = in_layout(images, option.channels_last)
     step = _step_on_copy(model, option, device, num_classes)
-    best = {size: math.inf for size in sizes}
-    started = time.perf_counter()
-    for round_ in range(ROUNDS + 1):  # round 0 warms each size up (kernel selection, allocations)
-        for size in sizes:
-            seconds, _ = _timed_step(step, (images[:size], labels[:size]), device)
-            if round_:
-                best[size] = min(best[size], seconds)
-        per_image = min(best[size] / size for size in sizes)
-        if round_ >= 2 and time.perf_counter() - started > time_limit(run_images, per_image):
-            break
-    totals = all_reduce_sum([best[size] for size in sizes], device)
-    return dict(zip(sizes, totals, strict=True))
+    meter = meter or ActivityMeter()
+
+    def run_one(size: int) -> float:
+        return _timed_step(step, (images[:size], labels[:size]), device)[0]
+
+    def limit(fastest: float) -> float:
+        return time_limit(run_images, fastest / max(sizes))
+
+    for size in sizes:  # round 0 warms each size up (kernel selection, allocations)
+        run_one(size)
+    timings: dict[int, list[float]] = {size: [] for size in sizes}
+    meter.start()
+    _interleaved(run_one, sizes, ROUNDS, limit, timings)
+    steadiness = steadied(run_one, sizes, timings, limit, meter, meter.stop())
+    sums = all_reduce_sum([min(timings[size]) for size in sizes] + [min(steadiness.spread, 1e9), steadiness.busy],
+                          device)  # fmt: skip
+    world = world_size()
+    if world > 1:
+        steadiness = Steadiness(sums[-2] / world, steadiness.activity, steadiness.retimed, bool(sums[-1]))
+    return dict(zip(sizes, sums[: len(sizes)], strict=True)), steadiness
 
 
 def announce(result: Probe, batch: int, asked: Sequence[str]) -> None:
@@ -298,16 +426,18 @@ def _cpu_identity() -> dict[str, str]:
             "flags": flags}  # fmt: skip
 
 
-def machine_identity(device: torch.device) -> dict[str, Any]:
-    """What the probe's timings depend on of the machine: the GPU (name, capability, CUDA version) or the CPU
-    (model, instruction-set flags), and torch's intra-op thread count."""
+def machine_identity(device: torch.device, machine: Machine) -> dict[str, Any]:
+    """What the probe's timings depend on of the machine: the hardware they were taken on (the GPU's name,
+    capability and CUDA version, or the CPU's model and instruction-set flags), the facts decided from (`machine`:
+    its kernel set, cores, accelerator, and the HASTEN_MACHINE profile, if any), and torch's intra-op threads."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        found = {"gpu": torch.cuda.get_device_name(index), "capability": list(torch.cuda.get_device_capability(index)),
-                 "cuda": torch.version.cuda}  # fmt: skip
+        capability = list(torch.cuda.get_device_capability(index))
+        hardware = {"gpu": torch.cuda.get_device_name(index), "capability": capability, "cuda": torch.version.cuda}
     else:
-        found = {"device": device.type, **_cpu_identity()}
-    return found | {"threads": torch.get_num_threads()}
+        hardware = _cpu_identity()
+    return {"device": device.type, "hardware": hardware, "described": machine.identity(),
+            "threads": torch.get_num_threads()}  # fmt: skip
 
 
 def model_digest(model: nn.Module) -> str:
@@ -319,10 +449,10 @@ def model_digest(model: nn.Module) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def probe_key(model: nn.Module, images: Tensor, options: Sequence[Candidate]) -> dict[str, Any]:
+def probe_key(model: nn.Module, images: Tensor, options: Sequence[Candidate], machine: Machine) -> dict[str, Any]:
     """Everything the probe's result depends on (module docstring); a cached result is used for this key only."""
     return {
-        "machine": machine_identity(images.device),
+        "machine": machine_identity(images.device, machine),
         "model": model_digest(model),
         "batch": int(images.shape[0]),
         "input_shape": [int(n) for n in images.shape[1:]],
@@ -440,13 +570,17 @@ def cached_probe(
     num_classes: int,
     options: Sequence[Candidate],
     asked: Sequence[str],
+    machine: Machine,
     run_images: int | None = None,
+    live: bool = False,
 ) -> Probe:
     """`probe`'s result for this machine, model and batch: from the cache when it holds a valid one for the key,
-    else measured and cached; said in the opening lines (the choice, the timings, the key and the cache file).
+    else measured, said, and cached if its timings repeat (`Steadiness`; a result timed on a busy machine, or whose
+    timings did not repeat, serves this run and is not kept). Said in the opening lines: that it is timing, and for
+    how long at most, before (a live step where `live`); then the choice, the timings, the key and the cache file.
     Under several processes rank 0 reads the cache and tells the others; a miss is probed by all together."""
     images = batch[0]
-    key = probe_key(model, images, options)
+    key = probe_key(model, images, options, machine)
     path, digest = cache_path(key), key_digest(key)
     found, problem = read_cached(path, key, options) if is_main() else (None, None)
     found = broadcast_object(found)
@@ -458,17 +592,35 @@ def cached_probe(
         return found
     if problem and is_main():
         say(f"probe cache {path} ignored ({problem}); probing again")
-    result = probe(model, batch, num_classes, options, run_images=run_images)
+    timing = f"{what}: timing the training step in {len(options)} settings ({bound_text()})"
+    if is_main():
+        say(timing)
+    with step_shown(timing, live and is_main()):
+        result = probe(model, batch, num_classes, options, run_images=run_images)
     if is_main():
         announce(result, len(images), asked)
-        failed = write_cached(path, key, result)
-        say(f"probe cache key {digest}: " + (f"not kept ({failed})" if failed else f"kept in {path}"))
+        say(f"probe cache key {digest}: {_kept(path, key, result, lambda: write_cached(path, key, result))}")
     return result
 
 
-def batch_key(model: nn.Module, images: Tensor, option: Candidate, sizes: Sequence[int]) -> dict[str, Any]:
+def bound_text() -> str:
+    return f"at most about {MAX_PROBE_SECONDS:g} s after two rounds, twice that if they must be timed again"
+
+
+def _kept(path: Path, key: dict[str, Any], result: Any, write: Callable[[], str | None]) -> str:
+    """Writes a steady result to the cache; the line that says what became of it."""
+    steadiness: Steadiness | None = result.steadiness
+    if steadiness is not None and not steadiness.repeats:
+        return f"not kept: {steadiness.problem()}; this run uses it, the next one times again"
+    failed = write()
+    return f"not kept ({failed})" if failed else f"kept in {path}"
+
+
+def batch_key(
+    model: nn.Module, images: Tensor, option: Candidate, sizes: Sequence[int], machine: Machine
+) -> dict[str, Any]:
     """What `time_batches`'s timings depend on: the probe's key for `option` alone, at the batch sizes timed."""
-    return probe_key(model, images[:1], [option]) | {"batch": None, "sizes": [int(size) for size in sizes]}
+    return probe_key(model, images[:1], [option], machine) | {"batch": None, "sizes": [int(size) for size in sizes]}
 
 
 def _parse_batch_times(saved: Any, key: dict[str, Any]) -> dict[int, float]:
@@ -487,30 +639,46 @@ def _parse_batch_times(saved: Any, key: dict[str, Any]) -> dict[int, float]:
     return found
 
 
+@dataclass
+class BatchTimes:
+    """`time_batches`'s seconds per step at each batch size, and how steady they were (None: from the cache)."""
+
+    seconds: dict[int, float]
+    steadiness: Steadiness | None = None
+
+
 def cached_batch_times(
     model: nn.Module,
     batch: tuple[Tensor, Tensor],
     num_classes: int,
     option: Candidate,
     sizes: Sequence[int],
+    machine: Machine,
     run_images: int | None = None,
-) -> tuple[dict[int, float], str]:
+    live: bool = False,
+) -> tuple[BatchTimes, str]:
     """`time_batches`'s seconds per step at each of `sizes`, from the cache when it holds them for this machine,
     model, image shape, option and sizes (a cached file is data, checked field by field like the probe's), else
-    timed and kept; with a line saying which. Under several processes rank 0 reads and tells the others."""
-    key = batch_key(model, batch[0], option, sizes)
+    timed, and kept if they repeat (as `cached_probe`); with a line saying which. Under several processes rank 0
+    reads and tells the others."""
+    key = batch_key(model, batch[0], option, sizes, machine)
     path = cache_folder("probe") / f"batch-{key_digest(key)}.json"
     found, problem = _read_parsed(path, lambda saved: _parse_batch_times(saved, key)) if is_main() else (None, None)
     found = broadcast_object(found)
     if found is not None:
-        return found, f"timed on this machine before ({path}; delete it to time again)"
+        return BatchTimes(found), f"timed on this machine before ({path}; delete it to time again)"
     if problem and is_main():
         say(f"batch timing cache {path} ignored ({problem}); timing again")
-    measured = time_batches(model, batch, num_classes, option, sizes, run_images)
-    failed = None
+    timing = f"train.batch_size=auto: timing the training step at batches {', '.join(map(str, sizes))} ({bound_text()})"
     if is_main():
+        say(timing)
+    with step_shown(timing, live and is_main()):
+        measured = BatchTimes(*time_batches(model, batch, num_classes, option, sizes, run_images))
+
+    def write() -> str | None:
         when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        timings = {str(size): seconds for size, seconds in measured.items()}
-        record = {"format": CACHE_FORMAT, "what": "batch", "key": key, "seconds": timings, "measured": when}
-        failed = _write_json(path, record)
-    return measured, (f"timing not kept ({failed})" if failed else f"kept in {path}")
+        timings = {str(size): seconds for size, seconds in measured.seconds.items()}
+        return _write_json(path, {"format": CACHE_FORMAT, "what": "batch", "key": key, "seconds": timings,
+                                  "measured": when})  # fmt: skip
+
+    return measured, (_kept(path, key, measured, write) if is_main() else "")

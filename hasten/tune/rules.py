@@ -98,15 +98,25 @@ def predicted_cost(batch: int, step_seconds: float, noise_batch: float = NOISE_B
     return (1 + noise_batch / batch) * step_seconds
 
 
-def choose_batch(step_seconds: Mapping[int, float], noise_batch: float = NOISE_BATCH) -> int:
-    """The batch of least predicted time to the result among those timed; ties (within 1%) go to the smaller
-    batch, which takes more steps for the same time."""
+BATCH_TIE = 0.01  # batches whose predicted times are this close (relative) count as tied: the smaller wins
+MAX_BATCH_TIE = 0.25  # ... or as close as the timings' own spread, up to this
+
+
+def batch_tie(spread: float) -> float:
+    """How close two batches' predicted times must be to count as tied, when the step timings they come from were
+    `spread` apart from one repeat to the next (autotune.Steadiness): noise must not pick the batch."""
+    return max(BATCH_TIE, min(spread, MAX_BATCH_TIE))
+
+
+def choose_batch(step_seconds: Mapping[int, float], noise_batch: float = NOISE_BATCH, tie: float = BATCH_TIE) -> int:
+    """The batch of least predicted time to the result among those timed; ties (within `tie`, relative) go to the
+    smaller batch, which takes more steps for the same time."""
     costs = {batch: predicted_cost(batch, seconds, noise_batch) for batch, seconds in step_seconds.items()
              if math.isfinite(seconds)}  # fmt: skip
     if not costs:
         raise ValueError("no batch was timed")
     best = min(costs.values())
-    return min(batch for batch, cost in costs.items() if cost <= best * 1.01)
+    return min(batch for batch, cost in costs.items() if cost <= best * (1 + tie))
 
 
 def auto_epochs(images: int, batch: int, world: int = 1, accumulate: int = 1) -> int:
