@@ -8,6 +8,7 @@ import tempfile
 import pytest
 import torch
 
+from tests.standins import SignatureCheckingMonkeyPatch
 from tests.tiny import tiny_recipe
 
 # tiny models: one thread is faster than two, and does not fight the other tests' processes for the cores
@@ -16,6 +17,14 @@ torch.set_num_threads(1)
 # hasten's cache (datasets, weights, start-up probe results) is never the user's: a fresh folder for the session,
 # and one per test below, so no test sees another's cached probe result
 os.environ["HASTEN_CACHE"] = tempfile.mkdtemp(prefix="hasten-cache-")
+
+
+@pytest.fixture
+def monkeypatch():
+    """pytest's monkeypatch, whose stand-ins for hasten's functions must take their signatures (tests/standins.py)."""
+    patch = SignatureCheckingMonkeyPatch()
+    yield patch
+    patch.undo()
 
 
 @pytest.fixture(autouse=True)

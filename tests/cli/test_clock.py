@@ -246,6 +246,7 @@ def test_the_bar_shows_the_run_eta_and_each_evaluation_in_80_columns():
     assert max(widths(text)) <= WIDTH, text
 
 
+@pytest.mark.machine
 def test_a_training_run_names_its_folder_first_and_keeps_to_80_columns(tiny_overrides, tmp_path, capsys):
     overrides = [o for o in tiny_overrides if not o.startswith("run.progress")]  # the table, not JSON
     assert main(["train", *overrides, "precision=auto", "train.channels_last=auto", "tricks.ema=0.9"]) == 0

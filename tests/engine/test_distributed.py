@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -152,7 +153,8 @@ def test_devices_2_from_the_cli_and_a_recipe_error_in_the_workers(tmp_path):
         timeout=TIMEOUT,
     )
     assert failed.returncode == 2
-    assert "rank 1: error: train.sync_batchnorm: torch's SyncBatchNorm runs on GPUs only" in failed.stderr
+    # both ranks fail alike; whichever exits first, torchrun stops the other, which may not get to say it
+    assert re.search(r"rank [01]: error: train.sync_batchnorm: torch's SyncBatchNorm runs on GPUs only", failed.stderr)
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from hasten.engine.optimizers import (
     torch_newton_schulz,
 )
 from hasten.errors import RecipeError
+from hasten.machine import PROFILES
 from hasten.recipe.schema import load_recipe
 from hasten.run.build import build
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
@@ -62,9 +63,12 @@ def test_filter_step_is_torch_muon_on_the_reshaped_matrix(channels_last, nestero
     assert torch.equal(ours.state[filters]["momentum_buffer"], theirs.state[matrix]["momentum_buffer"])
 
 
-def test_newton_schulz_runs_in_float32_on_a_cpu_and_in_bfloat16_on_a_gpu():
-    assert newton_schulz_dtype(torch.device("cpu")) == torch.float32
-    assert newton_schulz_dtype(torch.device("cuda", 0)) == torch.bfloat16
+@pytest.mark.machine
+def test_newton_schulz_runs_in_float32_on_a_cpu_and_in_bfloat16_on_a_gpu_that_has_it():
+    for profile in PROFILES.values():
+        assert newton_schulz_dtype("cpu", profile) == torch.float32
+    assert newton_schulz_dtype("cuda", PROFILES["cuda"]) == torch.bfloat16
+    assert newton_schulz_dtype("cuda", PROFILES["cuda-fp16"]) == torch.float32  # no bf16 on that GPU
     matrix = torch.randn(8, 36)
     cpu = orthogonalize(matrix)
     assert cpu.dtype == torch.float32 and torch.equal(cpu, newton_schulz(matrix, dtype=torch.float32))

@@ -25,6 +25,7 @@ OUTPUTS = ["results.csv", "results.json", "report.md", "accuracy_vs_time.png", "
            "images_per_second.png"]  # fmt: skip
 
 
+@pytest.mark.machine
 @pytest.mark.numerics
 def test_bench_writes_every_output_with_the_naive_loop_beside_the_variants(tiny_overrides, tmp_path):
     # Nesterov SGD at optim.lr=1e-9 cannot learn (0.09 on every kernel set): its time to 60% must be null; at 0.2
@@ -182,6 +183,7 @@ def test_train_step_flops_counts_forward_and_backward_matmuls():
     assert model[1].weight.grad is None  # counted on a copy
 
 
+@pytest.mark.machine
 def test_matmul_peak_is_positive_and_reports_its_size():
     flops, size = matmul_peak(torch.float32, torch.device("cpu"), size=128, min_seconds=0.02)
     assert flops > 0 and size == 128

@@ -306,7 +306,7 @@ def test_run_warns_of_mode_collapse_and_reports_the_class_histogram(tmp_path, mo
     classes = [f"class {c}" for c in range(10)]
     label = (lambda i: 3 if i % 10 < 6 else i % 10) if collapsed else (lambda i: i % 10)  # 60% class 3, or 10% each
 
-    def probe(recipe, data, device, folder, console, *more):
+    def probe(recipe, data, device, folder, console, trust_code=False):
         reference = gaussian_stats(torch.randn(64, 3))
         info = {"measure": "stand-in", "samples": 40, "real_train_vs_test": 0.0}
         return QualityProbe(LabelsAs(10, label), reference, torch.randn(40, 8), classes, info)

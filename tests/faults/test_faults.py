@@ -196,10 +196,10 @@ def resume_auto_after_a_stop_past_the_last_checkpoint_writes_the_summary(c: Ctx)
 def sigterm_during_the_final_evaluation_still_ends_with_a_summary(c: Ctx) -> None:
     evaluate = Trainer.evaluate
 
-    def signalled(self: Trainer) -> tuple[float, float]:
+    def signalled(self: Trainer, live: bool = False) -> tuple[float, float]:
         if self.state.epoch == self.plan.epochs:  # the final evaluation
             os.kill(os.getpid(), signal.SIGTERM)
-        return evaluate(self)
+        return evaluate(self, live)
 
     c.monkeypatch.setattr(Trainer, "evaluate", signalled)
     code, err = c.train(c.tmp / "run")

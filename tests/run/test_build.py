@@ -107,6 +107,7 @@ def test_eval_every_steps_resolves_time_to_accuracy_without_changing_training(ti
     assert round(often["best_test_accuracy"], 6) == max(accuracy for _, _, accuracy, _ in often["accuracy_curve"])
 
 
+@pytest.mark.machine
 def test_the_normalisation_statistics_are_computed_once_a_run(tiny_overrides, monkeypatch):
     from hasten.run import assemble
 

@@ -8,6 +8,7 @@ import inspect
 import signal
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -42,17 +43,18 @@ def test_optimizer_step_is_at_most_eight_frames_below_the_command(tiny_overrides
     assert frames[-1] == "engine/precision.py:step", frames
 
 
+@pytest.mark.machine
 def test_assemble_builds_from_the_resolved_recipe_and_never_changes_it(tiny_overrides, monkeypatch):
     # optim.lr=auto is decided in resolve (a range test on a trial assembly), so assemble gets a number
     recipe = load_recipe(None, [*tiny_overrides, "optim.name=sgd", "optim.lr=auto", "train.batch_size=auto"])
     seen: list[tuple[dict, dict]] = []
     real_assemble = assemble_module.assemble
 
-    def watched(resolved, *args, **kwargs):
-        before = resolved.model_dump(mode="json")
-        parts = real_assemble(resolved, *args, **kwargs)
-        seen.append((before, resolved.model_dump(mode="json")))
-        assert parts.recipe is resolved  # the parts carry the very recipe they were built from
+    def watched(recipe, *args, **kwargs):
+        before = recipe.model_dump(mode="json")
+        parts = real_assemble(recipe, *args, **kwargs)
+        seen.append((before, recipe.model_dump(mode="json")))
+        assert parts.recipe is recipe  # the parts carry the very recipe they were built from
         return parts
 
     monkeypatch.setattr(build_module, "assemble", watched)  # the run's

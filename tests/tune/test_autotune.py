@@ -14,23 +14,43 @@ import yaml
 from torch import nn
 
 import hasten
+from hasten import machine
 from hasten.errors import RecipeError
 from hasten.runfolder.checkpoint import checkpoints_in
 from hasten.tune import autotune
 from hasten.tune.autotune import Candidate
 
+pytestmark = pytest.mark.machine  # every CPU's candidates, under every HASTEN_MACHINE profile (.ci/run)
 
-def test_candidates_are_the_auto_keys_combinations(monkeypatch):
-    cpu = torch.device("cpu")
-    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: False)  # AVX2 alone: bf16 is emulated, never timed
-    assert autotune.candidates("auto", "auto", cpu) == [Candidate("fp32", False), Candidate("fp32", True)]
-    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)  # AVX512-BF16 or AMX
-    assert autotune.candidates("auto", "auto", cpu) == [
+AVX2, ZEN4 = machine.PROFILES["avx2"], machine.PROFILES["avx512-bf16"]  # without and with bf16 kernels
+
+
+class IdleMeter:
+    """An ActivityMeter that reads the machine as idle: the tests of the probe's rounds count steps, which a busy
+    shared machine must not change; the meter itself is tested in tests/test_machine.py."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> machine.Activity:
+        return machine.Activity(wall_seconds=1.0, own_seconds=1.0, others_seconds=0.0, cpus=2)
+
+
+class BusyMeter(IdleMeter):
+    def stop(self) -> machine.Activity:
+        return machine.Activity(wall_seconds=1.0, own_seconds=1.0, others_seconds=1.5, cpus=2)
+
+
+def test_candidates_are_the_auto_keys_combinations():
+    # AVX2 alone: bf16 is emulated, never timed
+    assert autotune.candidates("auto", "auto", "cpu", AVX2) == [Candidate("fp32", False), Candidate("fp32", True)]
+    assert autotune.candidates("auto", "auto", "cpu", ZEN4) == [
         Candidate("fp32", False), Candidate("fp32", True), Candidate("bf16", False), Candidate("bf16", True)
     ]  # fmt: skip
-    assert autotune.candidates("fp32", "auto", cpu) == [Candidate("fp32", False), Candidate("fp32", True)]
-    assert autotune.candidates("auto", False, cpu) == [Candidate("fp32", False), Candidate("bf16", False)]
-    assert "fp16" not in autotune.precision_candidates(cpu)  # no fast fp16 kernels on a CPU
+    assert autotune.candidates("fp32", "auto", "cpu", ZEN4) == [Candidate("fp32", False), Candidate("fp32", True)]
+    assert autotune.candidates("auto", False, "cpu", ZEN4) == [Candidate("fp32", False), Candidate("bf16", False)]
+    for profile in machine.PROFILES.values():
+        assert "fp16" not in autotune.precision_candidates(profile, "cpu")  # no fast fp16 kernels on a CPU
 
 
 def _fake_timings(monkeypatch, seconds: dict[Candidate, float], losses: dict[str, float] | None = None):
@@ -61,36 +81,34 @@ def _net() -> nn.Module:
 
 
 def test_probe_takes_the_fastest_and_drops_a_16_bit_mode_whose_loss_strays(monkeypatch):
-    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)
-    options = autotune.candidates("auto", "auto", torch.device("cpu"))
+    options = autotune.candidates("auto", "auto", "cpu", ZEN4)
     seconds = {options[0]: 1.4, options[1]: 1.3, options[2]: 1.2, options[3]: 1.0}  # none outpaced: all timed
     batch = (torch.randn(128, 2, 8, 8), torch.randint(0, 3, (128,)))  # the first look takes 16 of them
     calls = _fake_timings(monkeypatch, seconds)
-    result = autotune.probe(_net(), batch, 3, options)
+    result = autotune.probe(_net(), batch, 3, options, meter=IdleMeter())
     assert result.choice == Candidate("bf16", True) and result.seconds == seconds
     # a first look (two steps each on a small batch), a warm-up round, then the timed ones, interleaved
     assert len(calls) == len(options) * (2 + autotune.ROUNDS + 1)
     assert calls[: len(options)] == options and calls[2 * len(options) : 3 * len(options)] == options
     _fake_timings(monkeypatch, seconds, losses={"fp32": 2.3, "bf16": 2.9})  # bf16 far from fp32: not safe here
-    result = autotune.probe(_net(), batch, 3, options)
+    result = autotune.probe(_net(), batch, 3, options, meter=IdleMeter())
     assert result.choice == Candidate("fp32", True)
     assert set(result.dropped) == {options[2], options[3]} and all(math.isinf(result.seconds[o]) for o in options[2:])
     _fake_timings(monkeypatch, seconds, losses={"fp32": 2.3, "bf16": float("nan")})
-    assert autotune.probe(_net(), batch, 3, options).choice == Candidate("fp32", True)
+    assert autotune.probe(_net(), batch, 3, options, meter=IdleMeter()).choice == Candidate("fp32", True)
     near_tie = {options[0]: 1.04, options[1]: 1.0, options[2]: 1.2, options[3]: 1.3}  # within 5%: the first wins
     _fake_timings(monkeypatch, near_tie)
-    assert autotune.probe(_net(), batch, 3, options).choice == Candidate("fp32", False)
+    assert autotune.probe(_net(), batch, 3, options, meter=IdleMeter()).choice == Candidate("fp32", False)
 
 
 def test_probe_spends_no_rounds_on_hopeless_candidates(monkeypatch):
     """bf16 without bf16 instructions: far slower at a first look, left out of the full-batch rounds, said why; a
     candidate outpaced by half in the first timed round is timed no more."""
-    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)  # bf16 a candidate, as on a CPU with bf16
-    options = autotune.candidates("auto", "auto", torch.device("cpu"))
+    options = autotune.candidates("auto", "auto", "cpu", ZEN4)  # bf16 a candidate, as on a CPU with bf16
     seconds = {options[0]: 1.0, options[1]: 1.6, options[2]: 8.0, options[3]: 9.0}  # fp32, fp32 cl, bf16, bf16 cl
     batch = (torch.randn(128, 2, 8, 8), torch.randint(0, 3, (128,)))
     calls = _fake_timings(monkeypatch, seconds)
-    result = autotune.probe(_net(), batch, 3, options)
+    result = autotune.probe(_net(), batch, 3, options, meter=IdleMeter())
     assert result.choice == options[0]
     assert set(result.dropped) == {options[2], options[3]}
     assert "8.0x slower than fp32 on a first look (16 images)" in result.dropped[options[2]]
@@ -108,7 +126,7 @@ def test_the_probe_is_bounded_by_the_run_it_serves(monkeypatch):
     assert autotune.time_limit(None, 1.0) == autotune.MAX_PROBE_SECONDS
     assert autotune.time_limit(1_000, 0.002) == pytest.approx(autotune.PROBE_SHARE * 2.0)
     assert autotune.time_limit(10**9, 0.002) == autotune.MAX_PROBE_SECONDS
-    options = autotune.candidates("fp32", "auto", torch.device("cpu"))  # two layouts of fp32
+    options = autotune.candidates("fp32", "auto", "cpu", AVX2)  # two layouts of fp32
     seconds = {options[0]: 1.0, options[1]: 1.2}  # per step of 128 images
     batch = (torch.randn(128, 2, 8, 8), torch.randint(0, 3, (128,)))
 
@@ -121,22 +139,26 @@ def test_the_probe_is_bounded_by_the_run_it_serves(monkeypatch):
 
     monkeypatch.setattr(autotune, "time", Clock())
     calls = _fake_timings(monkeypatch, seconds)
-    autotune.probe(_net(), batch, 3, options, run_images=100)  # a run of 100 images: ~0.8 s of training
+    autotune.probe(
+        _net(), batch, 3, options, run_images=100, meter=IdleMeter()
+    )  # a run of 100 images: ~0.8 s of training
     assert calls == options * 3  # no first look; the warm-up round and two timed ones
     calls = _fake_timings(monkeypatch, seconds)
-    assert autotune.probe(_net(), batch, 3, options, run_images=10**6).choice == options[0]
+    assert autotune.probe(_net(), batch, 3, options, run_images=10**6, meter=IdleMeter()).choice == options[0]
     assert calls == options * (autotune.ROUNDS + 1)  # a long run: every round
     calls = _fake_timings(monkeypatch, seconds)
-    assert autotune.time_batches(_net(), batch, 3, options[0], [16, 64], run_images=100).keys() == {16, 64}
+    seconds_by_size, _ = autotune.time_batches(
+        _net(), batch, 3, options[0], [16, 64], run_images=100, meter=IdleMeter()
+    )
+    assert seconds_by_size.keys() == {16, 64}
     assert len(calls) == 2 * 3
 
 
 def test_probe_leaves_the_model_as_it_was(monkeypatch):
-    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)  # every candidate timed, on any CPU
     model = _net()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     batch = (torch.randn(8, 2, 8, 8), torch.randint(0, 3, (8,)))
-    result = autotune.probe(model, batch, 3, autotune.candidates("auto", "auto", torch.device("cpu")))
+    result = autotune.probe(model, batch, 3, autotune.candidates("auto", "auto", "cpu", ZEN4))  # bf16 too, really
     assert result.choice in result.seconds and all(s > 0 for s in result.seconds.values())
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # BN statistics too
@@ -161,7 +183,9 @@ def test_a_resume_keeps_what_the_resumed_run_chose(tiny_overrides, tmp_path, mon
     first = checkpoints_in(run / "checkpoints")[0]
     probed = []
 
-    def slow_bf16(model, batch, num_classes, options, loss_fn=None):  # a probe that would now choose fp32
+    monkeypatch.setenv("HASTEN_MACHINE", "avx512-bf16")  # bf16 a candidate on every CPU: the probe's line is reached
+
+    def slow_bf16(model, batch, num_classes, options, loss_fn=None, run_images=None, meter=None):  # now: fp32
         probed.append(options)
         seconds = {o: (2.0 if o.precision == "bf16" else 1.0) for o in options}
         return autotune.Probe(seconds, min(options, key=seconds.get), {})
@@ -194,9 +218,8 @@ def unwrapped(err: str) -> str:
 def counted_probe(monkeypatch) -> list[list[Candidate]]:
     """autotune.probe replaced by one that picks bf16 channels_last (when offered) and counts its calls."""
     calls: list[list[Candidate]] = []
-    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)  # bf16 among the candidates, on any CPU
 
-    def fake(model, batch, num_classes, options, loss_fn=None, run_images=None):
+    def fake(model, batch, num_classes, options, loss_fn=None, run_images=None, meter=None):
         calls.append(list(options))
         seconds = {o: 1.0 + 0.1 * i for i, o in enumerate(reversed(options))}
         return autotune.Probe(seconds, options[-1], {})
@@ -207,15 +230,15 @@ def counted_probe(monkeypatch) -> list[list[Candidate]]:
 
 def _cached(model: nn.Module, images: torch.Tensor, options: list[Candidate]) -> Candidate:
     batch = (images, torch.randint(0, 3, (len(images),)))
-    return autotune.cached_probe(model, batch, 3, options, ["precision", "train.channels_last"]).choice
+    return autotune.cached_probe(model, batch, 3, options, ["precision", "train.channels_last"], ZEN4).choice
 
 
 def test_a_second_probe_of_the_same_key_is_read_from_the_cache(counted_probe, capsys):
-    options = autotune.candidates("auto", "auto", torch.device("cpu"))
+    options = autotune.candidates("auto", "auto", "cpu", ZEN4)
     model, images = _net(), torch.randn(8, 2, 8, 8)
     assert _cached(model, images, options) == Candidate("bf16", True) and len(counted_probe) == 1
     first = unwrapped(capsys.readouterr().err)
-    key = autotune.probe_key(model, images, options)
+    key = autotune.probe_key(model, images, options, ZEN4)
     path = autotune.cache_path(key)
     assert path.is_file() and path.parent == Path(os.environ["HASTEN_CACHE"]) / "probe"
     assert f"probe cache key {autotune.key_digest(key)}: kept in" in first and path.name in first
@@ -227,34 +250,35 @@ def test_a_second_probe_of_the_same_key_is_read_from_the_cache(counted_probe, ca
 
 
 def test_the_key_changes_with_what_the_timing_depends_on(monkeypatch):
-    options = autotune.candidates("auto", "auto", torch.device("cpu"))
+    options = autotune.candidates("auto", "auto", "cpu", ZEN4)
     model, images = _net(), torch.randn(8, 2, 8, 8)
-    base = autotune.key_digest(autotune.probe_key(model, images, options))
+    base = autotune.key_digest(autotune.probe_key(model, images, options, ZEN4))
     wider = nn.Sequential(nn.Conv2d(2, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 3))
     frozen = _net()
     frozen[0].weight.requires_grad_(False)
     others = [
-        autotune.probe_key(wider, images, options),  # model shape
-        autotune.probe_key(frozen, images, options),  # what trains
-        autotune.probe_key(model, torch.randn(16, 2, 8, 8), options),  # batch
-        autotune.probe_key(model, torch.randn(8, 2, 10, 10), options),  # input shape
-        autotune.probe_key(model, images, options[:1]),  # candidates
+        autotune.probe_key(wider, images, options, ZEN4),  # model shape
+        autotune.probe_key(frozen, images, options, ZEN4),  # what trains
+        autotune.probe_key(model, torch.randn(16, 2, 8, 8), options, ZEN4),  # batch
+        autotune.probe_key(model, torch.randn(8, 2, 10, 10), options, ZEN4),  # input shape
+        autotune.probe_key(model, images, options[:1], ZEN4),  # candidates
     ]
     monkeypatch.setattr(torch, "__version__", "0.0.1")
-    others.append(autotune.probe_key(model, images, options))  # torch version
+    others.append(autotune.probe_key(model, images, options, ZEN4))  # torch version
     monkeypatch.undo()
     monkeypatch.setattr(autotune, "_cpu_identity", lambda: {"cpu": "Another CPU", "arch": "x86_64", "flags": "0"})
-    others.append(autotune.probe_key(model, images, options))  # machine
+    others.append(autotune.probe_key(model, images, options, ZEN4))  # the hardware timed on
     monkeypatch.undo()
+    others.append(autotune.probe_key(model, images, options, machine.PROFILES["amx"]))  # the facts decided from
     threads = torch.get_num_threads()
     torch.set_num_threads(threads + 1)
     try:
-        others.append(autotune.probe_key(model, images, options))  # threads
+        others.append(autotune.probe_key(model, images, options, ZEN4))  # threads
     finally:
         torch.set_num_threads(threads)
     digests = [autotune.key_digest(key) for key in others]
     assert base not in digests and len(set(digests)) == len(digests)
-    assert autotune.key_digest(autotune.probe_key(_net(), torch.randn(8, 2, 8, 8), options)) == base  # same again
+    assert autotune.key_digest(autotune.probe_key(_net(), torch.randn(8, 2, 8, 8), options, ZEN4)) == base  # same again
 
 
 def test_a_corrupt_or_foreign_cache_file_is_ignored_with_a_note_never_executed(counted_probe, capsys, tmp_path):
@@ -262,9 +286,9 @@ def test_a_corrupt_or_foreign_cache_file_is_ignored_with_a_note_never_executed(c
     create `marker` if it were ever unpickled."""
     import pickle
 
-    options = autotune.candidates("auto", "auto", torch.device("cpu"))
+    options = autotune.candidates("auto", "auto", "cpu", ZEN4)
     model, images = _net(), torch.randn(8, 2, 8, 8)
-    key = autotune.probe_key(model, images, options)
+    key = autotune.probe_key(model, images, options, ZEN4)
     path = autotune.cache_path(key)
     marker = tmp_path / "executed"
 
@@ -299,7 +323,11 @@ def test_a_corrupt_or_foreign_cache_file_is_ignored_with_a_note_never_executed(c
     assert _cached(model, images, options) == Candidate("fp32", False) and len(counted_probe) == len(cases)
 
 
-def test_an_auto_run_probes_once_and_the_next_reads_the_cache(tiny_overrides, tmp_path, capsys):
+def test_an_auto_run_probes_once_and_the_next_reads_the_cache(tiny_overrides, tmp_path, capsys, monkeypatch):
+    # a tiny net's millisecond steps need not repeat within REPEAT on a shared machine: here every timing is kept
+    # (what is not kept, and why, is tested with stand-in timings below)
+    monkeypatch.setattr(autotune, "REPEAT", math.inf)
+    monkeypatch.setattr(autotune, "BUSY_SHARE", math.inf)
     common = [*tiny_overrides, "precision=auto", "train.channels_last=auto", "model.width=4"]
     first = hasten.train(None, [*common, f"run.dir={tmp_path / 'one'}"])
     assert "probe (images/s of the training step)" in unwrapped(capsys.readouterr().err)
@@ -307,3 +335,81 @@ def test_an_auto_run_probes_once_and_the_next_reads_the_cache(tiny_overrides, tm
     assert "as probed on this machine before" in unwrapped(capsys.readouterr().err)
     assert (first["precision"], first["channels_last"]) == (second["precision"], second["channels_last"])
     assert first["train_loss"] == second["train_loss"]  # the same choice, the same run
+
+
+# ----- a busy machine, timings that do not repeat --------------------------------------------------------------
+
+
+def test_timings_that_repeat_on_an_idle_machine_are_kept_and_others_are_timed_again_then_not_kept(monkeypatch):
+    options = autotune.candidates("fp32", "auto", "cpu", AVX2)
+    batch = (torch.randn(64, 2, 8, 8), torch.randint(0, 3, (64,)))
+    calls = _fake_timings(monkeypatch, {options[0]: 1.0, options[1]: 1.6})
+    steady = autotune.probe(_net(), batch, 3, options, meter=IdleMeter())
+    assert steady.steadiness.repeats and not steady.steadiness.retimed
+    assert len(calls) == len(options) + len(options) + (autotune.ROUNDS - 1)  # warm-up, round 1, then the fastest
+    # a machine busy with other work: timed again, and still busy, so the result is the run's and not kept
+    calls = _fake_timings(monkeypatch, {options[0]: 1.0, options[1]: 1.6})
+    busy = autotune.probe(_net(), batch, 3, options, meter=BusyMeter())
+    assert busy.steadiness.busy and busy.steadiness.retimed and not busy.steadiness.repeats
+    assert len(calls) == len(options) + len(options) + (autotune.ROUNDS - 1) + autotune.RETIME_ROUNDS
+    assert "the machine is busy: other work took 1.5 of 2 CPUs while timing, even timed again" in (
+        busy.steadiness.problem()
+    )
+
+
+def test_noise_between_repeats_is_not_taken_for_a_difference(monkeypatch):
+    """Two layouts 8% apart, each one's timings 20% apart from step to step (one step in four fast, as on a machine
+    whose other work pauses now and then): the gap is within the noise, so the first in order wins (the same choice
+    every run), and the result is not kept; steady timings 8% apart: the faster."""
+    options = autotune.candidates("fp32", "auto", "cpu", AVX2)
+    batch = (torch.randn(64, 2, 8, 8), torch.randint(0, 3, (64,)))
+    counts = {option: 0 for option in options}
+
+    def noisy(step, batch, device):
+        counts[step.candidate] += 1  # the first is the warm-up; then one in four timed steps is fast
+        base = 1.08 if step.candidate == options[0] else 1.0
+        return base * (1.0 if counts[step.candidate] % 4 == 2 else 1.2), 1.0
+
+    _fake_timings(monkeypatch, {})
+    monkeypatch.setattr(autotune, "_timed_step", noisy)
+    result = autotune.probe(_net(), batch, 3, options, meter=IdleMeter())
+    assert result.choice == options[0] and result.steadiness.spread == pytest.approx(0.2)
+    assert not result.steadiness.repeats and "timings differed by up to 20%" in result.steadiness.problem()
+    _fake_timings(monkeypatch, {options[0]: 1.08, options[1]: 1.0})
+    assert autotune.probe(_net(), batch, 3, options, meter=IdleMeter()).choice == options[1]
+
+
+def test_a_result_that_did_not_repeat_is_used_and_said_but_not_cached(monkeypatch, capsys):
+    options = autotune.candidates("auto", "auto", "cpu", ZEN4)
+    model, images = _net(), torch.randn(8, 2, 8, 8)
+    unsteady = autotune.Steadiness.of(0.3, BusyMeter().stop(), retimed=True)
+    calls = []
+
+    def fake(model, batch, num_classes, options, loss_fn=None, run_images=None, meter=None):
+        calls.append(options)
+        return autotune.Probe({o: 1.0 for o in options}, options[0], {}, unsteady)
+
+    monkeypatch.setattr(autotune, "probe", fake)
+    assert _cached(model, images, options) == options[0]
+    err = unwrapped(capsys.readouterr().err)
+    assert "timing the training step in 4 settings (at most about 8 s" in err  # said before it times
+    assert "not kept: the machine is busy: other work took 1.5 of 2 CPUs" in err and "the next one times again" in err
+    assert not autotune.cache_path(autotune.probe_key(model, images, options, ZEN4)).exists()
+    _cached(model, images, options)
+    assert len(calls) == 2  # nothing was cached: timed again
+
+
+def test_batch_timings_that_did_not_repeat_are_not_cached(monkeypatch):
+    option = Candidate("fp32", False)
+    batch = (torch.randn(64, 2, 8, 8), torch.randint(0, 3, (64,)))
+    calls = []
+
+    def fake(model, batch, num_classes, option, sizes, run_images=None, meter=None):
+        calls.append(sizes)
+        return {size: 0.001 * size for size in sizes}, autotune.Steadiness.of(0.4, None, retimed=True)
+
+    monkeypatch.setattr(autotune, "time_batches", fake)
+    measured, where = autotune.cached_batch_times(_net(), batch, 3, option, [16, 64], AVX2)
+    assert measured.seconds == {16: 0.016, 64: 0.064} and "not kept" in where and "differed by up to 40%" in where
+    autotune.cached_batch_times(_net(), batch, 3, option, [16, 64], AVX2)
+    assert len(calls) == 2

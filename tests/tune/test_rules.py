@@ -5,6 +5,7 @@ tests hold on any machine; no timing is asserted."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,6 +15,7 @@ import torch
 import yaml
 
 import hasten
+from hasten import machine
 from hasten.clock import Clock
 from hasten.data.datasets import ImageDataset
 from hasten.engine.schedules import asked_rise_steps
@@ -22,6 +24,8 @@ from hasten.run.build import build, divergence_advice, short_run_note, start_run
 from hasten.run.resolve import resolve_for_data
 from hasten.run.trainer import Trainer
 from hasten.tune import autotune, rules
+
+pytestmark = pytest.mark.machine  # the batch and evaluation-batch rules and the probe's candidates, every profile
 
 
 def test_the_time_rule_weighs_steps_needed_against_step_time():
@@ -66,10 +70,10 @@ def test_auto_epochs_take_enough_steps_within_bounds():
 def _fake_step_times(monkeypatch, seconds: dict[int, float]) -> list[list[int]]:
     timed = []
 
-    def time_batches(model, batch, num_classes, option, sizes, run_images=None):
+    def time_batches(model, batch, num_classes, option, sizes, run_images=None, meter=None):
         timed.append(list(sizes))
         assert len(batch[0]) >= max(sizes)  # real images for the largest candidate
-        return {size: seconds[size] for size in sizes}
+        return {size: seconds[size] for size in sizes}, autotune.Steadiness(0.0)
 
     monkeypatch.setattr(autotune, "time_batches", time_batches)
     return timed
@@ -188,12 +192,27 @@ def test_every_piece_of_divergence_advice_is_accepted_by_its_recipe(name):
     assert any(a.startswith("schedule.min_warmup_steps=") for a in advice)  # a longer rise, for every schedule
 
 
-def test_bf16_is_timed_only_where_the_cpu_computes_in_it(monkeypatch):
-    cpu = torch.device("cpu")
-    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: False)
-    assert autotune.precision_candidates(cpu) == ["fp32"]
-    monkeypatch.setattr(autotune, "cpu_has_bf16", lambda: True)
-    assert autotune.precision_candidates(cpu) == ["fp32", "bf16"]
+@pytest.mark.machine
+def test_bf16_is_timed_only_where_the_cpu_computes_in_it():
+    for name, expected in {"sse41": ["fp32"], "avx2": ["fp32"], "avx512": ["fp32"], "avx512-bf16": ["fp32", "bf16"],
+                           "amx": ["fp32", "bf16"]}.items():  # fmt: skip
+        assert autotune.precision_candidates(machine.PROFILES[name], "cpu") == expected, name
+    # a GPU: bf16 where it has it, else fp16 with loss scaling; its host CPU's candidates are the CPU's own
+    assert autotune.precision_candidates(machine.PROFILES["cuda"], "cuda") == ["fp32", "bf16"]
+    assert autotune.precision_candidates(machine.PROFILES["cuda-fp16"], "cuda") == ["fp32", "fp16"]
+    assert autotune.precision_candidates(machine.PROFILES["cuda-fp16"], "cpu") == ["fp32"]
+    assert autotune.precision_candidates(machine.PROFILES["avx2"], "cuda") == ["fp32"]  # no such device: nothing
+
+
+def test_noise_widens_the_batch_tie_toward_the_smaller_batch():
+    """Batches whose predicted times are closer than the step timings' own spread count as tied: the smaller
+    wins, so noise does not pick the batch; a real gap still does."""
+    seconds = {16: 0.016, 32: 0.0295}  # (1 + 64/16) 0.016 = 0.080 against (1 + 64/32) 0.0295 = 0.0885: 16 by 10%
+    assert rules.choose_batch(seconds) == 16
+    seconds = {16: 0.016, 32: 0.0255}  # 0.080 against 0.0765: 32 by 4.5%
+    assert rules.choose_batch(seconds) == 32
+    assert rules.choose_batch(seconds, tie=rules.batch_tie(0.08)) == 16  # timings 8% apart: a tie, the smaller
+    assert rules.batch_tie(0.0) == rules.BATCH_TIE and rules.batch_tie(math.inf) == rules.MAX_BATCH_TIE
 
 
 def test_three_batches_are_timed_and_the_rest_read_off_their_line():
@@ -213,7 +232,8 @@ def test_a_second_run_reads_the_batch_timings_from_the_cache(tmp_path, monkeypat
     identical run times nothing and picks the same batch; a cache file that is not a timing is ignored, said so."""
     seconds = {16: 0.016, 32: 0.020, 64: 0.060, 128: 0.120, 256: 0.240, 512: 0.480}
     timed = _fake_step_times(monkeypatch, seconds)
-    base = [*QUIET, "data.name=synthetic", "data.synthetic_size=2048", "train.epochs=1"]
+    # the layout fixed: a real probe of a tiny net need not repeat, and is then timed again by the next run
+    base = [*QUIET, "data.name=synthetic", "data.synthetic_size=2048", "train.epochs=1", "train.channels_last=false"]
     first = hasten.train(None, [*base, f"run.dir={tmp_path / 'a'}"])
     assert len(timed) == 1 and "train.batch_size=auto -> 32" in capsys.readouterr().err
     second = hasten.train(None, [*base, f"run.dir={tmp_path / 'b'}"])

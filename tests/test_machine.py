@@ -1,0 +1,169 @@
+"""The machine as data (hasten/machine.py): the facts gathered or named by HASTEN_MACHINE, the decisions that read
+them under every profile, and the meter that tells a busy machine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import hasten
+from hasten import machine
+from hasten.cli import main
+from hasten.engine.distributed import resolve_device
+from hasten.engine.optimizers import newton_schulz_dtype
+from hasten.tune import autotune
+
+pytestmark = pytest.mark.machine
+
+PROFILES = machine.PROFILES
+
+
+def test_the_kernel_set_is_the_largest_the_cpu_has_no_larger_than_a_cap():
+    zen4 = {"avx2", "avx512f", "avx512_bf16"}
+    assert machine.kernel_set(zen4) == "avx512-bf16"
+    assert machine.kernel_set(zen4 | {"amx_tile"}) == "amx"
+    assert machine.kernel_set({"sse4_1", "avx2"}) == "avx2"
+    assert machine.kernel_set(set()) == "sse41"
+    assert machine.kernel_set(zen4, "AVX2") == "avx2"  # make test-as CPU=avx2: bf16 emulated, as on an AVX2 CPU
+    assert machine.kernel_set(zen4, "avx512_core") == "avx512"
+    assert machine.kernel_set({"avx2"}, "AVX512_CORE_AMX") == "avx2"  # a cap never adds instructions
+    assert machine.kernel_set(zen4, "nonsense") == "avx512-bf16"  # oneDNN ignores what it does not know
+    assert machine.cpu_flags("processor: 0\nflags\t\t: fpu avx2 avx512f\n") == {"fpu", "avx2", "avx512f"}
+
+
+def test_a_profile_replaces_the_gathered_facts_and_an_unknown_one_is_refused(monkeypatch):
+    monkeypatch.delenv(machine.ENV, raising=False)
+    assert machine.current() == machine.gather() and machine.current().profile is None
+    monkeypatch.setenv(machine.ENV, "amx")
+    amx = machine.current()
+    assert amx.kernels == "amx" and amx.cpu_bf16 and amx.profile == "amx" and amx.accelerator is None
+    monkeypatch.setenv(machine.ENV, "native")
+    assert machine.current() == machine.gather()
+    monkeypatch.setenv(machine.ENV, "zen4")
+    with pytest.raises(machine.MachineError, match="HASTEN_MACHINE: 'zen4' is not a machine profile; choose one of"):
+        machine.current()
+
+
+def test_the_cli_refuses_an_unknown_profile_before_any_work(monkeypatch, capsys):
+    monkeypatch.setenv(machine.ENV, "h100")
+    assert main(["schedule", "fashion-fast"]) == 2
+    err = capsys.readouterr().err
+    assert "HASTEN_MACHINE: 'h100' is not a machine profile" in err and "cuda" in err and "Traceback" not in err
+
+
+def test_a_cuda_profile_on_a_machine_without_one_runs_on_the_cpu_and_says_why(monkeypatch):
+    monkeypatch.setenv(machine.ENV, "cuda")
+    described = machine.current()
+    assert described.accelerator is not None and described.accelerator.bf16
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: the profile's GPU is present (tests marked cuda run it)")
+    assert not described.accelerator.present and described.gpu is None
+    kind, note = machine.auto_device(described)
+    assert kind == "cpu" and "HASTEN_MACHINE=cuda describes a cuda device" in note and "this process has none" in note
+    assert resolve_device("auto", described).type == "cpu"
+
+
+@pytest.mark.parametrize("name", list(PROFILES))
+def test_every_profile_s_decisions(name):
+    """What each machine decides, on any machine: the table a reviewer checks against the hardware."""
+    described = PROFILES[name]
+    gpu = described.accelerator
+    precisions = autotune.precision_candidates(described, "cpu")
+    assert precisions == (["fp32", "bf16"] if name in ("avx512-bf16", "amx", "cuda") else ["fp32"])
+    if gpu is not None:
+        assert autotune.precision_candidates(described, "cuda") == (["fp32", "bf16"] if gpu.bf16 else ["fp32", "fp16"])
+        assert newton_schulz_dtype("cuda", described) == (torch.bfloat16 if gpu.bf16 else torch.float32)
+        assert machine.process_backend("cuda") == "nccl"
+    assert newton_schulz_dtype("cpu", described) == torch.float32  # no fast small bf16 products on the CPUs measured
+    assert machine.process_backend("cpu") == "gloo"
+    assert not machine.pin_memory(described, "cpu")
+    assert machine.loader_workers(described) == min(4, described.cores - 1)
+    assert machine.threads_per_process(described, 2) == max(1, described.cores // 2)
+
+
+def test_workers_and_threads_share_the_cores_between_processes():
+    sixteen = PROFILES["cuda"]
+    assert machine.loader_workers(sixteen) == 4
+    four_ranks = machine.Machine(**{**sixteen.record(), "accelerator": sixteen.accelerator, "processes": 4})
+    assert machine.loader_workers(four_ranks) == 3  # 4 cores each, one for the rank itself
+    assert machine.loader_workers(PROFILES["avx2"]) == 1
+    assert machine.threads_per_process(PROFILES["avx2"], 4) == 1
+
+
+@pytest.mark.parametrize("name", ["avx2", "avx512-bf16", "amx"])
+def test_a_cpu_profile_s_precision_choice_runs_on_any_cpu(name, tiny_overrides, monkeypatch, capsys):
+    """Under a CPU profile the run really times its candidates (bf16 autocast runs on every CPU, slowly), so the
+    lines a Zen 4 or an AMX Xeon reaches run here too; under avx2 there is no bf16 candidate."""
+    monkeypatch.setenv(machine.ENV, name)
+    summary = hasten.train(None, [*tiny_overrides, "precision=auto", "train.channels_last=false", "train.epochs=1"])
+    err = capsys.readouterr().err.replace("\n  ", " ")
+    if name == "avx2":
+        assert summary["precision"] == "fp32" and "probe (images/s" not in err  # one candidate: nothing timed
+        assert "precision=auto -> fp32: the CPU has no bf16 instructions (avx2 kernels" in err
+    else:
+        assert summary["precision"] in ("fp32", "bf16") and "bf16 " in err.split("probe (images/s")[1]
+    assert summary["machine"]["profile"] == name and summary["machine"]["kernels"] == name  # recorded with the run
+
+
+SPIN = "import time\nend = time.time() + 20\nwhile time.time() < end: pass"  # 20 s at most, killed sooner
+
+
+def _spinners(count: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(count)]
+
+
+def test_the_meter_sees_other_processes_busy_on_the_cores():
+    """Other processes spinning on every CPU: their time shows, not this process's (which sleeps)."""
+    if machine.read_proc_stat("cpu  1 0 0 0 0 0 0 0\ncpu0 1 0 0 0 0 0 0 0\n") is None:
+        pytest.skip("no /proc/stat here")
+    meter = machine.ActivityMeter()
+    if meter.read_stat() is None:
+        pytest.skip("/proc/stat cannot be read here")
+    spinners = _spinners(machine.read_proc_stat(meter.read_stat())[1])
+    try:
+        time.sleep(0.3)  # they start
+        meter.start()
+        time.sleep(1.0)
+        activity = meter.stop()
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    assert activity is not None and activity.own_seconds < 0.2
+    assert activity.others_share > autotune.BUSY_SHARE, activity
+
+
+def test_a_real_probe_with_other_processes_busy_says_so_and_keeps_nothing(capsys, monkeypatch):
+    """The probe on a loaded machine: re-timed, said busy, nothing cached (the choice serves this run only)."""
+    meter = machine.ActivityMeter()
+    if meter.read_stat() is None:
+        pytest.skip("/proc/stat cannot be read here")
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(8 * 14 * 14, 10))  # fmt: skip
+    batch = (torch.randn(32, 3, 16, 16), torch.randint(0, 10, (32,)))
+    options = autotune.candidates("fp32", "auto", "cpu", PROFILES["avx2"])
+    spinners = _spinners(machine.read_proc_stat(meter.read_stat())[1])
+    try:
+        time.sleep(0.3)
+        result = autotune.cached_probe(model, batch, 10, options, ["train.channels_last"], PROFILES["avx2"])
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    err = capsys.readouterr().err.replace("\n  ", " ")
+    assert result.steadiness is not None and result.steadiness.busy and result.steadiness.retimed
+    assert "not kept: the machine is busy: other work took" in err
+    assert not autotune.cache_path(autotune.probe_key(model, batch[0], options, PROFILES["avx2"])).exists()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: torch sees none on this machine")
+def test_the_gathered_gpu_is_the_device_auto_runs_on():
+    found = machine.gather()
+    assert found.gpu is not None and found.gpu.kind == "cuda" and found.gpu.count == torch.cuda.device_count()
+    assert resolve_device("auto", found).type == "cuda"
+    assert found.gpu.bf16 == torch.cuda.is_bf16_supported()
