@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-as lint reference bench bench-peers bench-gan setup data clean
+.PHONY: demo test test-as test-machines lint reference bench bench-peers bench-gan setup data clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,13 @@ CPU ?= below
 test-as: $(STAMP)
 	@kernels=$$($(BIN)/python tests/cpu_kernels.py $(CPU)) && echo "kernels: $$kernels" && \
 	  env $$kernels $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# the tests of hasten's machine decisions (marked machine) under every HASTEN_MACHINE profile: the decisions a Zen 4,
+# an AMX Xeon or a GPU server would make, on this machine (docs/development.md)
+PROFILES ?= avx2 avx512 avx512-bf16 amx cuda cuda-fp16
+test-machines: $(STAMP)
+	@for profile in $(PROFILES); do echo "HASTEN_MACHINE=$$profile"; \
+	  HASTEN_MACHINE=$$profile $(BIN)/python -m pytest -q -m machine $(PYTEST_ARGS) || exit 1; done
 
 # ruff, then the import contract in pyproject.toml (the layers of docs/architecture.md, no import circles)
 lint: $(STAMP)

@@ -15,6 +15,8 @@
 #
 # What it runs, each phase cut off after its own limit (seconds, overridable) so the whole stays under 10 minutes,
 # a phase that fails or times out reported and the next one run all the same:
+#   tests     (LIMIT_TESTS=60):      the tests that need the GPU itself (marked cuda) and the machine's decisions
+#                                    (marked machine) on this machine's gathered facts
 #   precision (LIMIT_PRECISION=130): fashion-fast for 3 epochs in fp32, bf16, fp16 and fp16-master, side by side
 #   layout    (LIMIT_LAYOUT=110):    bf16 with channels_last off/on x torch.compile off/on, 2 epochs
 #   auto      (LIMIT_AUTO=40):       one epoch with precision=auto train.channels_last=auto: what the probe picks here
@@ -67,6 +69,10 @@ for requirement in re.findall(r'^\s*"([^"]+)"', block, re.M):
         metadata.version(name)
     except metadata.PackageNotFoundError:
         missing.append(requirement.replace(" ", ""))
+try:
+    metadata.version("pytest")
+except metadata.PackageNotFoundError:
+    missing.append("pytest>=8")  # the tests phase
 print(" ".join(missing))
 EOF
 )
@@ -106,6 +112,8 @@ phase() {  # phase NAME LIMIT COMMAND...: run it, cut off after LIMIT seconds; a
   echo "$name: exit $code after $((SECONDS - started)) s" | tee -a "$OUT/phases.txt"
 }
 : > "$OUT/phases.txt"
+phase tests "${LIMIT_TESTS:-60}" "$PY" -m pytest -q -p no:cacheprovider -m "cuda or machine" tests \
+  --junitxml "$OUT/tests.xml"
 phase precision "${LIMIT_PRECISION:-130}" "$PY" -m hasten bench fashion-fast train.epochs=3 $SMOKE \
   --vary precision=fp32,bf16,fp16,fp16-master --repeats 1 --no-naive --out "$OUT/precision"
 phase layout "${LIMIT_LAYOUT:-110}" "$PY" -m hasten bench fashion-fast precision=bf16 train.epochs=2 $SMOKE \
@@ -126,6 +134,10 @@ phase nccl "${LIMIT_NCCL:-60}" "$PY" -m torch.distributed.run --standalone --npr
   echo '```'
   cat "$OUT/phases.txt"
   echo '```'
+  if [ -f "$OUT/tests.xml" ]; then
+    echo; echo "## tests (cuda or machine)"; echo
+    "$PY" -c "import sys, xml.etree.ElementTree as E; r=E.parse(sys.argv[1]).getroot(); s=r if r.tag=='testsuite' else r[0]; print({k: s.get(k) for k in ('tests', 'failures', 'errors', 'skipped')})" "$OUT/tests.xml"
+  fi
   for name in precision layout headline; do
     [ -f "$OUT/$name/report.md" ] && { echo; echo "## $name"; echo; sed 's/^#/##/' "$OUT/$name/report.md"; }
   done
