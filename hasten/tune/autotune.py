@@ -250,18 +250,14 @@ def steadied(
     activity: Activity | None,
 ) -> Steadiness:
     """The steadiness of `timings` over `keys` (measured while `activity`); when they do not repeat, or other work
-    was busy on the machine, `keys` are timed again for up to RETIME_ROUNDS more rounds (within `limit`), their
-    minima kept, and the steadiness of those second timings returned."""
+    was busy on the machine, `keys` are timed again for up to RETIME_ROUNDS more rounds (within `limit`), added to
+    their timings, and the steadiness of all of them returned, busy if the machine was busy while timing again."""
     first = Steadiness.of(max((spread(timings[k]) for k in keys), default=0.0), activity)
     if first.repeats or not keys:
         return first
-    again: dict[Any, list[float]] = {key: [] for key in keys}
     meter.start()
-    _interleaved(run_one, keys, RETIME_ROUNDS, limit, again)
-    second = Steadiness.of(max(spread(again[k]) for k in keys), meter.stop(), retimed=True)
-    for key in keys:
-        timings[key] += again[key]
-    return second
+    _interleaved(run_one, keys, RETIME_ROUNDS, limit, timings)
+    return Steadiness.of(max(spread(timings[k]) for k in keys), meter.stop(), retimed=True)
 
 
 def probe(
@@ -386,8 +382,8 @@ def time_batches(
     def run_one(size: int) -> float:
         return _timed_step(step, (images[:size], labels[:size]), device)[0]
 
-    def limit(fastest: float) -> float:
-        return time_limit(run_images, fastest / max(sizes))
+    def limit(_: float) -> float:  # the fastest seconds per image of any size timed so far
+        return time_limit(run_images, min(min(timings[size], default=math.inf) / size for size in sizes))
 
     for size in sizes:  # round 0 warms each size up (kernel selection, allocations)
         run_one(size)
