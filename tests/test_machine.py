@@ -116,6 +116,7 @@ def _spinners(count: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(count)]
 
 
+@pytest.mark.steadiness
 def test_the_meter_sees_other_processes_busy_on_the_cores():
     """Other processes spinning on every CPU: their time shows, not this process's (which sleeps)."""
     if machine.read_proc_stat("cpu  1 0 0 0 0 0 0 0\ncpu0 1 0 0 0 0 0 0 0\n") is None:
@@ -137,6 +138,7 @@ def test_the_meter_sees_other_processes_busy_on_the_cores():
     assert activity.others_share > autotune.BUSY_SHARE, activity
 
 
+@pytest.mark.steadiness
 def test_a_real_probe_with_other_processes_busy_says_so_and_keeps_nothing(capsys, monkeypatch):
     """The probe on a loaded machine: re-timed, said busy, nothing cached (the choice serves this run only)."""
     meter = machine.ActivityMeter()

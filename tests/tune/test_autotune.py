@@ -323,11 +323,8 @@ def test_a_corrupt_or_foreign_cache_file_is_ignored_with_a_note_never_executed(c
     assert _cached(model, images, options) == Candidate("fp32", False) and len(counted_probe) == len(cases)
 
 
-def test_an_auto_run_probes_once_and_the_next_reads_the_cache(tiny_overrides, tmp_path, capsys, monkeypatch):
-    # a tiny net's millisecond steps need not repeat within REPEAT on a shared machine: here every timing is kept
-    # (what is not kept, and why, is tested with stand-in timings below)
-    monkeypatch.setattr(autotune, "REPEAT", math.inf)
-    monkeypatch.setattr(autotune, "BUSY_SHARE", math.inf)
+def test_an_auto_run_probes_once_and_the_next_reads_the_cache(tiny_overrides, tmp_path, capsys):
+    # (every timing is kept here, tests/conftest.py; what is not kept, and why, is tested below, marked steadiness)
     common = [*tiny_overrides, "precision=auto", "train.channels_last=auto", "model.width=4"]
     first = hasten.train(None, [*common, f"run.dir={tmp_path / 'one'}"])
     assert "probe (images/s of the training step)" in unwrapped(capsys.readouterr().err)
@@ -340,6 +337,7 @@ def test_an_auto_run_probes_once_and_the_next_reads_the_cache(tiny_overrides, tm
 # ----- a busy machine, timings that do not repeat --------------------------------------------------------------
 
 
+@pytest.mark.steadiness
 def test_timings_that_repeat_on_an_idle_machine_are_kept_and_others_are_timed_again_then_not_kept(monkeypatch):
     options = autotune.candidates("fp32", "auto", "cpu", AVX2)
     batch = (torch.randn(64, 2, 8, 8), torch.randint(0, 3, (64,)))
@@ -357,6 +355,7 @@ def test_timings_that_repeat_on_an_idle_machine_are_kept_and_others_are_timed_ag
     )
 
 
+@pytest.mark.steadiness
 def test_noise_between_repeats_is_not_taken_for_a_difference(monkeypatch):
     """Two layouts 8% apart, each one's fastest step 20% faster than every other (as where other work paused once):
     the gap is within the noise, so the first in order wins (the same choice every run), and the result, timed
@@ -380,6 +379,7 @@ def test_noise_between_repeats_is_not_taken_for_a_difference(monkeypatch):
     assert autotune.probe(_net(), batch, 3, options, meter=IdleMeter()).choice == options[1]
 
 
+@pytest.mark.steadiness
 def test_a_result_that_did_not_repeat_is_used_and_said_but_not_cached(monkeypatch, capsys):
     options = autotune.candidates("auto", "auto", "cpu", ZEN4)
     model, images = _net(), torch.randn(8, 2, 8, 8)
@@ -400,6 +400,7 @@ def test_a_result_that_did_not_repeat_is_used_and_said_but_not_cached(monkeypatc
     assert len(calls) == 2  # nothing was cached: timed again
 
 
+@pytest.mark.steadiness
 def test_batch_timings_that_did_not_repeat_are_not_cached(monkeypatch):
     option = Candidate("fp32", False)
     batch = (torch.randn(64, 2, 8, 8), torch.randint(0, 3, (64,)))
