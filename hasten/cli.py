@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import difflib
 import json
 import os
 import shlex
@@ -211,6 +212,7 @@ def cmd_schedule(ns: argparse.Namespace) -> int:
     from hasten.run.resolve import run_dir
 
     result = schedule_trace(recipe)
+    recipe = result.recipe  # as resolved: `auto` decided as `hasten train` decides it
     title = f"{recipe.name}: {recipe.schedule.name} schedule, {recipe.train.epochs} epochs"
     path = plot_schedule(result, _plot_path(ns.plot, run_dir(recipe) / "schedule.png"), title)
     print(f"{result.total_steps} optimizer steps ({result.steps_per_epoch} per epoch), warmup {result.warmup_steps}")
@@ -679,6 +681,12 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
         top_parser(parsers).print_help(sys.stderr)
         console.print("[red]error:[/red] give a COMMAND, e.g. 'hasten train fashion-fast'", highlight=False)
         return 2
+    if argv[0] not in parsers and not argv[0].startswith("-"):  # a mistyped command: the closest, not a list
+        close = difflib.get_close_matches(argv[0], list(parsers), n=1, cutoff=0.5)
+        hint = f"; did you mean 'hasten {close[0]}'?" if close else f"; the commands: {', '.join(parsers)}"
+        console.print(f"[red]error:[/red] unknown command {escape(repr(argv[0]))}{hint}", highlight=False,
+                      soft_wrap=True)  # fmt: skip
+        return 2
     top = top_parser(parsers).parse_args(argv)
     ns = parsers[top.command].parse_intermixed_args(top.rest)
     # the command line as given, which reports record: rebuilt from parsed options it would drop any new one
@@ -696,6 +704,12 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
         current()  # a HASTEN_MACHINE that names no profile is refused before any work, whatever the command
         return ns.run(ns)
     except HastenError as error:
+        if getattr(error, "resumable", False):  # a signal stopped a run after its checkpoint: no error
+            again = resume_command(ns.command_line) if top.command in ("train", "gan") else ""
+            told = f"; resume with: {again}" if again else ""
+            console.print(f"[yellow]{who}stopped:[/yellow] {escape(str(error))}{escape(told)}", highlight=False,
+                          soft_wrap=True)  # fmt: skip
+            return error.exit_code
         console.print(f"[red]{who}error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
         return error.exit_code
     except OSError as error:
@@ -713,6 +727,13 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
     finally:
         if "hasten.engine.distributed" in sys.modules:  # leave the process group cleanly (no-op when none is up)
             sys.modules["hasten.engine.distributed"].shutdown()
+
+
+def resume_command(command_line: str) -> str:
+    """The command that continues a stopped run: `command_line` with resume=auto in place of any resume=... (and
+    without run.overwrite, which would move the stopped run's files aside)."""
+    words = [w for w in shlex.split(command_line) if not w.startswith(("resume=", "run.overwrite="))]
+    return shlex.join([*words, "resume=auto"])
 
 
 def _world_size() -> int:

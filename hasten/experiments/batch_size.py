@@ -159,6 +159,10 @@ def find_batch_size(
     if isinstance(model, torch.nn.Module):  # the search trains it at many sizes: leave the user's weights alone
         model = copy.deepcopy(model)
     parts: Parts = build(measuring, model=model, data=data)
+    # the batch, epochs and LR the run would take (`auto` decided as `hasten train` decides it), the measuring
+    # switches undone: what the advice starts from
+    undone = [f"train.compile={recipe.train.compile}", f"run.progress={recipe.run.progress}"]
+    recipe = validate(apply_overrides(parts.recipe.model_dump(mode="json"), undone))
     if budget is None and parts.device.type != "cuda":
         budget = int(0.6 * available_memory_bytes())
     plan = Plan(epochs=1, num_classes=len(parts.data.classes), progress=False, measure_step_memory=False)

@@ -1,18 +1,17 @@
 """`hasten schedule`: the LR and momentum of every optimizer step of a recipe's run, and their plot,
-without training. The step count comes from the real data loader, so warmup and cycles fall where they will."""
+without training. The run is built as `hasten train` builds it (every `auto` decided: the batch by this machine's
+timing, the epochs from the data, optim.lr=auto by its range test), so the step count comes from the real data
+loader and warmup and cycles fall where they will."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from hasten.engine.schedules import trace, warmup_steps
 from hasten.recipe.schema import Recipe
-from hasten.run.assemble import global_batch, loaders, lr_scale, optimizer_steps, scaled_lr, steps_per_epoch
-from hasten.run.build import dataset
-from hasten.run.resolve import resolve_for_data
+from hasten.run.assemble import global_batch, lr_scale, optimizer_steps, scaled_lr, steps_per_epoch
+from hasten.run.build import build
 
 
 @dataclass
@@ -23,13 +22,14 @@ class ScheduleTrace:
     total_steps: int
     warmup_steps: int
     momentum_scheduled: bool
+    recipe: Recipe  # as resolved: the values the run would train with
 
 
 def schedule_trace(recipe: Recipe) -> ScheduleTrace:
-    """The recipe's per-step LR (after the scaling rule) and momentum over the whole run."""
-    data = dataset(recipe)
-    recipe, _ = resolve_for_data(recipe, data)  # the batch the run would use
-    train_loader, _ = loaders(recipe, data, torch.device("cpu"))
+    """The recipe's per-step LR (after the scaling rule) and momentum over the whole run, as `hasten train` would
+    resolve it (`build`: the same opening lines, nothing trained)."""
+    parts = build(recipe)
+    recipe, train_loader = parts.recipe, parts.train_loader
     total = optimizer_steps(recipe, train_loader)
     peak = scaled_lr(recipe.optim, global_batch(recipe))
     multipliers, momenta = trace(recipe.schedule, total, lr_scale(recipe))
@@ -41,6 +41,7 @@ def schedule_trace(recipe: Recipe) -> ScheduleTrace:
         total_steps=total,
         warmup_steps=warmup_steps(recipe.schedule, total),
         momentum_scheduled=momenta is not None,
+        recipe=recipe,
     )
 
 
