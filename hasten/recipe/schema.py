@@ -705,6 +705,25 @@ DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 DEFAULT_RECIPE = "default"
 
 
+def did_you_mean(source: str) -> str:
+    """'; did you mean X?' for a recipe name or folder that does not exist: the closest shipped recipe, or the
+    closest folder beside the path given (a mistyped `photos/`); empty when nothing is close."""
+    path = Path(source.rstrip("/") or source)
+    if "/" in source or source.startswith("."):  # written as a path: a folder (or recipe file) beside it
+        parent = path.parent if str(path.parent) else Path(".")
+        try:
+            near = [p.name for p in parent.iterdir() if not p.name.startswith(".")]
+        except OSError:
+            near = []
+        found = difflib.get_close_matches(path.name, near, n=1, cutoff=0.6)
+        if not found:
+            return "; no such folder either"
+        close = parent / found[0]
+        return f"; no such folder either: did you mean {close}{'/' if close.is_dir() else ''}?"
+    found = difflib.get_close_matches(source, shipped_recipes(), n=1, cutoff=0.6)
+    return f"; did you mean {found[0]}?" if found else ""
+
+
 def shipped_recipes() -> list[str]:
     """Names of the recipes that ship inside the package."""
     folder = importlib.resources.files("hasten.recipe") / "shipped"
@@ -807,7 +826,7 @@ def _read_yaml(source: str | Path) -> tuple[dict[str, Any], str, Path | None]:
         if not str(source) or not shipped.is_file():
             raise RecipeError(
                 f"unknown recipe {str(source)!r}: not a file, and not one of the shipped recipes "
-                f"({', '.join(shipped_recipes())})"
+                f"({', '.join(shipped_recipes())}){did_you_mean(str(source))}"
             )
         text, origin, folder = shipped.read_text(encoding="utf-8"), f"shipped recipe {str(source)!r}", None
     raw = load_yaml(text, origin)

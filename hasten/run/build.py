@@ -43,7 +43,7 @@ from hasten.run.resolve import resolve, resume_from, run_dir
 from hasten.run.trainer import Plan, Saving, Trainer
 from hasten.run.user import builtin_holdout, load_data
 from hasten.runfolder.checkpoint import remove_stale_temporaries
-from hasten.runfolder.folder import RunLock, check_resume_recipe, claim_fresh, recipe_changes
+from hasten.runfolder.folder import RunLock, check_resume_recipe, claim_fresh, recipe_changes, refuse_taken
 from hasten.runfolder.log import RunLog
 from hasten.tune import rules
 
@@ -262,6 +262,9 @@ def evaluated_on(recipe: Recipe) -> str:
     return f"val: {fraction:g} of the training data held out (seed {recipe.seed})" if fraction else "test"
 
 
+RESTARTS = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun: how often the workers were restarted
+
+
 def claim_run_folder(
     recipe: Recipe, folder: Path, checkpoint: tuple[Path, dict[str, Any]] | None, machine_keys: Sequence[str] = ()
 ) -> None:
@@ -274,7 +277,7 @@ def claim_run_folder(
                 saved = checkpoint[1].get("recipe")
                 allowed = [*recipe.resume_allow_changes, *machine_keys]  # the probe may choose otherwise now
                 check_resume_recipe(saved, recipe.model_dump(mode="json"), allowed, str(checkpoint[0]))
-            elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:  # a restart continues its own files
+            elif int(os.environ.get(RESTARTS, "0")) == 0:  # a restart continues its own files
                 claim_fresh(folder, recipe.run.overwrite, resuming=recipe.resume == "auto")
         except HastenError as failure:
             error = (type(failure), str(failure))
@@ -298,6 +301,8 @@ def train(
     clock.mark("start and imports")
     if DistEnv.from_environ().is_main:  # (before the process group is up: from the environment)
         say(f"run folder: {run_dir(recipe)}")
+        if recipe.resume is None and not recipe.run.overwrite and not int(os.environ.get(RESTARTS, "0")):
+            refuse_taken(run_dir(recipe))  # before the data, the probe and every decision: checked again when locked
     parts = build(recipe, model, data, clock)
     recipe = parts.recipe  # what was used: data-dependent settings decided, the user's model and data recorded
     folder = run_dir(recipe)

@@ -135,6 +135,8 @@ class Saving:
 class Interrupted(HastenError):
     """SIGINT or SIGTERM stopped the run after a checkpoint was written; exit code 128 + the signal number."""
 
+    resumable = True  # no error: the command that made it goes on with resume=auto (the CLI says how)
+
     def __init__(self, signum: int, checkpoint: Path | None):
         where = f"; checkpoint {checkpoint}" if checkpoint else ""
         super().__init__(f"stopped by {signal.Signals(signum).name} at a step boundary{where}")

@@ -240,6 +240,20 @@ def run_files(folder: str | Path) -> list[Path]:
     return found
 
 
+def refuse_taken(folder: str | Path, resuming: bool = False) -> None:
+    """A RunFolderError when `folder` holds another run's files (what a fresh run without run.overwrite may not
+    mix with); a run checks it before anything slow, and again under the lock (`claim_fresh`)."""
+    found = run_files(Path(folder))
+    if not found:
+        return
+    names = ", ".join(p.name for p in found)
+    how = "it has no checkpoint to resume=auto from" if resuming else "continue that run with resume=auto"
+    raise RunFolderError(
+        f"run.dir {folder} holds another run's files ({names}): {how}; give this run a new run.dir, or pass "
+        "run.overwrite=true to move them into a dated subfolder (nothing is deleted)"
+    )
+
+
 def claim_fresh(folder: str | Path, overwrite: bool, resuming: bool = False) -> Path | None:
     """Make `folder` ready for a new run: refuse when it holds another run's results, or with `overwrite` move
     them into a dated subfolder (returned). Call with the lock held."""
@@ -249,11 +263,7 @@ def claim_fresh(folder: str | Path, overwrite: bool, resuming: bool = False) -> 
         return None
     names = ", ".join(p.name for p in found)
     if not overwrite:
-        how = "it has no checkpoint to resume=auto from" if resuming else "continue that run with resume=auto"
-        raise RunFolderError(
-            f"run.dir {folder} holds another run's files ({names}): {how}; give this run a new run.dir, or pass "
-            "run.overwrite=true to move them into a dated subfolder (nothing is deleted)"
-        )
+        refuse_taken(folder, resuming)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     aside = folder / f"replaced-{stamp}"
     suffix = 1

@@ -121,3 +121,15 @@ def test_the_normalisation_statistics_are_computed_once_a_run(tiny_overrides, mo
     assert torch.equal(parts.train_loader.mean.flatten(), mean) and torch.equal(parts.train_loader.std.flatten(), std)
     build(load_recipe(None, [*tiny_overrides, "seed=1", "data.subset=128"]))  # other images: computed afresh
     assert computed == [len(parts.data.train_images), 128]
+
+
+def test_a_used_run_folder_is_refused_before_the_data_the_probe_or_any_decision(tiny_overrides, tmp_path, monkeypatch):
+    import hasten.run.build as build_module
+    from hasten.runfolder.folder import RunFolderError
+
+    hasten.train(None, [*tiny_overrides, "train.epochs=1"])
+    built = []
+    monkeypatch.setattr(build_module, "build", lambda recipe, model=None, data=None, clock=None: built.append(1))
+    with pytest.raises(RunFolderError, match="holds another run's files"):
+        hasten.train(None, [*tiny_overrides, "train.epochs=1"])
+    assert not built  # refused before anything slow

@@ -191,7 +191,9 @@ def test_sigint_checkpoints_and_exits_130(tiny_overrides, tmp_path):
     child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=60)
     assert child.returncode == 130, err
-    assert "stopped by SIGINT at a step boundary; checkpoint" in err
+    err = err.replace("\n", " ")
+    assert "stopped: stopped by SIGINT at a step boundary; checkpoint" in err and "error:" not in err
+    assert f"resume with: hasten train {args[0]} " in err and err.rstrip().endswith("resume=auto")  # the same command
     assert load_checkpoint(checkpoints_in(run / "checkpoints")[0], require_digest=True)["trainer"]["step"] > 0
 
 
