@@ -16,6 +16,15 @@ fastest count as tied and the first in a fixed order wins (fp32 before bf16, con
 two runs on one machine choose alike unless a candidate really is faster: what is not worth 5% is not worth the
 16-bit rounding or a second layout.
 
+A timing is a fact only when it repeats on a machine not busy with other work (`Steadiness`). While it times, an
+ActivityMeter (hasten/machine.py) reads the CPU time other processes and a hypervisor's other guests took; if
+that was more than BUSY_SHARE of the machine, or a candidate's two fastest steps are more than REPEAT apart, the
+contenders are timed RETIME_ROUNDS rounds more, and if they still do not repeat the choice serves this run alone:
+it is said, with why, and not cached. Gaps smaller than the timings' spread count as ties too (up to MAX_TIE).
+
+Which candidates there are is the machine's (`precision_candidates` of a hasten.machine.Machine): the probe never
+asks the hardware which precisions it has, so HASTEN_MACHINE's profiles run every machine's candidates anywhere.
+
 Numerically safe: fp16 (no fast CPU kernels, and it needs loss scaling) is a candidate only on a GPU without
 bf16; a 16-bit candidate whose loss on the probe batch is not finite, or differs from fp32's by more than
 LOSS_TOLERANCE, is dropped. Under several processes the ranks add up their timings, so all choose alike.
@@ -23,11 +32,11 @@ LOSS_TOLERANCE, is dropped. Under several processes the ranks add up their timin
 The probe takes seconds a user waits for, and its answer holds as long as what it measured does: so its result
 is kept in the cache folder (`$HASTEN_CACHE/probe`, else `~/.cache/hasten/probe`), one JSON file per key, the key
 being everything the timing depends on (`probe_key`: the machine's CPU model and instruction-set flags or its GPU
-and capability, torch's thread count, the model's class and a digest of its parameter and buffer shapes, the
-batch and image shape, the candidates, the torch and hasten versions, the process count); any change of those is
-another key, another file. A cached file is data: it is read as JSON of at most MAX_CACHE_BYTES, checked field by
-field against the key and the candidates, and a file that fails any check is ignored with a note and probed over.
-Delete the file (its path is printed) to probe again.
+and capability, the Machine facts the candidates came from, torch's thread count, the model's class and a digest
+of its parameter and buffer shapes, the batch and image shape, the candidates, the torch and hasten versions, the
+process count); any change of those is another key, another file. A cached file is data: it is read as JSON of
+at most MAX_CACHE_BYTES, checked field by field against the key and the candidates, and a file that fails any
+check is ignored with a note and probed over. Delete the file (its path is printed) to probe again.
 """
 
 from __future__ import annotations
