@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-import hasten
 from hasten.clock import Clock, command_started
 from hasten.engine.distributed import resolve_device
 from hasten.engine.precision import compute_dtype
@@ -150,7 +149,7 @@ def run_isolated(recipe: Recipe, kind: str, naive_epochs: int | None, run_dir: P
     result.unlink(missing_ok=True)
     spec_data = {"recipe": recipe.model_dump(mode="json"), "kind": kind, "naive_epochs": naive_epochs}
     write_atomic(spec, json.dumps(spec_data, indent=2) + "\n")
-    package_root = str(Path(hasten.__file__).resolve().parents[1])
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder that holds hasten/
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     with open(run_dir / "worker.log", "w") as worker_log:
         code = subprocess.run(

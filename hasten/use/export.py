@@ -29,7 +29,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-import hasten
 from hasten.errors import CheckpointError, HastenError
 from hasten.recipe.trust import Trust
 from hasten.runfolder.checkpoint import write_atomic_bytes
@@ -43,6 +42,7 @@ from hasten.use.load import (
     network,
     safetensors_facts,
 )
+from hasten.version import __version__
 
 # max |onnxruntime logits - PyTorch logits| allowed, relative to max(1, the largest |logit|): fp32 kernels
 # order their sums differently, which costs ~1e-6; 1e-4 leaves room for deeper models
@@ -75,7 +75,7 @@ def metadata(facts: RunFacts, source: Path) -> dict[str, Any]:
         "tta_translate": facts.tta_translate,
         "recipe_name": facts.recipe.name,
         "recipe": facts.recipe.model_dump(mode="json"),
-        "hasten_version": hasten.__version__,
+        "hasten_version": __version__,
         "test_accuracy": facts.test_accuracy,
         "exported_from": str(source),
     }
