@@ -15,6 +15,8 @@ the dataset's (uniform for Fashion-MNIST); mode collapse shows as a few classes 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from rich.console import Console
 from torch import Tensor, nn
 
 from hasten.data import ImageDataset
+from hasten.data.cache import cache_folder
 from hasten.data.loader import channel_stats
 from hasten.errors import CheckpointError, HastenError
 from hasten.models import build_model
@@ -44,6 +47,8 @@ from hasten.recipe.schema import (
 )
 from hasten.recipe.trust import Trust, embedded_recipe
 from hasten.runfolder.checkpoint import load_checkpoint, read_weights
+from hasten.runfolder.folder import RunFolderError
+from hasten.version import __version__
 
 NAME = "Fréchet distance on hasten classifier features; not Inception FID"
 
@@ -177,29 +182,46 @@ def load_classifier(
     return model.eval()
 
 
+def classifier_folder(recipe: str, overrides: list[str]) -> Path:
+    """Where the classifier of `recipe` with `overrides` is kept across GAN runs: a folder of hasten's cache named by
+    a digest of the resolved classifier recipe (its data, model, budget, seed and device; not its run keys) and the
+    hasten version, so every GAN run on that dataset with that classifier recipe reuses one training."""
+    raw, origin = load_raw(recipe)
+    settings = validate(apply_overrides(raw, overrides), origin).model_dump(mode="json")
+    settings.pop("run", None)
+    digest = hashlib.sha256(json.dumps([settings, __version__], sort_keys=True).encode()).hexdigest()[:16]
+    return cache_folder("gan-classifiers") / digest
+
+
+ASKED = "classifier-recipe.json"  # beside a trained classifier: the recipe it was asked to train, before resolving
+
+
 def train_classifier(recipe: str, overrides: list[str], folder: Path) -> tuple[Path, float, bool]:
     """Train `recipe` with `overrides` the way `hasten train` does, into `folder`, keeping its weights
-    (folder/model.safetensors beside folder/recipe.yaml); reuse them when already trained from the same
-    resolved recipe. Returns (weights path, test accuracy, whether they were reused)."""
+    (folder/model.safetensors beside folder/recipe.yaml, and the recipe as asked in folder/ASKED); reuse them when
+    they were trained from the same recipe as asked (what the run then decided, its `auto` keys and its batch, is the
+    run's). Returns (weights path, test accuracy, whether they were reused)."""
     from hasten.run.build import train  # here: the classifier's training stack is needed only now
 
     raw, origin = load_raw(recipe)
     wanted = validate(
         apply_overrides(raw, [*overrides, f"run.dir={folder}", "run.save_weights=true", "run.overwrite=true"]), origin
     )
-    weights, saved_recipe, summary = folder / "model.safetensors", folder / "recipe.yaml", folder / "summary.json"
-    if weights.is_file() and saved_recipe.is_file() and summary.is_file():
-        fresh = weights.stat().st_mtime >= saved_recipe.stat().st_mtime  # not left from an earlier recipe
+    asked = json.dumps(wanted.model_dump(mode="json"), sort_keys=True)
+    weights, summary, record = folder / "model.safetensors", folder / "summary.json", folder / ASKED
+    if weights.is_file() and summary.is_file() and record.is_file():
+        fresh = record.stat().st_mtime >= weights.stat().st_mtime  # the weights are not newer than the record
         try:  # what the folder holds is checked before it is trusted; anything unreadable is trained again
-            same = load_yaml(read_text_file(saved_recipe, "recipe"), str(saved_recipe)) == wanted.model_dump(
-                mode="json"
-            )
+            same = record.stat().st_size <= 1 << 20 and record.read_text(encoding="utf-8") == asked
             accuracy = read_summary(summary).test_accuracy if fresh and same else None
-        except HastenError:
+        except (HastenError, OSError, UnicodeDecodeError):
             accuracy = None
         if accuracy is not None:
             return weights, accuracy, True
+    folder.mkdir(parents=True, exist_ok=True)
+    record.unlink(missing_ok=True)
     result = train(wanted)
+    record.write_text(asked, encoding="utf-8")  # after the weights: a run stopped midway is trained again
     return weights, float(result["test_accuracy"]), False
 
 
@@ -227,29 +249,34 @@ def quality_probe(
     console: Console,
     trust_code: bool = False,
 ) -> QualityProbe:
-    """The Fréchet distance and class-mix probe, with `quality.classifier`, or a classifier trained here with
-    `quality.classifier_recipe` on the same dataset (kept in run.dir/classifier and reused from there)."""
+    """The Fréchet distance and class-mix probe, with `quality.classifier`, or a classifier trained with
+    `quality.classifier_recipe` on the same dataset, once: kept in hasten's cache (`classifier_folder`) and reused
+    by every later run with the same classifier recipe (in run.dir/classifier when the cache is busy)."""
     quality, cfg = recipe.quality, recipe.data
     accuracy: float | None = None
     if quality.classifier:
         weights, source = Path(quality.classifier), "given (quality.classifier)"
     else:
-        classifier_dir = folder / "classifier"
-        console.print(
-            f"quality: no classifier given (quality.classifier); training one with {quality.classifier_recipe} "
-            f"for {quality.classifier_epochs} epochs into {classifier_dir}, or reusing the one there",
-            highlight=False,
-        )
         overrides = [
             f"data.name={cfg.name}", f"data.root={cfg.root or 'null'}", f"data.download={str(cfg.download).lower()}",
             f"data.synthetic_size={cfg.synthetic_size}", f"seed={recipe.seed}", f"device={recipe.device}",
             f"train.epochs={quality.classifier_epochs}", f"run.progress={str(recipe.run.progress).lower()}",
             *quality.classifier_overrides,
         ]  # fmt: skip
-        weights, accuracy, reused = train_classifier(quality.classifier_recipe, overrides, classifier_dir)
-        source = (
-            f"{'reused' if reused else 'trained here'}: {quality.classifier_recipe}, {quality.classifier_epochs} epochs"
+        classifier_dir = classifier_folder(quality.classifier_recipe, overrides)
+        console.print(
+            f"quality: no classifier given (quality.classifier); reusing the one trained with "
+            f"{quality.classifier_recipe} for {quality.classifier_epochs} epochs on this dataset in {classifier_dir}, "
+            "or training it there once for every later run",
+            highlight=False,
         )
+        try:
+            weights, accuracy, reused = train_classifier(quality.classifier_recipe, overrides, classifier_dir)
+        except RunFolderError as busy:  # another GAN run is training it now, or the cache cannot be written
+            console.print(f"quality: {busy}; training the classifier in this run's folder instead", highlight=False)
+            classifier_dir = folder / "classifier"
+            weights, accuracy, reused = train_classifier(quality.classifier_recipe, overrides, classifier_dir)
+        source = f"{'reused' if reused else 'trained'}: {quality.classifier_recipe}, {quality.classifier_epochs} epochs"
         console.print(f"quality: classifier {weights} ({source}), test accuracy {accuracy:.4f}", highlight=False)
     model = load_classifier(weights, quality.classifier_recipe, quality.classifier_overrides, data, trust_code)
     model = model.to(device)

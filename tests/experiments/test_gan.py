@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -166,24 +168,31 @@ def test_resume_restores_both_optimizers_and_scalers_and_continues_exactly(tmp_p
 def test_gan_command_end_to_end_with_a_classifier_trained_for_it(tmp_path, capsys):
     run = tmp_path / "run"
     classifier = "[model.width=4, train.batch_size=64, train.threads=1, data.augment.translate=0]"
-    code = main([
+    args = [
         "gan", "dcgan-fashion", "data.name=synthetic", "data.synthetic_size=256", "model.width=4", "model.latent=8",
         "train.batch_size=32", "train.epochs=2", "train.threads=1", "quality.samples=64", "quality.classifier_epochs=1",
         f"quality.classifier_overrides={classifier}", "run.progress=false", f"run.dir={run}", "precision=bf16",
-    ])  # fmt: skip
+    ]  # fmt: skip
+    code = main(args)
     assert code == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["epochs"] == 2 and summary["images_per_second"] > 0 and summary["peak_memory_bytes"] > 0
     assert summary["frechet_distance"] > 0 and summary["quality"]["measure"].endswith("not Inception FID")
-    assert summary["quality"]["classifier_source"].startswith("trained here")
+    assert summary["quality"]["classifier_source"].startswith("trained:")
     assert sum(summary["class_distribution"].values()) == pytest.approx(1, abs=1e-3)
     assert set(summary["class_distribution"]) == {str(c) for c in range(10)}
     rows = list(csv.DictReader((run / "metrics.csv").open()))
     assert [r["epoch"] for r in rows] == ["1", "2"] and all(float(r["frechet"]) > 0 for r in rows)
     assert Image.open(run / "samples" / "epoch-002.png").size == (274, 274)
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
-    assert (run / "classifier" / "model.safetensors").is_file()
+    kept = Path(summary["quality"]["classifier"])  # in hasten's cache, for every later run on this dataset
+    assert kept.is_file() and kept.is_relative_to(Path(os.environ["HASTEN_CACHE"]))
+    assert not (run / "classifier").exists()
     assert json.loads(capsys.readouterr().out)["frechet_distance"] == summary["frechet_distance"]
+    again = tmp_path / "again"  # another GAN run, its own recipe: the classifier is not trained again
+    assert main([*args[:-2], f"run.dir={again}", "precision=fp32"]) == 0
+    second = json.loads((again / "summary.json").read_text())["quality"]
+    assert second["classifier"] == str(kept) and second["classifier_source"].startswith("reused")
 
 
 def test_recipe_and_data_errors_exit_2_naming_the_field(tmp_path, capsys):
