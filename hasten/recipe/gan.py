@@ -85,7 +85,8 @@ class GanQuality(Section):
     enabled: bool = Field(True, description="Measure sample quality at all.")
     classifier: str | None = Field(
         None,
-        description="The classifier's weights (.pt checkpoint or .safetensors); null: train one in run.dir/classifier.",
+        description="The classifier's weights (.pt checkpoint or .safetensors); null: train one once per dataset and "
+        "classifier recipe, kept in hasten's cache (gan-classifiers/) for every later run.",
     )
     classifier_recipe: str = Field(
         "fashion-fast", description="The training recipe whose model section the classifier's weights fit."
