@@ -35,6 +35,8 @@ def own_model(config: ModelConfig, model: Any, image_shape: tuple[int, ...], num
         raise RecipeError(f"{key}: expected an nn.Module (or a callable returning one), got {type(model).__name__}")
     if not any(p.requires_grad for p in model.parameters()):
         raise RecipeError(f"{key}: the model {type(model).__name__} has no trainable parameters")
+    if has_lazy_parameters(model):  # nn.LazyLinear and kin: their shapes come from a first forward pass
+        check_model(model, image_shape, num_classes, torch.device("cpu"))
     if config.zero_init_residual:
         from hasten.models.resnet import zero_init_residual
 
@@ -46,10 +48,17 @@ def own_model(config: ModelConfig, model: Any, image_shape: tuple[int, ...], num
     return model
 
 
+def has_lazy_parameters(model: nn.Module) -> bool:
+    """Whether `model` has parameters or buffers a lazy module (nn.LazyLinear, nn.LazyConv2d, ...) has not shaped
+    yet: they take their shapes from the first batch, so the model is given one (`check_model`) before anything
+    counts, copies or moves them."""
+    return any(isinstance(t, nn.parameter.UninitializedTensorMixin) for t in [*model.parameters(), *model.buffers()])
+
+
 def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int, device: torch.device) -> None:
     """Before training: the model maps a batch of 2 images of `image_shape` to (2, num_classes) logits; a
     RecipeError naming the shapes otherwise. Runs in eval mode without gradients, on zeros (no RNG drawn, no
-    batch-norm statistics changed)."""
+    batch-norm statistics changed); lazy modules take their shapes from it."""
     name = type(model).__name__
     was_training = model.training
     model.eval()

@@ -118,6 +118,26 @@ def test_own_model_and_arrays_train_with_bf16_one_cycle_mixup_ema_and_the_run_fo
         hasten.train(str(tmp_path / "run" / "recipe.yaml"), [f"run.dir={tmp_path / 'again'}"], data=(train, test))
 
 
+class LazyHead(nn.Module):
+    """A user's VGG-style CNN whose head is nn.LazyLinear, so its author never computes the flattened size."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        self.head = nn.Sequential(nn.Flatten(), nn.LazyLinear(16), nn.ReLU(), nn.LazyLinear(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def test_a_model_with_lazy_modules_takes_its_shapes_from_the_data_and_trains(tmp_path):
+    train, test = quadrants(192, 0), quadrants(64, 1)
+    summary = hasten.train(None, [*QUIET, f"run.dir={tmp_path / 'run'}"], model=LazyHead(), data=(train, test))
+    assert summary["test_accuracy"] > 0.25, summary["test_accuracy"]  # learnt: 4 classes
+    recorded = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
+    assert recorded["model"]["parameters"] == 3 * 6 * 9 + 6 + (6 * 6 * 6) * 16 + 16 + 16 * 4 + 4  # shaped, counted
+
+
 def test_a_loss_callable_replaces_the_soft_cross_entropy(tmp_path):
     calls = []
 
