@@ -260,10 +260,16 @@ def cmd_batch_size(ns: argparse.Namespace) -> int:
     return 0
 
 
+MAX_LR_FIND_STEPS = 10_000  # a range test's steps; more sizes a list by the argument before anything is checked
+
+
 def cmd_lr_find(ns: argparse.Namespace) -> int:
     recipe = _recipe(ns)
-    if not 0 < ns.start < ns.end or ns.steps < 5:
-        raise HastenError("lr-find: need 0 < --start < --end and --steps of at least 5")
+    if not 0 < ns.start < ns.end or not 5 <= ns.steps <= MAX_LR_FIND_STEPS:
+        raise HastenError(
+            f"lr-find: need 0 < --start < --end and --steps from 5 to {MAX_LR_FIND_STEPS:,} (a range test is a few "
+            f"hundred steps; got --start {ns.start:g} --end {ns.end:g} --steps {ns.steps:,})"
+        )
     import torch
 
     from hasten.run.assemble import lr_scale

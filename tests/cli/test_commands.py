@@ -59,3 +59,9 @@ def test_a_mistyped_command_recipe_or_folder_gets_the_closest_name(tmp_path, mon
         assert main(list(argv)) == 2, argv
         err = capsys.readouterr().err.replace("\n", " ")
         assert expected in err and "Traceback" not in err, (argv, err)
+
+
+def test_lr_find_refuses_a_sweep_no_one_means_before_building_anything(capsys):
+    assert main(["lr-find", "--steps", "1000000000000"]) == 2  # (no list of a trillion LRs is made first)
+    err = capsys.readouterr().err
+    assert "--steps from 5 to 10,000" in err and "run folder" not in err  # refused before the run is built
