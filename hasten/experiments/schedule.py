@@ -39,7 +39,8 @@ def schedule_trace(recipe: Recipe) -> ScheduleTrace:
         momenta=momenta if momenta is not None else [fixed] * len(multipliers),
         steps_per_epoch=steps_per_epoch(recipe, train_loader),  # optimizer steps, not batches (train.accumulate)
         total_steps=total,
-        warmup_steps=warmup_steps(recipe.schedule, total),
+        # the steps to the peak as the run takes them: schedule.warmup, or the longer rise min_warmup_steps asks
+        warmup_steps=max(warmup_steps(recipe.schedule, total), multipliers.index(max(multipliers))),
         momentum_scheduled=momenta is not None,
         recipe=recipe,
     )

@@ -65,3 +65,11 @@ def test_lr_find_refuses_a_sweep_no_one_means_before_building_anything(capsys):
     assert main(["lr-find", "--steps", "1000000000000"]) == 2  # (no list of a trillion LRs is made first)
     err = capsys.readouterr().err
     assert "--steps from 5 to 10,000" in err and "run folder" not in err  # refused before the run is built
+
+
+def test_schedule_reports_the_rise_the_run_takes(tmp_path, capsys):
+    """The default recipe's one-cycle starts at its peak, and its LR rises over schedule.min_warmup_steps (auto: a
+    step a class, at least 10): what `hasten schedule` calls the warmup is that rise."""
+    assert main(["schedule", *AUTO, "train.epochs=2", f"run.dir={tmp_path / 'run'}"]) == 0
+    out = capsys.readouterr().out
+    assert "warmup 10" in out and "first step 0," in out
