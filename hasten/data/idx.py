@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import math
 import os
 import struct
 import zlib
@@ -119,7 +120,7 @@ def parse_idx(data: bytes | bytearray, path: Path) -> numpy.ndarray:
         raise DataError(f"{path}: truncated: header of {ndim} dimensions needs {header_bytes} bytes, found {len(data)}")
     shape = tuple(int(d) for d in numpy.frombuffer(data, dtype=">u4", count=ndim, offset=4))
     dtype = numpy.dtype(IDX_TYPES[type_code])
-    expected = int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize  # Python ints: dimensions of 2**31 each must not wrap to 0
     found = len(data) - header_bytes
     if found < expected:
         raise DataError(f"{path}: truncated: expected {expected} bytes of data for shape {shape}, found {found}")

@@ -96,6 +96,9 @@ def _holder(text: str) -> tuple[dict[str, Any], int, str]:
     return (holder if isinstance(holder, dict) else {}), pid, host
 
 
+FULL = (errno.ENOSPC, errno.EDQUOT)  # a disk or quota with no room left
+
+
 class RunLock:
     """`with RunLock(folder):` the folder is this process's until the block ends (or the process dies)."""
 
@@ -131,7 +134,15 @@ class RunLock:
             if not self._lock(fd) or not self._still_at_path(fd):  # someone opened it before we locked it
                 os.close(fd)
                 continue
-            os.write(fd, mine)
+            try:
+                os.write(fd, mine)
+            except OSError as error:  # a full disk, a quota: the lock is not taken, and nothing is left behind
+                os.close(fd)
+                self.path.unlink(missing_ok=True)
+                raise RunFolderError(
+                    f"run.dir: cannot write the lock {self.path}: {error.strerror or error}"
+                    + ("; free some space there, or give another run.dir" if error.errno in FULL else "")
+                ) from None
             self._fd, self.held = fd, True
             return self
         raise RunFolderError(f"run.dir: could not take the lock {self.path}")

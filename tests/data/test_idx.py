@@ -11,7 +11,7 @@ import numpy
 import pytest
 
 from hasten.data.cache import cache_folder
-from hasten.data.idx import read_idx, read_idx_pair
+from hasten.data.idx import parse_idx, read_idx, read_idx_pair
 from hasten.errors import DataError
 
 TYPE_CODES = {numpy.dtype("uint8"): 0x08, numpy.dtype("int32"): 0x0C, numpy.dtype("float32"): 0x0D}
@@ -230,3 +230,9 @@ def test_a_cache_that_cannot_be_written_is_left_out(tmp_path: Path, images: nump
     path = write_idx(tmp_path / "images.gz", images)
     for _ in range(2):
         numpy.testing.assert_array_equal(read_idx(path), images)
+
+
+def test_dimensions_whose_product_overflows_64_bits_are_a_truncation_not_a_traceback(tmp_path):
+    header = bytes([0, 0, 0x08, 3]) + (2**31).to_bytes(4, "big") * 2 + (4).to_bytes(4, "big")  # 2**64 bytes
+    with pytest.raises(DataError, match="truncated: expected 18446744073709551616 bytes"):
+        parse_idx(header + b"\0" * 16, tmp_path / "x-idx3-ubyte")

@@ -148,3 +148,19 @@ def test_safetensors_export_round_trips_exactly(tmp_path):
     with pytest.raises(CheckpointError, match="not a readable safetensors"):
         (tmp_path / "bad.safetensors").write_bytes(b"garbage")
         read_weights(tmp_path / "bad.safetensors")
+
+
+def test_a_full_disk_at_the_run_lock_is_a_clear_error_and_leaves_no_lock(tmp_path, monkeypatch):
+    import errno
+
+    import hasten.runfolder.folder as folder_module
+    from hasten.runfolder.folder import LOCK_NAME, RunFolderError, RunLock
+
+    def no_space(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(folder_module.os, "write", no_space)
+    with pytest.raises(RunFolderError, match="cannot write the lock .*No space left on device; free some space"):
+        with RunLock(tmp_path / "run"):
+            pass
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
