@@ -26,7 +26,7 @@ from hasten.machine import current as current_machine
 from hasten.models.user import check_model
 from hasten.progress import say
 from hasten.recipe.schema import PRECISION_MODES, Recipe, dotted
-from hasten.run.assemble import assemble, loaders, lr_scale, train_size
+from hasten.run.assemble import assemble, check_batch_norm_batch, loaders, lr_scale, train_size
 from hasten.run.loading import eval_batch_size
 from hasten.run.user import recorded, user_objects
 from hasten.runfolder.checkpoint import checkpoints_in, latest_usable, load_checkpoint
@@ -131,6 +131,8 @@ def resolve(
     if user_objects(recipe, given_model, given_data):  # fail before anything is timed or trained
         check_model(copy.deepcopy(model).to(device), data.image_shape, len(data.classes), device)
         recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)
+    if recipe.train.batch_size != "auto":  # before anything is timed: the probe would train on that batch
+        check_batch_norm_batch(model, recipe)
     recipe, more = resolve_whiten(recipe, given_model is not None)
     notes += more
     resumed = resumed_choices(recipe)  # a resume continues with what its run chose: exact, as resumes are

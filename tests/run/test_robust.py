@@ -192,3 +192,15 @@ def test_the_batch_size_finder_keeps_enough_steps_an_epoch(tmp_path):
     assert advice.step_cap == 1437 // 64 and advice.largest <= advice.step_cap
     assert advice.steps_per_epoch >= 64
     assert advice.lr_after == pytest.approx(0.2 * advice.largest / 256)  # the linear rule follows
+
+
+def test_a_batch_of_one_with_batch_norm_is_refused_before_the_probe_times_it(tmp_path, capsys):
+    """8x8 digits: the ResNet's last feature map is 1x1, so a batch of one gives batch norm a single value a
+    channel; the probe timing that batch failed inside torch. Refused first, naming the key."""
+    from hasten.cli import main
+
+    args = ["train", "data.name=digits", "model.width=4", "train.batch_size=1", "precision=auto",
+            "train.channels_last=auto", "train.epochs=1", "run.progress=false", f"run.dir={tmp_path}"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "train.batch_size: 1 image a batch, but the model has batch norm" in err and "probe" not in err
