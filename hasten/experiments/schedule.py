@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hasten.engine.schedules import trace, warmup_steps
+from hasten.engine.schedules import rise_steps, trace, warmup_steps
 from hasten.recipe.schema import Recipe
 from hasten.run.assemble import global_batch, lr_scale, optimizer_steps, scaled_lr, steps_per_epoch
 from hasten.run.build import build
@@ -39,11 +39,20 @@ def schedule_trace(recipe: Recipe) -> ScheduleTrace:
         momenta=momenta if momenta is not None else [fixed] * len(multipliers),
         steps_per_epoch=steps_per_epoch(recipe, train_loader),  # optimizer steps, not batches (train.accumulate)
         total_steps=total,
-        # the steps to the peak as the run takes them: schedule.warmup, or the longer rise min_warmup_steps asks
-        warmup_steps=max(warmup_steps(recipe.schedule, total), multipliers.index(max(multipliers))),
+        warmup_steps=run_warmup_steps(recipe, total),
         momentum_scheduled=momenta is not None,
         recipe=recipe,
     )
+
+
+def run_warmup_steps(recipe: Recipe, total: int) -> int:
+    """The warmup the run takes: schedule.warmup's steps, or the longer rise schedule.min_warmup_steps asks of a
+    schedule without a rise of its own (every schedule but a one-cycle that starts below its peak, which lengthens
+    its own rising phase instead: hasten/engine/schedules.py's lr_and_momentum)."""
+    config, steps = recipe.schedule, warmup_steps(recipe.schedule, total)
+    if config.name == "one-cycle" and config.start < 1:
+        return steps
+    return max(steps, rise_steps(config, total, lr_scale(recipe)))
 
 
 def plot_schedule(result: ScheduleTrace, path: str | Path, title: str) -> Path:
