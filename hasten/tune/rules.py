@@ -98,7 +98,10 @@ def predicted_cost(batch: int, step_seconds: float, noise_batch: float = NOISE_B
     return (1 + noise_batch / batch) * step_seconds
 
 
-BATCH_TIE = 0.01  # batches whose predicted times are this close (relative) count as tied: the smaller wins
+# batches whose predicted times are this close (relative) count as tied: the smaller wins. 5%, as the probe's TIE: at
+# 1%, cold runs of the default recipe on an idle Zen 4 split 3/2 between batches 32 and 64 (their costs 1-3% apart,
+# read off a line through steps of 16, 128 and 512 whose 512 varied 109-163 ms from run to run)
+BATCH_TIE = 0.05
 MAX_BATCH_TIE = 0.25  # ... or as close as the timings' own spread, up to this
 
 

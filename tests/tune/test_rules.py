@@ -35,8 +35,10 @@ def test_the_time_rule_weighs_steps_needed_against_step_time():
     assert rules.choose_batch(cpu_like, noise_batch=64) == 32
     assert rules.choose_batch({16: 0.016, 32: 0.030, 64: 0.060}, noise_batch=64) == 16  # no fixed cost: the smallest
     # a step time that hardly grows (a GPU below its capacity): the largest batch takes the fewest seconds
-    gpu_like = {16: 0.010, 32: 0.010, 64: 0.011, 128: 0.012, 256: 0.014}
+    gpu_like = {16: 0.010, 32: 0.010, 64: 0.011, 128: 0.012, 256: 0.013}  # 0.018 at 128, 0.01625 at 256
     assert rules.choose_batch(gpu_like, noise_batch=64) == 256
+    # ... unless the largest gains less than BATCH_TIE (5%): 0.0175 at 256 is a tie with 128, the smaller wins
+    assert rules.choose_batch({**gpu_like, 256: 0.014}, noise_batch=64) == 128
     # (1 + 64/B) x t(B), exactly
     assert rules.predicted_cost(32, 0.03, noise_batch=64) == pytest.approx(0.09)
     assert rules.choose_batch({16: float("inf"), 32: 1.0}) == 32  # a batch that could not be timed is never chosen
@@ -209,9 +211,11 @@ def test_noise_widens_the_batch_tie_toward_the_smaller_batch():
     wins, so noise does not pick the batch; a real gap still does."""
     seconds = {16: 0.016, 32: 0.0295}  # (1 + 64/16) 0.016 = 0.080 against (1 + 64/32) 0.0295 = 0.0885: 16 by 10%
     assert rules.choose_batch(seconds) == 16
-    seconds = {16: 0.016, 32: 0.0255}  # 0.080 against 0.0765: 32 by 4.5%
+    seconds = {16: 0.016, 32: 0.0255}  # 0.080 against 0.0765: 32 by 4.5%, within BATCH_TIE: the smaller
+    assert rules.choose_batch(seconds) == 16
+    seconds = {16: 0.016, 32: 0.0245}  # 0.080 against 0.0735: 32 by 8.8%
     assert rules.choose_batch(seconds) == 32
-    assert rules.choose_batch(seconds, tie=rules.batch_tie(0.08)) == 16  # timings 8% apart: a tie, the smaller
+    assert rules.choose_batch(seconds, tie=rules.batch_tie(0.10)) == 16  # timings 10% apart: a tie, the smaller
     assert rules.batch_tie(0.0) == rules.BATCH_TIE and rules.batch_tie(math.inf) == rules.MAX_BATCH_TIE
 
 
