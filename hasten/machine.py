@@ -327,6 +327,11 @@ class Activity:
     def describe(self) -> str:
         return f"other work took {self.others_seconds / max(1e-9, self.wall_seconds):.1f} of {self.cpus} CPUs"
 
+    def __add__(self, other: Activity) -> Activity:
+        """The activity over both intervals."""
+        return Activity(self.wall_seconds + other.wall_seconds, self.own_seconds + other.own_seconds,
+                        self.others_seconds + other.others_seconds, max(self.cpus, other.cpus))  # fmt: skip
+
 
 def read_proc_stat(text: str) -> tuple[float, int] | None:
     """From /proc/stat's text: the CPU-seconds every CPU spent busy (user, nice, system, irq, softirq, steal) since

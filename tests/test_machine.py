@@ -144,9 +144,10 @@ def test_a_real_probe_with_other_processes_busy_says_so_and_keeps_nothing(capsys
     meter = machine.ActivityMeter()
     if meter.read_stat() is None:
         pytest.skip("/proc/stat cannot be read here")
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-                                torch.nn.Linear(8 * 14 * 14, 10))  # fmt: skip
-    batch = (torch.randn(32, 3, 16, 16), torch.randint(0, 10, (32,)))
+    # steps of tens of milliseconds: /proc/stat counts in ticks of 10 ms, so a tiny net's timing says little
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3), torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 3),
+                                torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(32 * 28 * 28, 10))  # fmt: skip
+    batch = (torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,)))
     options = autotune.candidates("fp32", "auto", "cpu", PROFILES["avx2"])
     spinners = _spinners(machine.read_proc_stat(meter.read_stat())[1])
     try:
