@@ -62,7 +62,7 @@ def test_a_choice_field_shows_its_choices():
     row = _row(_page().split(GAN_PART)[0], "optim.name")
     for choice in choices:
         assert f"`{choice}`" in row
-    assert "`sgd`" in row.split(" | ")[2]  # the default column
+    assert "`adamw`" in row.split(" | ")[2]  # the default column: what `hasten train` runs
 
 
 def test_bounds_and_auto_are_shown():

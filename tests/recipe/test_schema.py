@@ -6,13 +6,31 @@ import pytest
 
 from hasten.cli import main
 from hasten.errors import RecipeError
-from hasten.recipe.schema import apply_overrides, load_recipe, parse_value, shipped_recipes, validate
+from hasten.recipe.schema import Recipe, apply_overrides, load_recipe, parse_value, shipped_recipes, validate
 
 
 def test_shipped_default_recipe_loads():
     recipe = load_recipe()
     assert recipe.name == "default" and recipe.train.batch_size == recipe.train.epochs == "auto"
     assert {"default", "fashion-fast"} <= set(shipped_recipes())
+
+
+def test_the_schemas_defaults_are_the_default_recipe(tmp_path):
+    """One home for each default: Recipe() is what `hasten train` runs (its run folder aside, named by the data),
+    and a recipe file of the user's own without `extends` starts from the same values."""
+    default = load_recipe().model_dump()
+    assert default["run"].pop("dir") == "runs/fashion-mnist"
+    bare = Recipe().model_dump()
+    assert bare["run"].pop("dir") is None
+    assert bare == default
+    assert (bare["precision"], bare["optim"]["name"], bare["train"]["batch_size"]) == ("auto", "adamw", "auto")
+    own = tmp_path / "mine.yaml"
+    own.write_text("data: {name: digits}\n")
+    mine = load_recipe(str(own)).model_dump()
+    assert mine["name"] == "mine" and mine["data"]["name"] == "digits"
+    assert {key: mine[key] for key in ("precision", "optim", "schedule", "train", "tricks", "model")} == {
+        key: default[key] for key in ("precision", "optim", "schedule", "train", "tricks", "model")
+    }
 
 
 @pytest.mark.parametrize(
