@@ -19,6 +19,7 @@ A skipped step leaves weights and optimizer state untouched; the trainer then do
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -269,21 +270,32 @@ def _describe(device: torch.device) -> str:
 
 
 def _probe(name: str, device: torch.device) -> None:
-    """Run a tiny convolution, forward and backward, the way mode `name` will; raise RecipeError if it cannot."""
-    dtype = compute_dtype(name)
+    """Run a tiny convolution, forward and backward, the way mode `name` will; raise RecipeError if it cannot.
+    Each mode is tried once per device in a process (the verdict kept), and the try leaves the random streams as
+    they were: a run's random numbers do not depend on whether, or how often, its precision was checked."""
+    failure = _probe_failure(name, str(device))
+    if failure is not None:
+        raise RecipeError(f"precision: {name} cannot run on {_describe(device)}: {failure}")
+
+
+@functools.cache
+def _probe_failure(name: str, where: str) -> str | None:
+    """The first line of what running mode `name` on device `where` raised, or None when it ran."""
+    device, dtype = torch.device(where), compute_dtype(name)
     try:
-        conv = nn.Conv2d(2, 2, 3).to(device)
-        x = torch.randn(2, 2, 5, 5, device=device)
-        if name == "fp16-master":
-            conv, x = conv.half(), x.half()
-            conv(x).float().sum().backward()
-        else:
-            with torch.autocast(device.type, dtype=dtype):
-                out = conv(x)
-            out.float().sum().backward()
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            conv = nn.Conv2d(2, 2, 3).to(device)
+            x = torch.randn(2, 2, 5, 5, device=device)
+            if name == "fp16-master":
+                conv, x = conv.half(), x.half()
+                conv(x).float().sum().backward()
+            else:
+                with torch.autocast(device.type, dtype=dtype):
+                    out = conv(x)
+                out.float().sum().backward()
     except Exception as error:  # noqa: BLE001 -- whatever the backend raises (no CUDA build: AssertionError)
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise RecipeError(f"precision: {name} cannot run on {_describe(device)}: {first_line}") from None
+        return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return None
 
 
 def check_precision(name: str, device: torch.device) -> None:

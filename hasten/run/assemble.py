@@ -10,6 +10,7 @@ import random
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -209,10 +210,8 @@ def optimizer(config: OptimConfig, groups: list[dict[str, Any]], lr: float) -> t
             groups, lr=lr, momentum=config.momentum, nesterov=config.nesterov and config.momentum > 0
         )
     cls = torch.optim.AdamW if config.name == "adamw" else torch.optim.Adam
-    try:  # torch's fused kernel: one pass over all the parameters (on CPU ~4x less step time than the loop)
-        return cls(groups, lr=lr, betas=config.betas, fused=True)
-    except (RuntimeError, ValueError):  # parameters on a device or in a dtype it does not serve
-        return cls(groups, lr=lr, betas=config.betas)
+    fused = config.fused is True  # decided in resolve, where torch has the kernel (run/resolve.py's resolve_fused)
+    return cls(groups, lr=lr, betas=config.betas, fused=fused or None)
 
 
 @dataclass
@@ -233,6 +232,7 @@ class Parts:
     compiled: bool = False  # train.compile asked for it and torch.compile worked
     machine_keys: tuple[str, ...] = ()  # keys set to auto that the start-up probe decided (hasten/tune/autotune.py)
     machine: Machine | None = None  # the facts the machine's rules read (hasten/machine.py); None: not recorded
+    checkpoint: tuple[Path, dict[str, Any]] | None = None  # what a resume continues from, read once by resolve
 
 
 def assemble(
@@ -260,7 +260,6 @@ def assemble(
                       calibrate=calibrate,
                       train_images=lambda count: first_train_images(train_loader, count))  # fmt: skip
     made = techniques(recipe, context)  # every technique the recipe turns on; each declares its hook points
-    check_batch_norm_batch(model, recipe)
     for technique in _at(made, "on_model"):
         technique.on_model(model)
     if recipe.model.pretrained:
@@ -273,12 +272,7 @@ def assemble(
     if recipe.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if recipe.train.sync_batchnorm and world > 1:  # before the optimizer and EMA see the modules; keeps the params
-        if device.type == "cpu":
-            raise RecipeError(
-                "train.sync_batchnorm: torch's SyncBatchNorm runs on GPUs only; CPU ranks keep their own batch "
-                "statistics (set it false, or run on GPUs)"
-            )
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # (GPU ranks: resolve refuses it on CPU ones)
     model = precision.prepare(model)
     lr = scaled_lr(recipe.optim, global_batch(recipe))
     decay = recipe.optim.weight_decay

@@ -39,7 +39,7 @@ from hasten.recipe.schema import Recipe, apply_overrides, to_yaml, validate
 from hasten.recipe.trust import USER_SOURCES
 from hasten.run.assemble import Parts, assemble, global_batch, lr_scale, optimizer_steps, seed_everything, train_size
 from hasten.run.loading import loader_workers, open_folder
-from hasten.run.resolve import resolve, resume_from, run_dir
+from hasten.run.resolve import resolve, run_dir
 from hasten.run.trainer import Plan, Saving, Trainer
 from hasten.run.user import builtin_holdout, load_data
 from hasten.runfolder.checkpoint import remove_stale_temporaries
@@ -167,10 +167,10 @@ def build(recipe: Recipe, model: Any = None, data: Any = None, clock: Clock | No
     # line in the start-up's split is the probe's own time
     importlib.import_module("torch._dynamo")  # (an `import` statement here would make `torch` local to build)
     clock.mark("start and imports")
-    recipe, machine_keys = resolve(recipe, data, model, device, given_model, given_data, machine)
+    resolved = resolve(recipe, data, model, device, given_model, given_data, machine)
     clock.mark("probe")
-    parts = assemble(recipe, data, model, device, machine_keys, clock)
-    parts.machine = machine
+    parts = assemble(resolved.recipe, data, model, device, resolved.machine_keys, clock)
+    parts.machine, parts.checkpoint = machine, resolved.checkpoint
     return parts
 
 
@@ -299,15 +299,17 @@ def train(
     `hasten` command passes its process's start; by default, this call)."""
     clock = clock or Clock()
     clock.mark("start and imports")
-    if DistEnv.from_environ().is_main:  # (before the process group is up: from the environment)
-        say(f"run folder: {run_dir(recipe)}")
-        if recipe.resume is None and not recipe.run.overwrite and not int(os.environ.get(RESTARTS, "0")):
-            refuse_taken(run_dir(recipe))  # before the data, the probe and every decision: checked again when locked
-    parts = build(recipe, model, data, clock)
-    recipe = parts.recipe  # what was used: data-dependent settings decided, the user's model and data recorded
     folder = run_dir(recipe)
-    lock = RunLock(folder) if distributed.is_main() else contextlib.nullcontext()
-    with lock:
+    main = DistEnv.from_environ().is_main  # (before the process group is up: from the environment)
+    if main:
+        say(f"run folder: {folder}")
+        if recipe.resume is None and not recipe.run.overwrite and not int(os.environ.get(RESTARTS, "0")):
+            refuse_taken(folder)  # before the data, the probe and every decision: checked again when claimed
+    # held from before the data is read: the checkpoint a resume continues from is read once, under the lock, and
+    # a second run into the folder is refused before it has timed or decided anything
+    with RunLock(folder) if main else contextlib.nullcontext():
+        parts = build(recipe, model, data, clock)
+        recipe = parts.recipe  # what was used: every choice made (resolve), the user's model and data recorded
         trainer, log = start_run(recipe, parts, folder, loss, clock)
         # signals stay caught until the run returns: a stop once the last epoch is done lets the summary be written
         # and the run end with 0 (its work is complete), instead of killing it mid-write
@@ -337,7 +339,7 @@ def start_run(
 ) -> tuple[Trainer, RunLog]:
     """The loop over the built `parts`, ready in its (locked) run folder: resumed from a checkpoint when the recipe
     asks, the folder claimed, recipe.yaml written, the warnings and the resolved LR scaling said."""
-    checkpoint = resume_from(recipe, folder / "checkpoints")  # before anything in the run folder is written
+    checkpoint = parts.checkpoint  # read by resolve, under the run's lock, before anything in the folder is written
     claim_run_folder(recipe, folder, checkpoint, parts.machine_keys)
     log = RunLog(folder, enabled=distributed.is_main(), tensorboard=recipe.run.tensorboard)
     run_steps = optimizer_steps(recipe, parts.train_loader)

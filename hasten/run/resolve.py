@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from hasten.data.imagefolder import (
     ImageFolder,
 )
 from hasten.data.registry import mirror_invariant
+from hasten.data.user import StreamedData
 from hasten.engine import distributed
 from hasten.engine.distributed import world_size
 from hasten.errors import CheckpointError, RecipeError
@@ -25,9 +27,10 @@ from hasten.machine import Machine
 from hasten.machine import current as current_machine
 from hasten.models.user import check_model
 from hasten.progress import say
-from hasten.recipe.schema import PRECISION_MODES, Recipe, dotted
+from hasten.recipe.schema import PRECISION_MODES, Recipe, dotted, replaced
+from hasten.recipe.trust import USER_SOURCES
 from hasten.run.assemble import assemble, check_batch_norm_batch, loaders, lr_scale, train_size
-from hasten.run.loading import eval_batch_size
+from hasten.run.loading import eval_batch_size, loader_workers
 from hasten.run.user import recorded, user_objects
 from hasten.runfolder.checkpoint import checkpoints_in, latest_usable, load_checkpoint
 from hasten.tune import autotune, rules
@@ -54,12 +57,13 @@ def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: in
     warning), training and TTA shifts of at most `data.augment.translate_max_fraction` of the image side, and a batch
     small enough to leave `train.min_steps_per_epoch` optimizer steps an epoch. A TTA shift of half the image side
     or more is a RecipeError. The returned recipe is what recipe.yaml records."""
-    resolved, notes = recipe.model_copy(deep=True), []
+    changes: dict[str, Any] = {}
+    notes: list[str] = []
     allowed = mirror_invariant(data.name)
     why = f"{data.name} is mirror-invariant" if allowed else f"a mirror may change the class of {data.name} images"
-    aug, train_cfg = resolved.data.augment, resolved.train
+    aug, train_cfg = recipe.data.augment, recipe.train
     if aug.flip == "auto":
-        aug.flip = allowed
+        changes["data.augment.flip"] = allowed
         notes.append(f"flips {'on' if allowed else 'off'} ({why}; data.augment.flip=auto)")
     elif aug.flip == "alternate" and not allowed:  # asked for by name: honoured, but not silently
         notes.append(f"warning: alternating flips on as asked, though {why} (data.augment.flip=alternate)")
@@ -75,34 +79,45 @@ def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: in
             f"translate {aug.translate} -> {most} pixels: at most {aug.translate_max_fraction:g} of the {side}-pixel "
             "images (data.augment.translate_max_fraction)"
         )
-        aug.translate = most
+        changes["data.augment.translate"] = most
     if train_cfg.tta_translate > most:  # shifts the size of those the training never showed (8x8 digits: none)
         notes.append(
             f"TTA shift {train_cfg.tta_translate} -> {most} pixels: at most {aug.translate_max_fraction:g} of the "
             f"{side}-pixel images, as the training shifts (data.augment.translate_max_fraction)"
         )
-        train_cfg.tta_translate = most
-    if resolved.schedule.min_warmup_steps == "auto":
-        rise = resolved.schedule.min_warmup_steps = rules.auto_rise_steps(len(data.classes))
+        changes["train.tta_translate"] = most
+    if recipe.schedule.min_warmup_steps == "auto":
+        rise = changes["schedule.min_warmup_steps"] = rules.auto_rise_steps(len(data.classes))
         notes.append(
             f"LR rise over at least {rise} optimizer steps ({len(data.classes)} classes; "
             f"schedule.min_warmup_steps=auto: one a class, at least {rules.MIN_RISE_STEPS})"
         )
     if train_cfg.tta_flip == "auto":
-        train_cfg.tta_flip = allowed
+        changes["train.tta_flip"] = allowed
         if allowed:
             notes.append("flip TTA on (train.tta_flip=auto)")
     if train_cfg.min_steps_per_epoch and train_cfg.batch_size != "auto":  # auto: the batch rule sees the steps
         n, asked = train_size(data), train_cfg.batch_size
         batch = steps_batch(n, asked, train_cfg.accumulate, world, train_cfg.min_steps_per_epoch)
         if batch != asked:
-            train_cfg.batch_size = batch
+            changes["train.batch_size"] = batch
             steps = rules.steps_per_epoch(n, batch, world, train_cfg.accumulate)
             notes.append(
                 f"batch {asked} -> {batch}: {n:,} training images give {steps} steps an epoch "
                 f"(train.min_steps_per_epoch={train_cfg.min_steps_per_epoch}; 0 keeps the batch)"
             )
-    return resolved, notes
+    return replaced(recipe, changes), notes
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What `resolve` returns: the frozen recipe with every choice in it (what recipe.yaml records and `assemble`
+    builds from), the keys this machine decided (a resume may decide them otherwise: they are not held to the
+    checkpoint's), and the checkpoint a resume continues from, read once (None: a fresh run)."""
+
+    recipe: Recipe
+    machine_keys: tuple[str, ...] = ()
+    checkpoint: tuple[Path, dict[str, Any]] | None = None
 
 
 def resolve(
@@ -113,39 +128,113 @@ def resolve(
     given_model: Any = None,
     given_data: Any = None,
     machine: Machine | None = None,
-) -> tuple[Recipe, tuple[str, ...]]:
+) -> Resolved:
     """Every setting the recipe leaves open, decided once: flips, shifts and TTA from the data; the user's model
-    and data recorded; precision, memory layout and batch from the machine (or as the run being resumed chose
-    them); the budget from the data; optim.lr=auto by a range test. One line per decision is printed; the returned
-    recipe holds the values (it is the one recipe.yaml records and `assemble` builds from, unchanged), with the keys
-    the machine decided (a resume may decide them again). `machine`: the facts the machine's rules read (None:
-    hasten.machine.current())."""
+    and data recorded; the device, the loader's workers and threads, in-memory or streamed, the images' size and
+    channels; precision, memory layout and batch from the machine (or as the run being resumed chose them); the
+    budget from the data; the fused optimizer; optim.lr=auto by a range test. One line per decision is printed;
+    the returned recipe is frozen and holds the values (it is the one recipe.yaml records and `assemble` builds
+    from, unchanged). A resume's checkpoint is read here, once. `machine`: the facts the machine's rules read
+    (None: hasten.machine.current())."""
     machine = machine or current_machine()
     world = world_size()
     recipe, notes = resolve_for_data(recipe, data, world)
     if recipe.train.eval_batch_size == "auto":
-        recipe.train.eval_batch_size = eval_batch_size(recipe, device, data.image_shape)  # (resolve_for_data's copy)
+        recipe = replaced(recipe, {"train.eval_batch_size": eval_batch_size(recipe, device, data.image_shape)})
         height, width = data.image_shape[-2:]
         where = f"{height}x{width} images on a CPU" if device.type == "cpu" else f"on {device.type}"
         notes.append(f"train.eval_batch_size=auto -> {recipe.train.eval_batch_size} ({where})")
+    recipe, more, placed = resolve_placement(recipe, data, device)
+    notes += more
     if user_objects(recipe, given_model, given_data):  # fail before anything is timed or trained
         check_model(copy.deepcopy(model).to(device), data.image_shape, len(data.classes), device)
         recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)
+    else:  # what the run trains, recorded as for a user's model: its class names and size
+        recipe = replaced(recipe, {"data.classes": list(data.classes),
+                                   "model.parameters": sum(p.numel() for p in model.parameters())})  # fmt: skip
     if recipe.train.batch_size != "auto":  # before anything is timed: the probe would train on that batch
         check_batch_norm_batch(model, recipe)
+    check_assembly(recipe, device, world)
     recipe, more = resolve_whiten(recipe, given_model is not None)
     notes += more
-    resumed = resumed_choices(recipe)  # a resume continues with what its run chose: exact, as resumes are
+    checkpoint = resume_from(recipe, run_dir(recipe) / "checkpoints")  # read once: the run continues from it
+    resumed = resumed_choices(recipe, checkpoint)  # a resume continues with what its run chose: exact, as resumes are
     recipe, machine_keys, more = choose_on_machine(recipe, model, data, device, resumed, machine)
     notes += more
     recipe, more = resolve_budget(recipe, data, world, resumed)
     notes += more
+    recipe = resolve_fused(recipe, device)
     if distributed.is_main():
         for note in notes:
             say(note)
     if recipe.optim.lr == "auto":  # last: the range test runs the run as decided so far
         recipe = resolve_lr(recipe, data, model, device)
-    return recipe, machine_keys
+    return Resolved(recipe, (*machine_keys, *placed, "optim.fused"), checkpoint)
+
+
+def resolve_placement(recipe: Recipe, data: Any, device: torch.device) -> tuple[Recipe, list[str], tuple[str, ...]]:
+    """Where and how the run goes, recorded: `device: auto` as the device chosen, `data.in_memory: auto` as the
+    data was read (decoded into memory or streamed from files), `data.workers` and `train.threads` unset as the
+    counts the machine's rules gave, and for a registered dataset or an image folder `data.size` and `data.rgb`
+    unset as the images come (a folder of mixed sizes: the square side it is resized to). Returns the recipe, the
+    lines to say, and the keys decided here that a resume on another machine may decide otherwise."""
+    changes: dict[str, Any] = {}
+    notes: list[str] = []
+    if recipe.device == "auto":
+        changes["device"] = device.type
+    if recipe.data.in_memory == "auto":
+        changes["data.in_memory"] = not isinstance(data, ImageFolder | StreamedData)
+        if recipe.data.name == "imagefolder":
+            how = "decoded once into memory" if changes["data.in_memory"] else "decoded from its files each epoch"
+            notes.append(f"data.in_memory=auto -> {str(changes['data.in_memory']).lower()}: the folder is {how}")
+    if recipe.data.workers is None:
+        changes["data.workers"] = loader_workers(recipe)
+    if recipe.train.threads is None:
+        changes["train.threads"] = torch.get_num_threads()
+    if recipe.data.name not in USER_SOURCES and recipe.data.name != "object":
+        channels, height, width = (int(n) for n in data.image_shape)
+        if recipe.data.size is None and height == width:
+            changes["data.size"] = height
+        if recipe.data.rgb is None and channels in (1, 3):
+            changes["data.rgb"] = channels == 3
+    return replaced(recipe, changes), notes, tuple(key for key in PLACEMENT_KEYS if key in changes)
+
+
+PLACEMENT_KEYS = ("device", "data.in_memory", "data.workers", "train.threads")  # the machine's, not the data's
+
+
+def check_assembly(recipe: Recipe, device: torch.device, world: int) -> None:
+    """What `assemble` could not build, refused here, before anything is timed: torch's SyncBatchNorm on CPU ranks."""
+    if recipe.train.sync_batchnorm and world > 1 and device.type == "cpu":
+        raise RecipeError(
+            "train.sync_batchnorm: torch's SyncBatchNorm runs on GPUs only; CPU ranks keep their own batch "
+            "statistics (set it false, or run on GPUs)"
+        )
+
+
+def resolve_fused(recipe: Recipe, device: torch.device) -> Recipe:
+    """`optim.fused: auto` decided: torch's fused Adam/AdamW kernel (one pass over every parameter; on a CPU ~4x
+    less step time than the loop) where torch has it for the device; the parameters the optimizer steps are fp32
+    in every precision mode (fp16-master's are its fp32 masters). A fused kernel asked for on a device without one
+    is a RecipeError naming the key."""
+    fused = recipe.optim.fused
+    has = recipe.optim.name in ("adam", "adamw") and device.type in fused_devices()
+    if fused == "auto":
+        return replaced(recipe, {"optim.fused": has})
+    if fused and not has:
+        what = f"optim.name={recipe.optim.name}" if recipe.optim.name not in ("adam", "adamw") else device.type
+        raise RecipeError(f"optim.fused: torch has no fused kernel for {what}; set optim.fused=false (or auto)")
+    return recipe
+
+
+def fused_devices() -> tuple[str, ...]:
+    """The device types torch's fused Adam/AdamW serve (torch's own list; cuda and cpu where it cannot be read)."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        return tuple(_get_fused_kernels_supported_devices())
+    except ImportError:  # torch moved it: the two every torch >= 2.4 serves
+        return ("cuda", "cpu")
 
 
 def resolve_whiten(recipe: Recipe, model_given: bool) -> tuple[Recipe, list[str]]:
@@ -153,9 +242,8 @@ def resolve_whiten(recipe: Recipe, model_given: bool) -> tuple[Recipe, list[str]
     for a model object given to `hasten.train`, an imported or layer-list model, or pretrained weights."""
     if recipe.model.whiten != "auto":
         return recipe, []
-    recipe = recipe.model_copy(deep=True)
     name = "object" if model_given else recipe.model.name
-    recipe.model.whiten = rules.auto_whiten(name, recipe.model.pretrained)
+    recipe = replaced(recipe, {"model.whiten": rules.auto_whiten(name, recipe.model.pretrained)})
     if recipe.model.whiten:
         return recipe, ["model.whiten=auto -> true: the ResNet's first conv whitens the images' patches, frozen"]
     kept = "the pretrained weights" if recipe.model.pretrained else f"model.name={name}"
@@ -169,24 +257,26 @@ def resolve_budget(
     resumed decided it; then `data.augment.translate: auto` from the images' side and the epochs."""
     if "auto" not in (recipe.train.epochs, recipe.data.augment.translate):
         return recipe, []
-    recipe, notes = recipe.model_copy(deep=True), []
+    notes = []
     if recipe.train.epochs == "auto" and resumed and "train.epochs" in resumed:
-        recipe.train.epochs = resumed["train.epochs"]
+        recipe = replaced(recipe, {"train.epochs": resumed["train.epochs"]})
         notes.append(f"train.epochs=auto -> {recipe.train.epochs}, as the run being resumed chose")
     elif recipe.train.epochs == "auto":
         images, batch = train_size(data), recipe.train.batch_size
-        recipe.train.epochs = rules.auto_epochs(images, batch, world, recipe.train.accumulate)
-        steps = recipe.train.epochs * rules.steps_per_epoch(images, batch, world, recipe.train.accumulate)
+        epochs = rules.auto_epochs(images, batch, world, recipe.train.accumulate)
+        recipe = replaced(recipe, {"train.epochs": epochs})
+        steps = epochs * rules.steps_per_epoch(images, batch, world, recipe.train.accumulate)
         notes.append(
-            f"train.epochs=auto -> {recipe.train.epochs}: {steps:,} optimizer steps over {images:,} images "
+            f"train.epochs=auto -> {epochs}: {steps:,} optimizer steps over {images:,} images "
             f"(at least {rules.RUN_STEPS} steps, {rules.MIN_EPOCHS}-{rules.MAX_EPOCHS} epochs)"
         )
     aug = recipe.data.augment
     if aug.translate == "auto":
         side = min(data.image_shape[1:])
-        aug.translate = min(rules.auto_translate(side, recipe.train.epochs), int(side * aug.translate_max_fraction))
+        shift = min(rules.auto_translate(side, recipe.train.epochs), int(side * aug.translate_max_fraction))
+        recipe = replaced(recipe, {"data.augment.translate": shift})
         notes.append(
-            f"data.augment.translate=auto -> {aug.translate} pixel(s): {side}-pixel images, {recipe.train.epochs} "
+            f"data.augment.translate=auto -> {shift} pixel(s): {side}-pixel images, {recipe.train.epochs} "
             f"epochs (shifts in runs of {rules.AUTO_TRANSLATE_EPOCHS} epochs or more)"
         )
     return recipe, notes
@@ -211,15 +301,13 @@ def _valid_choice(key: str, value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1  # batch, epochs
 
 
-def resumed_choices(recipe: Recipe) -> dict[str, Any]:
-    """What the run being resumed (resume=PATH or auto, an elastic restart) chose for the keys this recipe leaves
-    `auto`, from its checkpoint's recipe (values checked before use); {} when nothing is resumed or left to choose."""
+def resumed_choices(recipe: Recipe, checkpoint: tuple[Path, dict[str, Any]] | None) -> dict[str, Any]:
+    """What the run being resumed (its `checkpoint`, as `resume_from` found it) chose for the keys this recipe
+    leaves `auto`, from the checkpoint's recipe (values checked before use); {} when nothing is resumed or left to
+    choose."""
     asked = [key for key in RESUMED_KEYS if _recorded_value(recipe.model_dump(), key) == "auto"]
-    if not asked:
-        return {}
-    found = resume_from(recipe, run_dir(recipe) / "checkpoints", announce=False)
-    saved = found[1].get("recipe") if found else None
-    if not isinstance(saved, dict):
+    saved = checkpoint[1].get("recipe") if checkpoint else None
+    if not asked or not isinstance(saved, dict):
         return {}
     chosen = {key: _recorded_value(saved, key) for key in asked}
     return {key: value for key, value in chosen.items() if _valid_choice(key, value)}
@@ -228,10 +316,9 @@ def resumed_choices(recipe: Recipe) -> dict[str, Any]:
 def probe_batch(recipe: Recipe, data: Any, device: torch.device, size: int) -> tuple[Tensor, Tensor]:
     """The first training batch of `size` images (per process), as the run's loader makes them (shuffled in the
     run's seeded order, augmented, normalised): what the start-up probe times."""
-    trial = recipe.model_copy(deep=True)
-    trial.train.batch_size = size
+    trial = replaced(recipe, {"train.batch_size": size})
     if trial.data.augment.translate == "auto":  # decided with the budget, after the probe; no part of the step
-        trial.data.augment.translate = 0
+        trial = replaced(trial, {"data.augment.translate": 0})
     train_loader, _ = loaders(trial, data, device, distributed.rank(), world_size())
     return next(iter(train_loader))  # (the probe gives each candidate the batch in its own layout)
 
@@ -302,9 +389,8 @@ def choose_on_machine(
                 f"train.batch_size=auto -> {sizes[0]}: the smallest batch; {images:,} training images leave no "
                 f"larger one {rules.steps_needed(epochs)} optimizer steps"
             )
-    recipe = recipe.model_copy(deep=True)
-    recipe.precision, recipe.train.channels_last = choice.precision, choice.channels_last
-    recipe.train.batch_size = values["train.batch_size"]
+    recipe = replaced(recipe, {"precision": choice.precision, "train.channels_last": choice.channels_last,
+                               "train.batch_size": values["train.batch_size"]})  # fmt: skip
     return recipe, tuple(key for key in asked), notes
 
 
@@ -315,15 +401,13 @@ def resolve_lr(recipe: Recipe, data: Any, model: nn.Module, device: torch.device
     left as they were."""
     from hasten.tune.lr_find import AUTO_RULE, AUTO_START, AUTO_STEPS, auto_lr, lr_find
 
-    trial_recipe = recipe.model_copy(deep=True)
-    trial_recipe.train.compile = False  # the sweep's few steps are not worth a compile
+    trial_recipe = replaced(recipe, {"train.compile": False})  # the sweep's few steps are not worth a compile
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         trial = assemble(trial_recipe, data, copy.deepcopy(model), device, announce=False)
         result = lr_find(trial, start=AUTO_START, steps=AUTO_STEPS)
     peak = auto_lr(result)
-    recipe = recipe.model_copy(deep=True)
     scale = lr_scale(recipe)
-    recipe.optim.lr = peak / scale
+    recipe = replaced(recipe, {"optim.lr": peak / scale})
     if distributed.is_main():
         per = f" ({peak / scale:.4g} per {recipe.optim.base_batch})" if recipe.optim.base_batch else ""
         say(f"optim.lr=auto: peak LR {peak:.4g}{per} from a {len(result.lrs)}-step range test ({AUTO_RULE})")
