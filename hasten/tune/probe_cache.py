@@ -19,7 +19,6 @@ import datetime
 import hashlib
 import json
 import math
-import os
 import platform
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ from torch import Tensor, nn
 
 from hasten.data.sources import cache_folder
 from hasten.engine.distributed import world_size
+from hasten.files import write_atomic_text
 from hasten.machine import Machine
 from hasten.tune.choices import Candidate, Probe
 from hasten.tune.steadiness import Steadiness
@@ -169,16 +169,13 @@ def write_cached(path: Path, key: dict[str, Any], result: Probe) -> str | None:
 
 
 def _write_json(path: Path, record: dict[str, Any]) -> str | None:
-    """`record` as JSON at `path` (a temporary file renamed); the reason when it could not be written."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """`record` as JSON at `path`, whole or not at all (not fsynced: a torn file fails its checks when read, and is
+    probed over); the reason when it could not be written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        os.replace(temporary, path)
+        write_atomic_text(path, json.dumps(record, indent=2) + "\n", durable=False)
     except OSError as error:
         return f"{error.strerror or error}"
-    finally:
-        temporary.unlink(missing_ok=True)
     return None
 
 
