@@ -38,13 +38,13 @@ def _deterministic_torch():
 def _timings_kept(request, monkeypatch):
     """The probe keeps every timing it takes, as it did before it checked that timings repeat: tests compare two
     runs of one recipe bit for bit, and the second must read the first's choice from the cache, where a tiny net's
-    millisecond steps on a shared machine need not repeat within autotune.REPEAT. Tests marked `steadiness` (the
+    millisecond steps on a shared machine need not repeat within steadiness.REPEAT. Tests marked `steadiness` (the
     check itself) keep the real thresholds."""
     if request.node.get_closest_marker("steadiness") is None:
-        from hasten.tune import autotune
+        from hasten.tune import steadiness
 
-        monkeypatch.setattr(autotune, "REPEAT", math.inf)
-        monkeypatch.setattr(autotune, "BUSY_SHARE", math.inf)
+        monkeypatch.setattr(steadiness, "REPEAT", math.inf)
+        monkeypatch.setattr(steadiness, "BUSY_SHARE", math.inf)
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ from hasten import machine
 from hasten.cli import main
 from hasten.engine.distributed import resolve_device
 from hasten.engine.optimizers import newton_schulz_dtype
-from hasten.tune import autotune
+from hasten.tune import autotune, choices, probe_cache, steadiness
 
 pytestmark = pytest.mark.machine
 
@@ -72,10 +72,10 @@ def test_every_profile_s_decisions(name):
     """What each machine decides, on any machine: the table a reviewer checks against the hardware."""
     described = PROFILES[name]
     gpu = described.accelerator
-    precisions = autotune.precision_candidates(described, "cpu")
+    precisions = choices.precision_candidates(described, "cpu")
     assert precisions == (["fp32", "bf16"] if name in ("avx512-bf16", "amx", "cuda") else ["fp32"])
     if gpu is not None:
-        assert autotune.precision_candidates(described, "cuda") == (["fp32", "bf16"] if gpu.bf16 else ["fp32", "fp16"])
+        assert choices.precision_candidates(described, "cuda") == (["fp32", "bf16"] if gpu.bf16 else ["fp32", "fp16"])
         assert newton_schulz_dtype("cuda", described) == (torch.bfloat16 if gpu.bf16 else torch.float32)
         assert machine.process_backend("cuda") == "nccl"
     assert newton_schulz_dtype("cpu", described) == torch.float32  # no fast small bf16 products on the CPUs measured
@@ -135,7 +135,7 @@ def test_the_meter_sees_other_processes_busy_on_the_cores():
             spinner.kill()
             spinner.wait()
     assert activity is not None and activity.own_seconds < 0.2
-    assert activity.others_share > autotune.BUSY_SHARE, activity
+    assert activity.others_share > steadiness.BUSY_SHARE, activity
 
 
 @pytest.mark.steadiness
@@ -148,7 +148,7 @@ def test_a_real_probe_with_other_processes_busy_says_so_and_keeps_nothing(capsys
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3), torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 3),
                                 torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(32 * 28 * 28, 10))  # fmt: skip
     batch = (torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,)))
-    options = autotune.candidates("fp32", "auto", "cpu", PROFILES["avx2"])
+    options = choices.candidates("fp32", "auto", "cpu", PROFILES["avx2"])
     spinners = _spinners(machine.read_proc_stat(meter.read_stat())[1])
     try:
         time.sleep(0.3)
@@ -160,7 +160,7 @@ def test_a_real_probe_with_other_processes_busy_says_so_and_keeps_nothing(capsys
     err = capsys.readouterr().err.replace("\n  ", " ")
     assert result.steadiness is not None and result.steadiness.busy and result.steadiness.retimed
     assert "not kept: the machine is busy: other work took" in err
-    assert not autotune.cache_path(autotune.probe_key(model, batch[0], options, PROFILES["avx2"])).exists()
+    assert not probe_cache.cache_path(probe_cache.probe_key(model, batch[0], options, PROFILES["avx2"])).exists()
 
 
 @pytest.mark.cuda

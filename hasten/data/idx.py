@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy
 
-from hasten.data.cache import cache_folder, write_atomic_bytes
+from hasten.data.cache import cache_folder
 from hasten.errors import DataError
+from hasten.files import write_atomic_bytes
 
 GZIP_MAGIC = b"\x1f\x8b"
 

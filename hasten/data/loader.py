@@ -2,10 +2,10 @@
 on whole batches as tensor ops.
 
 This is what the fast MNIST and CIFAR records do (Page's ResNet-9, airbench): no per-sample Python, no
-DataLoader workers, no collate. The shuffle of epoch `e` is a permutation drawn from `seed + e`, the same on
-every rank; each rank takes its strided share, so every sample is seen once per epoch across ranks.
-Augmentation draws from a generator seeded by (seed, epoch, rank, batch), so any batch can be recomputed
-exactly, which is what exact resume and rank-distinct streams need.
+DataLoader workers, no collate. The shuffle of epoch `e` is a permutation drawn from the seed's stream for
+epoch `e` (hasten/data/seeds.py), the same on every rank; each rank takes its strided share, so every sample is
+seen once per epoch across ranks. Augmentation draws from a generator seeded by (seed, epoch, rank, batch), so
+any batch can be recomputed exactly, which is what exact resume and rank-distinct streams need.
 
 Alternating flips (`Augment(flip="alternate")`, airbench, Keller Jordan 2024): in epoch 0 each image is mirrored
 with probability 1/2, a per-image mask drawn once from the seed alone (the same on every rank, whatever the
@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from hasten.data.seeds import FIRST_EPOCH_FLIPS, batch_seed, stream
 
 
 def layout(channels_last: bool) -> torch.memory_format:
@@ -64,7 +66,7 @@ def translate(images: Tensor, shifts: Tensor, pad: int) -> Tensor:
 
 def first_epoch_flips(n: int, seed: int) -> Tensor:
     """Which of `n` images alternating flips mirror in epoch 0: each with probability 1/2, from `seed` alone."""
-    return torch.rand(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + 0xF11B)) < 0.5
+    return torch.rand(n, generator=stream(seed, FIRST_EPOCH_FLIPS)) < 0.5
 
 
 def alternating_flips(first: Tensor, epoch: int) -> Tensor:
@@ -146,7 +148,7 @@ def shard_indices(n: int, epoch: int, seed: int, shuffle: bool, rank: int, world
     rank, padded by wrapping around or cut per `remainder` (as DistributedSampler does), then strided by rank.
     Shared by every loader, so the same seed gives the same batches whichever path the data takes."""
     if shuffle:
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        order = torch.randperm(n, generator=stream(seed, epoch))  # the epoch is the purpose
     else:
         order = torch.arange(n)
     if remainder == "split":
@@ -194,8 +196,7 @@ class ShardedEpochs:
 
     def _generator(self, epoch: int, batch: int) -> torch.Generator:
         """The augmentation stream of one batch: from (seed, epoch, rank, batch), so any batch can be redone."""
-        seed = hash((self.seed, epoch, self.rank, batch)) & 0x7FFF_FFFF_FFFF_FFFF
-        return torch.Generator(device=self.device).manual_seed(seed)
+        return torch.Generator(device=self.device).manual_seed(batch_seed(self.seed, epoch, self.rank, batch))
 
     def augmented(self, images: Tensor, indices: Tensor, batch: int) -> Tensor:
         """uint8 `images`, the samples `indices` of batch `batch` of the current epoch, augmented (as they are

@@ -13,10 +13,11 @@ from typing import Any, Protocol
 
 import numpy
 
-from hasten.data.cache import cache_folder, write_atomic_bytes
+from hasten.data.cache import cache_folder
 from hasten.data.cifar import read_cifar
 from hasten.data.idx import read_idx_pair
 from hasten.errors import DataError
+from hasten.files import write_atomic_bytes
 
 # train images [N, C, H, W] uint8, train labels [N] int64, test images, test labels, class names
 Arrays = tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray, numpy.ndarray, Sequence[str]]

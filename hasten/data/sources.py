@@ -14,17 +14,17 @@ instead of the official addresses: for a local mirror, an offline site, or tests
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from hasten.data.cache import cache_folder
-from hasten.data.download import CHUNK_BYTES, download, sha256_file
+from hasten.data.download import download
 from hasten.data.idx import GZIP_MAGIC
 from hasten.data.registry import DATASETS, SPECS, DatasetSpec, FileSpec, get_spec
 from hasten.errors import DataError
+from hasten.files import sha256_file, sha256_stream
 
 # the registry's names are re-exported: callers find datasets and their specs in one place
 __all__ = [
@@ -171,13 +171,10 @@ def fetch(
 
 def _content_sha256(path: Path) -> str:
     """SHA-256 of the file's payload: gunzipped when it is gzip, else the bytes as they are."""
-    digest = hashlib.sha256()
     with open(path, "rb") as probe:
         gzipped = probe.read(2) == GZIP_MAGIC
     with gzip.open(path, "rb") if gzipped else open(path, "rb") as file:
-        while chunk := file.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return sha256_stream(file)
 
 
 def check_file(file: FileSpec, path: Path) -> str:

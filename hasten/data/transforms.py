@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from hasten.data.datasets import ImageDataset
+from hasten.data.seeds import LABEL_NOISE, stream
 from hasten.errors import DataError
 
 # ITU-R 601-2 luma weights, as Pillow's convert("L") uses, so a folder written in colour and read as grey
@@ -88,7 +89,7 @@ def flip_labels(labels: Tensor, fraction: float, num_classes: int, generator: to
 
 def noise_generator(seed: int) -> torch.Generator:
     """The generator label noise draws from: fixed by the run's seed, separate from every other stream."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + 0x1AB)
+    return stream(seed, LABEL_NOISE)
 
 
 def prepare(

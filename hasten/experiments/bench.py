@@ -57,7 +57,7 @@ from hasten.recipe.schema import Recipe, apply_overrides, validate
 from hasten.run.build import dataset
 from hasten.runfolder.folder import owned_output
 from hasten.runfolder.log import environment, write_atomic
-from hasten.tune import autotune
+from hasten.tune import choices
 
 __all__ = [
     "NAIVE",
@@ -300,7 +300,7 @@ def run_grid(
         device = resolve_device(recipe.device, described)
         asked = set(precisions.values())
         if "auto" in asked:  # the probe's candidates: the runs say which one they took
-            asked = (asked - {"auto"}) | set(autotune.precision_candidates(described, device.type))
+            asked = (asked - {"auto"}) | set(choices.precision_candidates(described, device.type))
         for precision in sorted(asked):
             flops, size = matmul_peak(compute_dtype(precision), device, min_seconds=peak_seconds)
             tf32 = device.type == "cuda" and precision == "fp32" and torch.backends.cudnn.allow_tf32

@@ -16,11 +16,12 @@ import torch
 from safetensors.torch import save
 from torch import Tensor, nn
 
-from hasten.data.download import download, sha256_file
+from hasten.data.download import download
 from hasten.data.sources import cache_folder
 from hasten.errors import CheckpointError, DataError, RecipeError
+from hasten.files import sha256_file, write_atomic_bytes
 from hasten.recipe.schema import ModelConfig
-from hasten.runfolder.checkpoint import read_weights, write_atomic_bytes
+from hasten.runfolder.checkpoint import read_weights
 
 NORMALISATION = (nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel and torch.compile prefix every key

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from hasten.engine.memory import checkpointed
+from hasten.models.norms import is_batch_norm
 
 
 def conv_bn(c_in: int, c_out: int) -> nn.Sequential:
@@ -107,7 +108,7 @@ def zero_init_residual(model: nn.Module) -> list[str]:
     zeroed = []
     for name, module in model.named_modules():
         last_bn = getattr(module, "last_bn", None)  # the documented hook for a user's residual block
-        if isinstance(module, Residual) or isinstance(last_bn, nn.modules.batchnorm._BatchNorm):
+        if isinstance(module, Residual) or is_batch_norm(last_bn):
             nn.init.zeros_(module.last_bn.weight)
             bn_name = next(n for n, m in module.named_modules() if m is module.last_bn)
             zeroed.append(f"{name}.{bn_name}.weight")

@@ -15,7 +15,6 @@ schema), so a hand-edited file is an error naming the field, not a traceback lat
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 import random
 import re
@@ -30,19 +29,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from safetensors.torch import load_file as load_safetensors
 
-from hasten.data.cache import write_atomic_bytes
 from hasten.errors import CheckpointError, schema_problems
+from hasten.files import sha256_file, write_atomic_bytes
 
 DIGEST_SUFFIX = ".sha256"
 NAME = re.compile(r"^step-(\d+)\.pt$")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _tensor_bytes(value: Any) -> int:
@@ -78,7 +69,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic_bytes(path, lambda f: torch.save(state, f))
-        digest = _sha256(path)
+        digest = sha256_file(path)
         write_atomic_bytes(sidecar, lambda f: f.write(f"{digest}\n".encode()))
     except (OSError, RuntimeError) as error:
         if path.is_file() and not sidecar.is_file():
@@ -121,7 +112,7 @@ def load_checkpoint(path: str | Path, *, require_digest: bool = False) -> dict[s
                 expected = sidecar.read_bytes().decode("ascii").strip()
             except UnicodeDecodeError:
                 raise CheckpointError(f"checkpoint {path}: its digest {sidecar.name} is not text") from None
-            if _sha256(path) != expected:
+            if sha256_file(path) != expected:
                 raise CheckpointError(f"checkpoint {path} is corrupt: its SHA-256 does not match {sidecar.name}")
         elif require_digest:
             raise CheckpointError(f"checkpoint {path} is incomplete: {sidecar.name} is missing (interrupted save?)")

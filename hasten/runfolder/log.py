@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from hasten.errors import HastenError
+from hasten.files import write_atomic_text
 from hasten.machine import current as current_machine
 from hasten.runfolder.checkpoint import disk_full_message
 from hasten.version import __version__
@@ -73,13 +74,10 @@ def writing(path: Path, size: int) -> Iterator[None]:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    """`text` at `path`, whole or not at all (hasten/files.py; not fsynced: a crash may lose the last write, never
+    leave half of it); a failure is a HastenError naming the file, a full disk with the space it needs."""
     with writing(path, len(text.encode())):
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_atomic_text(path, text, durable=False)
 
 
 class RunLog:

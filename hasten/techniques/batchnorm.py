@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from hasten.models.norms import is_batch_norm
 from hasten.progress import say
 from hasten.techniques.technique import Context, Switch, Technique
 
@@ -29,7 +30,7 @@ def set_batch_norm(model: nn.Module, momentum: float | None, eps: float | None, 
     the layers. Layers without an affine scale only get the momentum and eps."""
     names = []
     for name, bn in model.named_modules():
-        if not isinstance(bn, nn.modules.batchnorm._BatchNorm):
+        if not is_batch_norm(bn):
             continue
         if momentum is not None:
             bn.momentum = momentum

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hasten.data.seeds import numpy_stream
 from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class Cutout(Technique):
     def from_recipe(cls, recipe: Recipe, context: Context) -> Cutout | None:
         if not recipe.tricks.cutout:
             return None
-        return cls(recipe.tricks.cutout, np.random.default_rng([recipe.seed, context.rank, cls.order]))
+        return cls(recipe.tricks.cutout, numpy_stream(recipe.seed, context.rank, cls.order))
 
     def on_batch(self, images: Tensor, y_soft: Tensor) -> tuple[Tensor, Tensor]:
         n, _, height, width = images.shape

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel
 
+from hasten.models.norms import has_batch_norm
 from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
@@ -36,10 +37,6 @@ def ema_update(average: Tensor, value: Tensor, decay: float) -> Tensor:
 def warmup_decay(decay: float, updates: int) -> float:
     """The decay used for update number `updates` (0-based): min(decay, (1 + t) / (10 + t))."""
     return min(decay, (1 + updates) / (10 + updates))
-
-
-def has_batch_norm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 class EMA(Technique):

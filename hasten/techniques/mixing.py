@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hasten.data.seeds import numpy_stream
 from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ class BatchMixing(Technique):
         if not (config.mixup or config.cutmix):
             return None
         # seeded by (seed, rank): runs repeat and ranks differ
-        return cls(config.mixup, config.cutmix, np.random.default_rng([recipe.seed, context.rank]))
+        return cls(config.mixup, config.cutmix, numpy_stream(recipe.seed, context.rank))
 
     def on_batch(self, images: Tensor, y_soft: Tensor) -> tuple[Tensor, Tensor]:
         use_cutmix = self.cutmix_alpha > 0 and (self.mixup_alpha <= 0 or self.rng.random() < 0.5)

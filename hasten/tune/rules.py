@@ -107,7 +107,7 @@ MAX_BATCH_TIE = 0.25  # ... or as close as the timings' own spread, up to this
 
 def batch_tie(spread: float) -> float:
     """How close two batches' predicted times must be to count as tied, when the step timings they come from were
-    `spread` apart from one repeat to the next (autotune.Steadiness): noise must not pick the batch."""
+    `spread` apart from one repeat to the next (hasten/tune/steadiness.py): noise must not pick the batch."""
     return max(BATCH_TIE, min(spread, MAX_BATCH_TIE))
 
 

@@ -30,8 +30,8 @@ import torch
 from torch import Tensor, nn
 
 from hasten.errors import CheckpointError, HastenError
+from hasten.files import write_atomic_bytes
 from hasten.recipe.trust import Trust
-from hasten.runfolder.checkpoint import write_atomic_bytes
 from hasten.runfolder.folder import check_output
 from hasten.techniques.tta import black_fill, tta_logits
 from hasten.use.load import (

@@ -10,7 +10,6 @@ import errno
 import hashlib
 import json
 import os
-import pathlib
 import random
 import re
 import shutil
@@ -27,6 +26,7 @@ import torch
 from PIL import Image
 
 import hasten
+import hasten.files
 import hasten.run.build
 import hasten.runfolder.checkpoint
 from hasten.cli import main
@@ -382,7 +382,7 @@ def unreadable_checkpoint_with_a_sidecar(c: Ctx) -> None:
     def denied(path: Path) -> str:
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    c.monkeypatch.setattr(hasten.runfolder.checkpoint, "_sha256", denied)
+    c.monkeypatch.setattr(hasten.runfolder.checkpoint, "sha256_file", denied)
     code, err = c.train(c.tmp / "r", f"resume={newest}", "train.epochs=3")
     expect_refusal(code, err, newest.name, "Permission denied")
 
@@ -407,14 +407,14 @@ def full_disk_while_checkpointing(c: Ctx) -> None:
 
 
 def full_disk_while_logging(c: Ctx) -> None:
-    write_text = pathlib.Path.write_text
+    import builtins
 
-    def no_space(self: Path, *args: object, **kwargs: object) -> int:
-        if self.name == ".summary.json.tmp":
-            raise OSError(errno.ENOSPC, "No space left on device", str(self))
-        return write_text(self, *args, **kwargs)
+    def no_space(file: object, mode: str = "r", *args: object, **kwargs: object) -> object:  # summary.json's write
+        if Path(str(file)).name.startswith(".summary.json.") and "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device", str(file))
+        return builtins.open(file, mode, *args, **kwargs)
 
-    c.monkeypatch.setattr(pathlib.Path, "write_text", no_space)
+    c.monkeypatch.setattr(hasten.files, "open", no_space, raising=False)  # what hasten.files' atomic write opens
     run = c.tmp / "run"
     code, err = c.train(run)
     expect_refusal(code, err, "summary.json", "No space left on device", "needs about")

@@ -17,8 +17,8 @@ import hasten
 from hasten import machine
 from hasten.errors import RecipeError
 from hasten.runfolder.checkpoint import checkpoints_in
-from hasten.tune import autotune
-from hasten.tune.autotune import Candidate
+from hasten.tune import autotune, choices, probe_cache, steadiness
+from hasten.tune.choices import Candidate
 
 pytestmark = pytest.mark.machine  # every CPU's candidates, under every HASTEN_MACHINE profile (.ci/run)
 
@@ -43,14 +43,14 @@ class BusyMeter(IdleMeter):
 
 def test_candidates_are_the_auto_keys_combinations():
     # AVX2 alone: bf16 is emulated, never timed
-    assert autotune.candidates("auto", "auto", "cpu", AVX2) == [Candidate("fp32", False), Candidate("fp32", True)]
-    assert autotune.candidates("auto", "auto", "cpu", ZEN4) == [
+    assert choices.candidates("auto", "auto", "cpu", AVX2) == [Candidate("fp32", False), Candidate("fp32", True)]
+    assert choices.candidates("auto", "auto", "cpu", ZEN4) == [
         Candidate("fp32", False), Candidate("fp32", True), Candidate("bf16", False), Candidate("bf16", True)
     ]  # fmt: skip
-    assert autotune.candidates("fp32", "auto", "cpu", ZEN4) == [Candidate("fp32", False), Candidate("fp32", True)]
-    assert autotune.candidates("auto", False, "cpu", ZEN4) == [Candidate("fp32", False), Candidate("bf16", False)]
+    assert choices.candidates("fp32", "auto", "cpu", ZEN4) == [Candidate("fp32", False), Candidate("fp32", True)]
+    assert choices.candidates("auto", False, "cpu", ZEN4) == [Candidate("fp32", False), Candidate("bf16", False)]
     for profile in machine.PROFILES.values():
-        assert "fp16" not in autotune.precision_candidates(profile, "cpu")  # no fast fp16 kernels on a CPU
+        assert "fp16" not in choices.precision_candidates(profile, "cpu")  # no fast fp16 kernels on a CPU
 
 
 def _fake_timings(monkeypatch, seconds: dict[Candidate, float], losses: dict[str, float] | None = None):
@@ -81,7 +81,7 @@ def _net() -> nn.Module:
 
 
 def test_probe_takes_the_fastest_and_drops_a_16_bit_mode_whose_loss_strays(monkeypatch):
-    options = autotune.candidates("auto", "auto", "cpu", ZEN4)
+    options = choices.candidates("auto", "auto", "cpu", ZEN4)
     seconds = {options[0]: 1.4, options[1]: 1.3, options[2]: 1.2, options[3]: 1.0}  # none outpaced: all timed
     batch = (torch.randn(128, 2, 8, 8), torch.randint(0, 3, (128,)))  # the first look takes 16 of them
     calls = _fake_timings(monkeypatch, seconds)
@@ -104,7 +104,7 @@ def test_probe_takes_the_fastest_and_drops_a_16_bit_mode_whose_loss_strays(monke
 def test_probe_spends_no_rounds_on_hopeless_candidates(monkeypatch):
     """bf16 without bf16 instructions: far slower at a first look, left out of the full-batch rounds, said why; a
     candidate outpaced by half in the first timed round is timed no more."""
-    options = autotune.candidates("auto", "auto", "cpu", ZEN4)  # bf16 a candidate, as on a CPU with bf16
+    options = choices.candidates("auto", "auto", "cpu", ZEN4)  # bf16 a candidate, as on a CPU with bf16
     seconds = {options[0]: 1.0, options[1]: 1.6, options[2]: 8.0, options[3]: 9.0}  # fp32, fp32 cl, bf16, bf16 cl
     batch = (torch.randn(128, 2, 8, 8), torch.randint(0, 3, (128,)))
     calls = _fake_timings(monkeypatch, seconds)
@@ -123,10 +123,10 @@ def test_the_probe_is_bounded_by_the_run_it_serves(monkeypatch):
     """After its second timed round the probe stops once it has taken PROBE_SHARE of the run's predicted training
     time (its images at the fastest seconds per image), or MAX_PROBE_SECONDS; with one precision there is no first
     look (it is for a 16-bit candidate that may be hopeless)."""
-    assert autotune.time_limit(None, 1.0) == autotune.MAX_PROBE_SECONDS
-    assert autotune.time_limit(1_000, 0.002) == pytest.approx(autotune.PROBE_SHARE * 2.0)
-    assert autotune.time_limit(10**9, 0.002) == autotune.MAX_PROBE_SECONDS
-    options = autotune.candidates("fp32", "auto", "cpu", AVX2)  # two layouts of fp32
+    assert steadiness.time_limit(None, 1.0) == steadiness.MAX_PROBE_SECONDS
+    assert steadiness.time_limit(1_000, 0.002) == pytest.approx(steadiness.PROBE_SHARE * 2.0)
+    assert steadiness.time_limit(10**9, 0.002) == steadiness.MAX_PROBE_SECONDS
+    options = choices.candidates("fp32", "auto", "cpu", AVX2)  # two layouts of fp32
     seconds = {options[0]: 1.0, options[1]: 1.2}  # per step of 128 images
     batch = (torch.randn(128, 2, 8, 8), torch.randint(0, 3, (128,)))
 
@@ -137,7 +137,7 @@ def test_the_probe_is_bounded_by_the_run_it_serves(monkeypatch):
             self.now += 1.0
             return self.now
 
-    monkeypatch.setattr(autotune, "time", Clock())
+    monkeypatch.setattr(steadiness, "time", Clock())
     calls = _fake_timings(monkeypatch, seconds)
     autotune.probe(
         _net(), batch, 3, options, run_images=100, meter=IdleMeter()
@@ -158,7 +158,7 @@ def test_probe_leaves_the_model_as_it_was(monkeypatch):
     model = _net()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     batch = (torch.randn(8, 2, 8, 8), torch.randint(0, 3, (8,)))
-    result = autotune.probe(model, batch, 3, autotune.candidates("auto", "auto", "cpu", ZEN4))  # bf16 too, really
+    result = autotune.probe(model, batch, 3, choices.candidates("auto", "auto", "cpu", ZEN4))  # bf16 too, really
     assert result.choice in result.seconds and all(s > 0 for s in result.seconds.values())
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # BN statistics too
@@ -188,7 +188,7 @@ def test_a_resume_keeps_what_the_resumed_run_chose(tiny_overrides, tmp_path, mon
     def slow_bf16(model, batch, num_classes, options, loss_fn=None, run_images=None, meter=None):  # now: fp32
         probed.append(options)
         seconds = {o: (2.0 if o.precision == "bf16" else 1.0) for o in options}
-        return autotune.Probe(seconds, min(options, key=seconds.get), {})
+        return choices.Probe(seconds, min(options, key=seconds.get), {})
 
     monkeypatch.setattr(autotune, "probe", slow_bf16)
     summary = hasten.train(None, [*tiny_overrides, "precision=auto", "train.epochs=2", f"run.dir={run}",
@@ -222,7 +222,7 @@ def counted_probe(monkeypatch) -> list[list[Candidate]]:
     def fake(model, batch, num_classes, options, loss_fn=None, run_images=None, meter=None):
         calls.append(list(options))
         seconds = {o: 1.0 + 0.1 * i for i, o in enumerate(reversed(options))}
-        return autotune.Probe(seconds, options[-1], {})
+        return choices.Probe(seconds, options[-1], {})
 
     monkeypatch.setattr(autotune, "probe", fake)
     return calls
@@ -234,51 +234,53 @@ def _cached(model: nn.Module, images: torch.Tensor, options: list[Candidate]) ->
 
 
 def test_a_second_probe_of_the_same_key_is_read_from_the_cache(counted_probe, capsys):
-    options = autotune.candidates("auto", "auto", "cpu", ZEN4)
+    options = choices.candidates("auto", "auto", "cpu", ZEN4)
     model, images = _net(), torch.randn(8, 2, 8, 8)
     assert _cached(model, images, options) == Candidate("bf16", True) and len(counted_probe) == 1
     first = unwrapped(capsys.readouterr().err)
-    key = autotune.probe_key(model, images, options, ZEN4)
-    path = autotune.cache_path(key)
+    key = probe_cache.probe_key(model, images, options, ZEN4)
+    path = probe_cache.cache_path(key)
     assert path.is_file() and path.parent == Path(os.environ["HASTEN_CACHE"]) / "probe"
-    assert f"probe cache key {autotune.key_digest(key)}: kept in" in first and path.name in first
+    assert f"probe cache key {probe_cache.key_digest(key)}: kept in" in first and path.name in first
     assert _cached(model, images, options) == Candidate("bf16", True) and len(counted_probe) == 1  # not probed again
     second = unwrapped(capsys.readouterr().err)
-    assert "as probed on this machine before" in second and autotune.key_digest(key) in second and path.name in second
+    assert "as probed on this machine before" in second
+    assert probe_cache.key_digest(key) in second and path.name in second
     saved = json.loads(path.read_text())
     assert saved["key"] == key and saved["choice"] == "bf16 channels_last"
 
 
 def test_the_key_changes_with_what_the_timing_depends_on(monkeypatch):
-    options = autotune.candidates("auto", "auto", "cpu", ZEN4)
+    options = choices.candidates("auto", "auto", "cpu", ZEN4)
     model, images = _net(), torch.randn(8, 2, 8, 8)
-    base = autotune.key_digest(autotune.probe_key(model, images, options, ZEN4))
+    base = probe_cache.key_digest(probe_cache.probe_key(model, images, options, ZEN4))
     wider = nn.Sequential(nn.Conv2d(2, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 3))
     frozen = _net()
     frozen[0].weight.requires_grad_(False)
     others = [
-        autotune.probe_key(wider, images, options, ZEN4),  # model shape
-        autotune.probe_key(frozen, images, options, ZEN4),  # what trains
-        autotune.probe_key(model, torch.randn(16, 2, 8, 8), options, ZEN4),  # batch
-        autotune.probe_key(model, torch.randn(8, 2, 10, 10), options, ZEN4),  # input shape
-        autotune.probe_key(model, images, options[:1], ZEN4),  # candidates
+        probe_cache.probe_key(wider, images, options, ZEN4),  # model shape
+        probe_cache.probe_key(frozen, images, options, ZEN4),  # what trains
+        probe_cache.probe_key(model, torch.randn(16, 2, 8, 8), options, ZEN4),  # batch
+        probe_cache.probe_key(model, torch.randn(8, 2, 10, 10), options, ZEN4),  # input shape
+        probe_cache.probe_key(model, images, options[:1], ZEN4),  # candidates
     ]
     monkeypatch.setattr(torch, "__version__", "0.0.1")
-    others.append(autotune.probe_key(model, images, options, ZEN4))  # torch version
+    others.append(probe_cache.probe_key(model, images, options, ZEN4))  # torch version
     monkeypatch.undo()
-    monkeypatch.setattr(autotune, "_cpu_identity", lambda: {"cpu": "Another CPU", "arch": "x86_64", "flags": "0"})
-    others.append(autotune.probe_key(model, images, options, ZEN4))  # the hardware timed on
+    monkeypatch.setattr(probe_cache, "_cpu_identity", lambda: {"cpu": "Another CPU", "arch": "x86_64", "flags": "0"})
+    others.append(probe_cache.probe_key(model, images, options, ZEN4))  # the hardware timed on
     monkeypatch.undo()
-    others.append(autotune.probe_key(model, images, options, machine.PROFILES["amx"]))  # the facts decided from
+    others.append(probe_cache.probe_key(model, images, options, machine.PROFILES["amx"]))  # the facts decided from
     threads = torch.get_num_threads()
     torch.set_num_threads(threads + 1)
     try:
-        others.append(autotune.probe_key(model, images, options, ZEN4))  # threads
+        others.append(probe_cache.probe_key(model, images, options, ZEN4))  # threads
     finally:
         torch.set_num_threads(threads)
-    digests = [autotune.key_digest(key) for key in others]
+    digests = [probe_cache.key_digest(key) for key in others]
     assert base not in digests and len(set(digests)) == len(digests)
-    assert autotune.key_digest(autotune.probe_key(_net(), torch.randn(8, 2, 8, 8), options, ZEN4)) == base  # same again
+    same_again = probe_cache.probe_key(_net(), torch.randn(8, 2, 8, 8), options, ZEN4)
+    assert probe_cache.key_digest(same_again) == base
 
 
 def test_a_corrupt_or_foreign_cache_file_is_ignored_with_a_note_never_executed(counted_probe, capsys, tmp_path):
@@ -286,23 +288,23 @@ def test_a_corrupt_or_foreign_cache_file_is_ignored_with_a_note_never_executed(c
     create `marker` if it were ever unpickled."""
     import pickle
 
-    options = autotune.candidates("auto", "auto", "cpu", ZEN4)
+    options = choices.candidates("auto", "auto", "cpu", ZEN4)
     model, images = _net(), torch.randn(8, 2, 8, 8)
-    key = autotune.probe_key(model, images, options, ZEN4)
-    path = autotune.cache_path(key)
+    key = probe_cache.probe_key(model, images, options, ZEN4)
+    path = probe_cache.cache_path(key)
     marker = tmp_path / "executed"
 
     class Payload:
         def __reduce__(self):
             return (marker.write_text, ("pwned",))
 
-    good = {"format": autotune.CACHE_FORMAT, "key": key, "choice": "fp32", "seconds": {str(o): 1.0 for o in options},
+    good = {"format": probe_cache.CACHE_FORMAT, "key": key, "choice": "fp32", "seconds": {str(o): 1.0 for o in options},
             "dropped": {}}  # fmt: skip
     cases = {
         "not JSON": pickle.dumps(Payload()),
         "not JSON (UnicodeDecodeError)": b"\xff\xfe",
-        "larger than": b" " * (autotune.MAX_CACHE_BYTES + 1),
-        f"not a format-{autotune.CACHE_FORMAT} probe result": json.dumps([1, 2]).encode(),
+        "larger than": b" " * (probe_cache.MAX_CACHE_BYTES + 1),
+        f"not a format-{probe_cache.CACHE_FORMAT} probe result": json.dumps([1, 2]).encode(),
         "not a format": json.dumps(good | {"format": 1}).encode(),  # timed before inputs took their layout's strides
         "written for another key": json.dumps(good | {"key": {**key, "batch": 9}}).encode(),
         "is not one of the candidates": json.dumps(good | {"choice": "fp64 turbo"}).encode(),
@@ -339,7 +341,7 @@ def test_an_auto_run_probes_once_and_the_next_reads_the_cache(tiny_overrides, tm
 
 @pytest.mark.steadiness
 def test_timings_that_repeat_on_an_idle_machine_are_kept_and_others_are_timed_again_then_not_kept(monkeypatch):
-    options = autotune.candidates("fp32", "auto", "cpu", AVX2)
+    options = choices.candidates("fp32", "auto", "cpu", AVX2)
     batch = (torch.randn(64, 2, 8, 8), torch.randint(0, 3, (64,)))
     calls = _fake_timings(monkeypatch, {options[0]: 1.0, options[1]: 1.6})
     steady = autotune.probe(_net(), batch, 3, options, meter=IdleMeter())
@@ -349,7 +351,7 @@ def test_timings_that_repeat_on_an_idle_machine_are_kept_and_others_are_timed_ag
     calls = _fake_timings(monkeypatch, {options[0]: 1.0, options[1]: 1.6})
     busy = autotune.probe(_net(), batch, 3, options, meter=BusyMeter())
     assert busy.steadiness.busy and busy.steadiness.retimed and not busy.steadiness.repeats
-    assert len(calls) == len(options) + len(options) + (autotune.ROUNDS - 1) + autotune.RETIME_ROUNDS
+    assert len(calls) == len(options) + len(options) + (autotune.ROUNDS - 1) + steadiness.RETIME_ROUNDS
     assert "the machine is busy: other work took 1.5 of 2 CPUs while timing, even timed again" in (
         busy.steadiness.problem()
     )
@@ -360,7 +362,7 @@ def test_noise_between_repeats_is_not_taken_for_a_difference(monkeypatch):
     """Two layouts 8% apart, each one's fastest step 20% faster than every other (as where other work paused once):
     the gap is within the noise, so the first in order wins (the same choice every run), and the result, timed
     again and still not repeating, is not kept; steady timings 8% apart: the faster."""
-    options = autotune.candidates("fp32", "auto", "cpu", AVX2)
+    options = choices.candidates("fp32", "auto", "cpu", AVX2)
     batch = (torch.randn(64, 2, 8, 8), torch.randint(0, 3, (64,)))
     counts = {option: 0 for option in options}
 
@@ -373,7 +375,7 @@ def test_noise_between_repeats_is_not_taken_for_a_difference(monkeypatch):
     monkeypatch.setattr(autotune, "_timed_step", noisy)
     result = autotune.probe(_net(), batch, 3, options, meter=IdleMeter())
     assert result.choice == options[0] and result.steadiness.spread == pytest.approx(0.2)
-    assert result.steadiness.retimed and counts[options[0]] == 1 + autotune.ROUNDS + autotune.RETIME_ROUNDS
+    assert result.steadiness.retimed and counts[options[0]] == 1 + autotune.ROUNDS + steadiness.RETIME_ROUNDS
     assert not result.steadiness.repeats and "timings differed by up to 20%" in result.steadiness.problem()
     _fake_timings(monkeypatch, {options[0]: 1.08, options[1]: 1.0})
     assert autotune.probe(_net(), batch, 3, options, meter=IdleMeter()).choice == options[1]
@@ -381,21 +383,21 @@ def test_noise_between_repeats_is_not_taken_for_a_difference(monkeypatch):
 
 @pytest.mark.steadiness
 def test_a_result_that_did_not_repeat_is_used_and_said_but_not_cached(monkeypatch, capsys):
-    options = autotune.candidates("auto", "auto", "cpu", ZEN4)
+    options = choices.candidates("auto", "auto", "cpu", ZEN4)
     model, images = _net(), torch.randn(8, 2, 8, 8)
-    unsteady = autotune.Steadiness.of(0.3, BusyMeter().stop(), retimed=True)
+    unsteady = steadiness.Steadiness.of(0.3, BusyMeter().stop(), retimed=True)
     calls = []
 
     def fake(model, batch, num_classes, options, loss_fn=None, run_images=None, meter=None):
         calls.append(options)
-        return autotune.Probe({o: 1.0 for o in options}, options[0], {}, unsteady)
+        return choices.Probe({o: 1.0 for o in options}, options[0], {}, unsteady)
 
     monkeypatch.setattr(autotune, "probe", fake)
     assert _cached(model, images, options) == options[0]
     err = unwrapped(capsys.readouterr().err)
     assert "timing the training step in 4 settings (at most about 8 s" in err  # said before it times
     assert "not kept: the machine is busy: other work took 1.5 of 2 CPUs" in err and "the next one times again" in err
-    assert not autotune.cache_path(autotune.probe_key(model, images, options, ZEN4)).exists()
+    assert not probe_cache.cache_path(probe_cache.probe_key(model, images, options, ZEN4)).exists()
     _cached(model, images, options)
     assert len(calls) == 2  # nothing was cached: timed again
 
@@ -408,7 +410,7 @@ def test_batch_timings_that_did_not_repeat_are_not_cached(monkeypatch):
 
     def fake(model, batch, num_classes, option, sizes, run_images=None, meter=None):
         calls.append(sizes)
-        return {size: 0.001 * size for size in sizes}, autotune.Steadiness.of(0.4, None, retimed=True)
+        return {size: 0.001 * size for size in sizes}, steadiness.Steadiness.of(0.4, None, retimed=True)
 
     monkeypatch.setattr(autotune, "time_batches", fake)
     measured, where = autotune.cached_batch_times(_net(), batch, 3, option, [16, 64], AVX2)

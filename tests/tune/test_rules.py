@@ -23,7 +23,7 @@ from hasten.recipe.schema import load_recipe, shipped_recipes
 from hasten.run.build import build, divergence_advice, short_run_note, start_run
 from hasten.run.resolve import resolve_for_data
 from hasten.run.trainer import Trainer
-from hasten.tune import autotune, rules
+from hasten.tune import autotune, choices, probe_cache, rules, steadiness
 
 pytestmark = pytest.mark.machine  # the batch and evaluation-batch rules and the probe's candidates, every profile
 
@@ -75,7 +75,7 @@ def _fake_step_times(monkeypatch, seconds: dict[int, float]) -> list[list[int]]:
     def time_batches(model, batch, num_classes, option, sizes, run_images=None, meter=None):
         timed.append(list(sizes))
         assert len(batch[0]) >= max(sizes)  # real images for the largest candidate
-        return {size: seconds[size] for size in sizes}, autotune.Steadiness(0.0)
+        return {size: seconds[size] for size in sizes}, steadiness.Steadiness(0.0)
 
     monkeypatch.setattr(autotune, "time_batches", time_batches)
     return timed
@@ -198,12 +198,12 @@ def test_every_piece_of_divergence_advice_is_accepted_by_its_recipe(name):
 def test_bf16_is_timed_only_where_the_cpu_computes_in_it():
     for name, expected in {"sse41": ["fp32"], "avx2": ["fp32"], "avx512": ["fp32"], "avx512-bf16": ["fp32", "bf16"],
                            "amx": ["fp32", "bf16"]}.items():  # fmt: skip
-        assert autotune.precision_candidates(machine.PROFILES[name], "cpu") == expected, name
+        assert choices.precision_candidates(machine.PROFILES[name], "cpu") == expected, name
     # a GPU: bf16 where it has it, else fp16 with loss scaling; its host CPU's candidates are the CPU's own
-    assert autotune.precision_candidates(machine.PROFILES["cuda"], "cuda") == ["fp32", "bf16"]
-    assert autotune.precision_candidates(machine.PROFILES["cuda-fp16"], "cuda") == ["fp32", "fp16"]
-    assert autotune.precision_candidates(machine.PROFILES["cuda-fp16"], "cpu") == ["fp32"]
-    assert autotune.precision_candidates(machine.PROFILES["avx2"], "cuda") == ["fp32"]  # no such device: nothing
+    assert choices.precision_candidates(machine.PROFILES["cuda"], "cuda") == ["fp32", "bf16"]
+    assert choices.precision_candidates(machine.PROFILES["cuda-fp16"], "cuda") == ["fp32", "fp16"]
+    assert choices.precision_candidates(machine.PROFILES["cuda-fp16"], "cpu") == ["fp32"]
+    assert choices.precision_candidates(machine.PROFILES["avx2"], "cuda") == ["fp32"]  # no such device: nothing
 
 
 def test_noise_widens_the_batch_tie_toward_the_smaller_batch():
@@ -246,7 +246,7 @@ def test_a_second_run_reads_the_batch_timings_from_the_cache(tmp_path, monkeypat
     assert "timed on this machine before" in err
     (kept,) = (Path(os.environ["HASTEN_CACHE"]) / "probe").glob("batch-*.json")
     kept.write_text(
-        json.dumps({"format": autotune.CACHE_FORMAT, "what": "batch", "key": {}, "seconds": {"16": "soon"}})
+        json.dumps({"format": probe_cache.CACHE_FORMAT, "what": "batch", "key": {}, "seconds": {"16": "soon"}})
     )
     third = hasten.train(None, [*base, f"run.dir={tmp_path / 'c'}"])
     assert len(timed) == 2 and third["global_batch"] == 32

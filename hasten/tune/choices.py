@@ -1,0 +1,69 @@
+"""What the start-up probe chooses between: the settings a recipe leaves `auto` (`precision`,
+`train.channels_last`), as `Candidate`s, and what timing them found (`Probe`).
+
+Which candidates there are is the machine's (`precision_candidates` of a hasten.machine.Machine): the probe never
+asks the hardware which precisions it has, so HASTEN_MACHINE's profiles run every machine's candidates anywhere.
+fp16 (no fast CPU kernels, and it needs loss scaling) is a candidate only on a GPU without bf16.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hasten.machine import Machine
+from hasten.recipe.schema import PrecisionName
+from hasten.tune.steadiness import Steadiness
+
+
+@dataclass(frozen=True)
+class Candidate:
+    precision: PrecisionName
+    channels_last: bool
+
+    def __str__(self) -> str:
+        return f"{self.precision}{' channels_last' if self.channels_last else ''}"
+
+
+@dataclass
+class Probe:
+    """What the probe measured: the seconds of one step per candidate (inf: dropped) and the choice."""
+
+    seconds: dict[Candidate, float]
+    choice: Candidate
+    dropped: dict[Candidate, str]
+    steadiness: Steadiness | None = None  # None: read from the cache (it repeated when it was kept)
+
+    def describe(self, batch: int) -> str:
+        timed = ", ".join(f"{c} {batch / s:,.0f}" for c, s in sorted(self.seconds.items(), key=lambda kv: kv[1])
+                          if math.isfinite(s))  # fmt: skip
+        dropped = "".join(f"; {c} left out: {why}" for c, why in self.dropped.items())
+        return f"probe (images/s of the training step): {timed}{dropped}"
+
+
+def precision_candidates(machine: Machine, device_type: str) -> list[PrecisionName]:
+    """The precisions worth timing on `machine`'s `device_type`: on a CPU, fp32 and bf16 where it computes bf16
+    natively (AVX512-BF16 or AMX; elsewhere oneDNN emulates bf16, slower than fp32 on every net measured: an
+    AVX2-only EPYC ran the default net's step at 10 images/s in bf16, 125 in fp32), else fp32 alone; on a GPU, fp32
+    and bf16, or fp16 where it has no bf16 (fp16 has no fast CPU kernels and needs loss scaling)."""
+    if device_type == "cpu":
+        return ["fp32", "bf16"] if machine.cpu_bf16 else ["fp32"]
+    accelerator = machine.accelerator
+    if accelerator is None or accelerator.kind != device_type:
+        return ["fp32"]
+    return ["fp32", "bf16"] if accelerator.bf16 else ["fp32", "fp16"] if accelerator.fp16 else ["fp32"]
+
+
+def why_one_precision(machine: Machine, device_type: str) -> str:
+    """Why `precision_candidates` offers fp32 alone here (for the opening line that says so)."""
+    if device_type == "cpu":
+        return (f"the CPU has no bf16 instructions ({machine.kernels} kernels; bf16 would be emulated, slower than "
+                "fp32): nothing to time")  # fmt: skip
+    return f"the {device_type} device has no fast 16-bit arithmetic: nothing to time"
+
+
+def candidates(precision: str, channels_last: bool | str, device_type: str, machine: Machine) -> list[Candidate]:
+    """Every combination the recipe leaves open (`auto`) on `machine`'s `device_type`, the fixed values as given."""
+    precisions = precision_candidates(machine, device_type) if precision == "auto" else [precision]
+    layouts = [False, True] if channels_last == "auto" else [bool(channels_last)]
+    return [Candidate(p, c) for p in precisions for c in layouts]
