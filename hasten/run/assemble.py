@@ -27,6 +27,7 @@ from hasten.data.imagefolder import (
     folder_stats,
 )
 from hasten.data.loader import InMemoryLoader, channel_stats
+from hasten.data.seeds import stream_seed
 from hasten.data.user import StreamedData
 from hasten.engine import distributed, step
 from hasten.engine.compiling import compile_model
@@ -36,6 +37,7 @@ from hasten.engine.precision import Precision, make_precision
 from hasten.engine.schedules import Scheduler, scale_lr, scheduler
 from hasten.errors import DataError, RecipeError
 from hasten.machine import Machine
+from hasten.models.norms import has_batch_norm
 from hasten.models.pretrained import pretrained_from_config  # Freeze registers here
 from hasten.progress import say
 from hasten.recipe.schema import OptimConfig, Recipe
@@ -108,7 +110,7 @@ def check_batches(train_loader: Any, test_loader: Any, world: int) -> None:
 
 def check_batch_norm_batch(model: nn.Module, recipe: Recipe) -> None:
     """A batch of one image for a model with batch norm, which cannot normalise one example in training."""
-    norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    norms = has_batch_norm(model)
     if norms and recipe.train.batch_size == 1:
         raise RecipeError(
             "train.batch_size: 1 image a batch, but the model has batch norm, which cannot normalise a single "
@@ -288,7 +290,7 @@ def assemble(
         technique.on_optimizer(model)
     hooks = Hooks.from_techniques(made)
     if world > 1:
-        seed_everything((recipe.seed * 1_000_003 + rank) % 2**63)  # after the weights: dropout masks differ per rank
+        seed_everything(stream_seed(recipe.seed, rank) % 2**63)  # after the weights: dropout masks differ per rank
         model = distributed.wrap(model, device)  # after the EMA copy and the optimizer, which hold the inner model
     compiled = False
     if recipe.train.compile:  # last: the EMA copy above stays eager

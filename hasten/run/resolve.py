@@ -33,7 +33,7 @@ from hasten.run.assemble import assemble, check_batch_norm_batch, loaders, lr_sc
 from hasten.run.loading import eval_batch_size, loader_workers
 from hasten.run.user import recorded, user_objects
 from hasten.runfolder.checkpoint import checkpoints_in, latest_usable, load_checkpoint
-from hasten.tune import autotune, rules
+from hasten.tune import autotune, choices, rules
 
 
 def run_dir(recipe: Recipe) -> Path:
@@ -346,9 +346,9 @@ def choose_on_machine(
     kept = {key: (resumed or {})[key] for key in asked if key in (resumed or {})}
     notes = [f"{', '.join(f'{k}=auto -> {v}' for k, v in kept.items())}, as the run being resumed chose"] * bool(kept)
     values |= kept
-    options = autotune.candidates(values["precision"], values["train.channels_last"], device.type, machine)
+    options = choices.candidates(values["precision"], values["train.channels_last"], device.type, machine)
     if values["precision"] == "auto" and len({option.precision for option in options}) == 1:
-        notes.append(f"precision=auto -> {options[0].precision}: {autotune.why_one_precision(machine, device.type)}")
+        notes.append(f"precision=auto -> {options[0].precision}: {choices.why_one_precision(machine, device.type)}")
     world = world_size()
     images, accumulate = train_size(data), recipe.train.accumulate
     if values["train.batch_size"] == "auto":

@@ -43,9 +43,7 @@ from hasten.engine.precision import make_precision
 from hasten.engine.step import TrainStep
 from hasten.machine import ActivityMeter, Machine
 from hasten.progress import say, step_shown
-
-# candidates and why_one_precision: hasten/run/resolve.py reads them from here (their home is hasten/tune/choices.py)
-from hasten.tune.choices import Candidate, Probe, candidates, why_one_precision  # noqa: F401
+from hasten.tune.choices import Candidate, Probe
 from hasten.tune.probe_cache import (
     batch_cache_path,
     batch_key,

@@ -36,8 +36,6 @@ from hasten.run.trainer import Hooks, Plan, Trainer
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
 from hasten.runfolder.log import RunLog
 
-
-
 # the tests below are written for these, not the default recipe's schedule (a one-cycle from its peak with Adam's
 # fixed beta1, its rise decided from the data): a constant LR with a 50-step rise; for one-cycle a start at 0.04 of
 # the peak, the peak at a quarter of the run, momentum cycled 0.85-0.95. Each test's own keys are laid over these
@@ -46,6 +44,7 @@ CLASSIC = {"name": "constant", "start": 0.04, "peak": 0.25, "momentum": (0.85, 0
 
 def schedule_config(**keys) -> ScheduleConfig:
     return ScheduleConfig(**(CLASSIC | keys))
+
 
 def test_constant_is_one_everywhere():
     assert [constant(p) for p in (0.0, 0.5, 1.0)] == [1.0, 1.0, 1.0]
