@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from pydantic import ValidationError
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import hasten
@@ -19,6 +20,8 @@ from hasten.recipe.schema import load_recipe
 from hasten.run import assemble as assemble_module
 from hasten.run import build as build_module
 from hasten.run import resolve as resolve_module
+from hasten.runfolder import checkpoint as checkpoint_module
+from hasten.runfolder.folder import LOCK_NAME, RunFolderError, RunLock
 
 PACKAGE = str(Path(hasten.__file__).parent)
 MAX_FRAMES_BELOW_MAIN = 7  # with cli.run above main: at most 8 hasten frames from the command to optimizer.step()
@@ -83,3 +86,63 @@ def test_signal_handlers_are_installed_once_a_run(tiny_overrides, monkeypatch):
     hasten.train(None, [*tiny_overrides, "train.epochs=1", "run.tensorboard=false"])
     assert installed == [signal.SIGINT]
     assert signal.getsignal(signal.SIGINT) is not None and torch.is_grad_enabled()  # restored, nothing left on
+
+
+def _leaves(tree, prefix=""):
+    """Every (dotted key, value) of a nested mapping."""
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def test_the_recipe_a_run_records_holds_every_choice_and_is_frozen(tiny_overrides, monkeypatch):
+    """What the run decided is in recipe.yaml, not left `auto` or unset: the device, how the data was read (in
+    memory; the loader's workers; torch's threads), the images' size and channels, the class names, the model's
+    size, the fused optimizer; and the recipe assemble builds from cannot be changed after resolve."""
+    built = []
+    real_build = build_module.build
+    monkeypatch.setattr(build_module, "build", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
+    open_keys = [override for override in tiny_overrides if not override.startswith("train.eval_batch_size")]
+    summary = hasten.train(None, [*open_keys, "train.epochs=1", "run.tensorboard=false"])
+    recorded = yaml.safe_load((Path(summary["run_dir"]) / "recipe.yaml").read_text())
+    leaves = dict(_leaves(recorded))
+    assert [key for key, value in leaves.items() if value == "auto"] == []
+    assert (leaves["device"], leaves["data.in_memory"], leaves["optim.fused"]) == ("cpu", True, True)
+    assert (leaves["data.size"], leaves["data.rgb"]) == (28, False)
+    assert isinstance(leaves["data.workers"], int) and leaves["train.threads"] == torch.get_num_threads()
+    assert leaves["train.eval_batch_size"] >= 1 and len(recorded["data"]["classes"]) == 10
+    assert leaves["model.parameters"] == sum(p.numel() for p in built[0].model.parameters())
+    frozen = built[0].recipe
+    with pytest.raises(ValidationError):
+        frozen.train.epochs = 3  # type: ignore[misc]
+    assert recorded == frozen.model_dump(mode="json")
+
+
+def test_a_resume_reads_its_checkpoint_once_under_the_runs_lock(tiny_overrides, monkeypatch):
+    # the batch left to the machine: the resume takes the one its run chose from the checkpoint it continues from
+    tiny_overrides = [*tiny_overrides, "train.batch_size=auto"]
+    first = hasten.train(None, [*tiny_overrides, "train.epochs=1", "run.tensorboard=false"])
+    folder = Path(first["run_dir"])
+    reads: list[bool] = []
+    real_load = checkpoint_module.load_checkpoint
+
+    def counted(*args, **kwargs):
+        reads.append((folder / LOCK_NAME).exists())  # the lock is held while the checkpoint is read
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module, "load_checkpoint", counted)
+    monkeypatch.setattr(resolve_module, "load_checkpoint", counted)
+    hasten.train(None, [*tiny_overrides, "train.epochs=2", "run.tensorboard=false", "resume=auto"])
+    assert reads == [True]
+
+
+def test_a_locked_run_folder_is_refused_before_the_data_is_read(tiny_overrides, tmp_path, monkeypatch):
+    read: list[str] = []
+    real_dataset = build_module.dataset
+    monkeypatch.setattr(build_module, "dataset", lambda recipe: read.append(recipe.name) or real_dataset(recipe))
+    folder = tmp_path / "held"
+    with RunLock(folder), pytest.raises(RunFolderError, match="run.dir"):
+        hasten.train(None, [*tiny_overrides, f"run.dir={folder}"])
+    assert read == []
