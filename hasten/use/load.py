@@ -214,6 +214,28 @@ def training_stats(data: Any, seed: int) -> tuple[Tensor, Tensor]:
     return folder_stats(data, seed=seed) if isinstance(data, ImageFolder) else channel_stats(data.train_images)
 
 
+def check_rebuilt_size(config: Any, facts: RunFacts, weights: dict[str, Tensor], source: str) -> None:
+    """A file's recipe sizes the model rebuilt from it: hasten's own models are first built on the meta device
+    (shapes, no memory), and refused before anything is allocated when they hold more parameters than the file
+    has weights (its recipe is not its weights': `model.width=10000` beside a small net's weights took 23 GB)."""
+    from hasten.models import build_model
+
+    if config.name not in ("resnet", "sequential"):
+        return
+    try:
+        with torch.device("meta"):
+            shell = build_model(config, facts.image_shape, len(facts.classes))
+    except Exception:  # noqa: BLE001 - whatever fails here fails in the real build too, which says it
+        return
+    wanted = sum(p.numel() for p in shell.parameters())
+    held = sum(t.numel() for t in weights.values())
+    if wanted > held:
+        raise CheckpointError(
+            f"{source}: its weights are from another model: its recipe's {config.name} has {wanted:,} parameters, "
+            f"the file holds {held:,} weight values (refused before building it)"
+        )
+
+
 def network(
     facts: RunFacts,
     weights: dict[str, Tensor],
@@ -242,6 +264,8 @@ def network(
             f"{source}: its model was a Python object ({config.target or 'a module'}), which a file cannot hold; "
             "give it again: hasten.load(path, model=YourNet)"
         )
+    if model is None:
+        check_rebuilt_size(config, facts, weights, source)
     try:
         with embedded_recipe(source, trust or Trust()):
             if model is None:

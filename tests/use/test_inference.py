@@ -15,6 +15,7 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 
 import hasten
+import hasten.models as models_module
 from hasten.cli import main
 from hasten.data import load_dataset
 from hasten.data.makefolder import write_image_folder
@@ -266,6 +267,37 @@ def test_bad_sources_exit_2_naming_the_file(ema_run, tmp_path, capsys):
     assert "model.width=16" in capsys.readouterr().err
     with pytest.raises(CheckpointError, match="no recipe"):
         hasten.load(save_checkpoint({"model": state["model"]}, tmp_path / "plain.pt"))
+
+
+def test_a_file_whose_recipe_outsizes_its_weights_is_refused_before_the_model_is_built(ema_run, tmp_path, capsys):
+    """An export's recipe sizes the model rebuilt from it: one that claims a far wider net than its weights (a
+    crafted file; it took 23 GB) is refused before the model is built, naming the file."""
+    from safetensors import safe_open
+
+    run, _ = ema_run
+    honest = tmp_path / "honest.safetensors"
+    assert main(["export", str(run), str(honest)]) == 0
+    with safe_open(str(honest), framework="pt") as f:
+        meta, weights = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    recipe = json.loads(meta["hasten_recipe"])
+    recipe["model"]["width"] = 10000
+    crafted = tmp_path / "crafted.safetensors"
+    save_file(weights, str(crafted), metadata={**meta, "hasten_recipe": json.dumps(recipe)})
+    picture = write_pngs(tmp_path / "png", *[t[:1] for t in synthetic_test_set()])[0]
+    built: list[str] = []
+    real = models_module.build_model
+
+    def watched(config, *args, **kwargs):
+        built.append(str(torch.empty(0).device))  # the device new tensors go to: meta for the size check
+        return real(config, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(models_module, "build_model", watched)
+        assert main(["predict", str(crafted), str(picture)]) == 2
+    err = capsys.readouterr().err
+    assert "crafted.safetensors" in err and "parameters" in err and "Traceback" not in err
+    assert built == ["meta"]  # sized on the meta device, never built for real
+    assert main(["predict", str(honest), str(picture)]) == 0  # the honest file is served
 
 
 @pytest.mark.numerics
