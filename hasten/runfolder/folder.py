@@ -64,7 +64,12 @@ EXECUTION_KEYS = (
     "data.root",
     "data.download",
     "data.workers",
+    "data.in_memory",
+    "optim.fused",
 )
+# what a run records of its data and model where its recipe left them unset: a checkpoint from before they were
+# recorded holds null, which is no change
+RECORDED_KEYS = ("data.classes", "data.size", "data.rgb", "model.parameters")
 
 
 class RunFolderError(HastenError):
@@ -369,6 +374,8 @@ def recipe_changes(saved: dict[str, Any], current: dict[str, Any], allowed: list
     for key in sorted(old.keys() & new.keys()):
         a, b = old[key], new[key]
         if a == b or _covered(key, EXECUTION_KEYS) or _covered(key, list(allowed)):
+            continue
+        if a is None and key in RECORDED_KEYS:
             continue
         if key == "train.epochs" and isinstance(a, int) and isinstance(b, int) and b > a:
             continue  # training longer continues the same run

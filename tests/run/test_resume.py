@@ -211,3 +211,23 @@ def test_a_second_sigint_aborts_at_once(tiny_overrides, tmp_path):
     _, err = child.communicate(timeout=60)
     assert child.returncode == 130, err
     assert "interrupted" in err and "stopped by SIGINT" not in err
+
+
+def test_a_checkpoint_from_before_the_run_recorded_its_facts_resumes(tiny_overrides, tmp_path, capsys):
+    """A run records what its recipe left unset (class names, image size and channels, parameter count; how it ran:
+    in memory, the fused kernel). A checkpoint written before that holds null or `auto` there: no change, it resumes;
+    a key that changes the run (the width) is still refused."""
+    run = tmp_path / "run"
+    hasten.train(None, [*tiny_overrides, f"run.dir={run}", "train.epochs=1", "run.tensorboard=false"])
+    newest = checkpoints_in(run / "checkpoints")[-1]
+    state = load_checkpoint(newest)
+    old = json.loads(json.dumps(state["recipe"]))
+    old["data"].update(classes=None, size=None, rgb=None, in_memory="auto")
+    old["model"]["parameters"], old["optim"]["fused"] = None, "auto"
+    for path in checkpoints_in(run / "checkpoints"):
+        save_checkpoint(dict(load_checkpoint(path), recipe=old), path)
+    resumed = [*tiny_overrides, f"run.dir={run}", "train.epochs=2", "run.tensorboard=false", "resume=auto"]
+    assert main(["train", *resumed, "model.width=4"]) == 2
+    assert "model.width" in capsys.readouterr().err
+    assert main(["train", *resumed]) == 0
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 2
