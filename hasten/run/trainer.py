@@ -40,25 +40,23 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import TypeAdapter, ValidationError
 from torch import Tensor, nn
 
-from hasten.clock import Clock
 from hasten.data.loader import InMemoryLoader
 from hasten.engine.distributed import all_reduce_sum, any_rank, gather_objects, rank, unwrap, world_size
-from hasten.engine.loss import soft_cross_entropy
 from hasten.engine.memory import measure_peak, peak_memory_bytes, reset_peak
 from hasten.engine.precision import Precision
 from hasten.engine.schedules import Scheduler
 from hasten.engine.step import StepResult, TrainStep, steps_per_epoch
 from hasten.errors import CheckpointError, HastenError
 from hasten.progress import EpochProgress, say
+from hasten.run.plan import Hooks, Interrupted, NonFiniteLoss, Plan, Saving
+from hasten.run.state import State, check_optimizer_state, trainer_position, wall_time_to_accuracy
 from hasten.runfolder.checkpoint import (
     load_model_weights,
     prune,
@@ -68,12 +66,12 @@ from hasten.runfolder.checkpoint import (
     training_checkpoint,
 )
 from hasten.runfolder.log import RunLog
-from hasten.techniques import Technique
 from hasten.techniques.tta import black_fill, tta_views, views
 from hasten.version import __version__
 
-BatchHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
-StepHook = Callable[[nn.Module], None]
+# the loop and its metrics.csv columns; the plan's types (hasten/run/plan.py) too, for modules that import them here
+__all__ = ["METRICS", "Hooks", "Plan", "Saving", "Trainer"]
+
 GRAD_NORM_EVERY = 10  # optimizer steps between TensorBoard's grad_norm_per_step points (reading it syncs)
 
 RECENT_STEPS = 20  # the training loss judged against ln(C) is the mean of this many last steps after the warm-up
@@ -94,163 +92,6 @@ METRICS = [
 
 # a training loss this many times a uniform guess's, ln(classes), is a warning at once (not learning: at the end)
 UNLEARNT_MARGIN = 2.0
-
-
-@dataclass
-class Plan:
-    """What the loop is asked to do, apart from the objects it drives."""
-
-    epochs: int
-    num_classes: int
-    tta_flip: bool = False
-    tta_translate: int = 0  # pixels: evaluation also averages diagonally shifted copies (hasten/techniques/tta.py)
-    thresholds: Sequence[float] = (0.90, 0.91, 0.92, 0.93, 0.94)
-    progress: bool = True
-    accumulate: int = 1  # micro-batches per optimizer step (gradient accumulation)
-    measure_step_memory: bool = True  # profile one step's peak memory (the run's second optimizer step)
-    on_nan: str = "raise"  # a non-finite loss: "raise" (stop, naming the step) or "skip" (no update, counted)
-    rise_steps: int = 0  # optimizer steps of LR warm-up: the training loss is judged against ln(C) after them
-    loss: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy  # (logits, soft targets) -> mean loss
-    clip_grad_norm: float | None = None  # clip the global gradient norm to this before each update; None/0: off
-    eval_every_steps: int = 0  # also evaluate every N optimizer steps (0: only at epoch ends)
-    # what the divergence warning advises: overrides the run's own recipe accepts (build.divergence_advice)
-    divergence_advice: Sequence[str] = ("optim.lr=...",)
-    # the evaluations before the last: "plain", every test image once (no test-time augmentation); "tta": as the last
-    mid_eval: str = "plain"
-    clock: Clock = field(default_factory=Clock)  # wall seconds since the command started (hasten/clock.py)
-
-
-@dataclass
-class Saving:
-    """Where and when checkpoints are written; `recipe` is stored in each, so a checkpoint says what it was."""
-
-    folder: Path
-    every_epochs: int = 1  # 0: not at epoch ends
-    every_steps: int = 0  # 0: off
-    keep: int = 2  # newest kept, besides the best
-    recipe: dict[str, Any] = field(default_factory=dict)
-    protect: tuple[Path, ...] = ()  # never pruned: e.g. the checkpoint a run with allowed recipe changes resumed
-
-
-class Interrupted(HastenError):
-    """SIGINT or SIGTERM stopped the run after a checkpoint was written; exit code 128 + the signal number."""
-
-    resumable = True  # no error: the command that made it goes on with resume=auto (the CLI says how)
-
-    def __init__(self, signum: int, checkpoint: Path | None):
-        where = f"; checkpoint {checkpoint}" if checkpoint else ""
-        super().__init__(f"stopped by {signal.Signals(signum).name} at a step boundary{where}")
-        self.exit_code = 128 + signum
-
-
-class NonFiniteLoss(HastenError):
-    """The loss became inf/NaN with `train.on_nan=raise`; the last good checkpoint is kept."""
-
-    exit_code = 1
-
-
-@dataclass
-class Hooks:
-    """What the loop calls and the checkpoint gathers; `from_techniques` fills it from technique objects, so a
-    technique's hooks and its state come from one place. Plain callables may be added for tests and tools."""
-
-    on_batch: list[BatchHook] = field(default_factory=list)
-    after_step: list[StepHook] = field(default_factory=list)
-    eval_model: Callable[[nn.Module], nn.Module] | None = None  # e.g. the EMA copy instead of the live model
-    stateful: dict[str, Any] = field(default_factory=dict)  # hooks with state_dict() (EMA, mixing RNG), by name
-    rank_local: set[str] = field(default_factory=set)  # names in `stateful` whose state differs per rank
-    techniques: list[Technique] = field(default_factory=list)  # the objects the fields above came from
-
-    @classmethod
-    def from_techniques(cls, techniques: Sequence[Technique]) -> Hooks:
-        """Each technique's loop hooks, as it declares them, and its state under its name."""
-        hooks = cls(techniques=list(techniques))
-        for technique in techniques:
-            if "on_batch" in technique.hooks:
-                hooks.on_batch.append(technique.on_batch)
-            if "after_step" in technique.hooks:
-                hooks.after_step.append(technique.after_step)
-            if "eval_model" in technique.hooks:
-                if hooks.eval_model is not None:
-                    raise TypeError(f"{technique.name}: a second technique that chooses the evaluated model")
-                hooks.eval_model = technique.eval_model
-            if technique.stateful:
-                hooks.stateful[technique.name] = technique
-                if technique.rank_local:
-                    hooks.rank_local.add(technique.name)
-        return hooks
-
-
-@dataclass
-class State:
-    """Where the run is; what a checkpoint needs besides the objects' own state_dicts."""
-
-    epoch: int = 0  # epochs completed
-    batch: int = 0  # batches completed in the current epoch
-    step: int = 0  # optimizer steps taken
-    skipped_steps: int = 0
-    train_seconds: float = 0.0
-    time_to_accuracy: dict[str, float | None] = field(default_factory=dict)
-    best_accuracy: float = 0.0
-    nonfinite_steps: int = 0  # steps skipped for a non-finite loss (train.on_nan=skip)
-    # the current epoch's running sums, so a run resumed mid-epoch reports the same epoch metrics
-    epoch_loss_sum: float = 0.0
-    epoch_correct: int = 0
-    epoch_seen: int = 0
-    epoch_seconds: float = 0.0
-    best_checkpoint: str | None = None  # file name of the checkpoint with the best test accuracy
-    warnings: list[str] = field(default_factory=list)  # what looked wrong (divergence, chance accuracy), in order
-    last_row: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics: a finished run's summary
-    # every evaluation, mid-epoch ones (Plan.eval_every_steps) too: [train_seconds, step, test_accuracy, wall_seconds]
-    accuracy_curve: list[list[float]] = field(default_factory=list)
-    wall_seconds: float = 0.0  # the run's wall-clock seconds when this state was saved (a resume goes on from it)
-    eval_seconds: float = 0.0  # of those, the seconds spent evaluating
-
-
-def wall_time_to_accuracy(curve: Sequence[Sequence[float]], thresholds: Sequence[str]) -> dict[str, float | None]:
-    """For each threshold ("0.93"), the wall seconds of the first evaluation at or above it in `curve` (points
-    [train_seconds, step, accuracy, wall_seconds]); None where none reached it (or the point has no wall time)."""
-    result: dict[str, float | None] = {}
-    for key in thresholds:
-        reached = next((point for point in curve if point[2] >= float(key)), None)
-        result[key] = reached[3] if reached is not None and len(reached) > 3 else None
-    return result
-
-
-_POSITION = TypeAdapter(State)  # a checkpoint's `trainer` section, checked against State's field types
-
-
-def trainer_position(saved: Any, source: str) -> State:
-    """The loop's position stored in a checkpoint as a State, its fields of State's types and its counts not
-    negative; CheckpointError naming `source` and the field otherwise."""
-    try:
-        position = _POSITION.validate_python(dict(saved) if isinstance(saved, dict) else saved)
-    except ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
-        raise CheckpointError(f"{source}: trainer.{field}: {first['msg']} (got {first.get('input')!r})") from None
-    counts = ("epoch", "batch", "step", "skipped_steps", "nonfinite_steps", "epoch_seen")
-    negative = [name for name in counts if getattr(position, name) < 0]
-    clocks = [name for name in ("train_seconds", "wall_seconds")
-              if not (math.isfinite(getattr(position, name)) and getattr(position, name) >= 0)]  # fmt: skip
-    if negative or clocks:
-        name = (negative + clocks)[0]
-        raise CheckpointError(f"{source}: trainer.{name}: {getattr(position, name)!r} is not a count of the run")
-    return position
-
-
-def check_optimizer_state(optimizer: torch.optim.Optimizer, source: str) -> None:
-    """After loading a checkpoint's optimizer state: each per-parameter tensor (momentum, Adam's moments) has as
-    many elements as its parameter (Muon keeps filters' momentum flattened), so a mismatch is named now rather than
-    failing inside the first step."""
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            for name, value in optimizer.state.get(param, {}).items():
-                if isinstance(value, Tensor) and value.dim() > 0 and value.numel() != param.numel():
-                    raise CheckpointError(
-                        f"{source}: optimizer state {name!r} of shape {tuple(value.shape)} does not fit its parameter "
-                        f"of shape {tuple(param.shape)}"
-                    )
 
 
 def _abort_on_second_sigint(read_end: int, stderr_fd: int) -> None:

@@ -26,7 +26,7 @@ from hasten.data.sources import cache_folder
 from hasten.progress import WIDTH, EpochProgress, epoch_line, quiet_third_party, wrap
 from hasten.recipe.schema import load_recipe
 from hasten.run.build import build, trainer_for
-from hasten.run.trainer import Plan
+from hasten.run.plan import Plan
 from hasten.runfolder.log import RunLog
 
 ROOT = Path(__file__).resolve().parents[2]

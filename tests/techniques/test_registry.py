@@ -24,7 +24,7 @@ from hasten.recipe.schema import Recipe, load_recipe, parse_value
 from hasten.run import trainer as trainer_module
 from hasten.run.assemble import Parts
 from hasten.run.build import build, train, trainer_for
-from hasten.run.trainer import Plan
+from hasten.run.plan import Plan
 from hasten.runfolder.log import RunLog
 from hasten.techniques import SWITCHES, TECHNIQUES, Switch, Technique, switch, technique_of
 from hasten.techniques.registry import CLASSES
