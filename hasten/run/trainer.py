@@ -55,6 +55,7 @@ from hasten.engine.schedules import Scheduler
 from hasten.engine.step import StepResult, TrainStep, steps_per_epoch
 from hasten.errors import CheckpointError, HastenError
 from hasten.progress import EpochProgress, say
+from hasten.run.evaluation import evaluate_loader
 from hasten.run.plan import Hooks, Interrupted, NonFiniteLoss, Plan, Saving
 from hasten.run.state import State, check_optimizer_state, trainer_position, wall_time_to_accuracy
 from hasten.runfolder.checkpoint import (
@@ -66,7 +67,7 @@ from hasten.runfolder.checkpoint import (
     training_checkpoint,
 )
 from hasten.runfolder.log import RunLog
-from hasten.techniques.tta import black_fill, tta_views, views
+from hasten.techniques.tta import views
 from hasten.version import __version__
 
 # the loop and its metrics.csv columns; the plan's types (hasten/run/plan.py) too, for modules that import them here
@@ -388,23 +389,9 @@ class Trainer:
             model = unwrap(self.model)  # the plain module: no DDP forward hooks or buffer broadcasts in evaluation
             model = self.hooks.eval_model(model) if self.hooks.eval_model and not live else model  # EMA: calibrated
             calibrated = time.perf_counter()
-            was_training = model.training
-            model.eval()
-            loss_sum = torch.zeros((), device=self.device)
-            correct = torch.zeros((), device=self.device, dtype=torch.long)
-            plain_correct = torch.zeros((), device=self.device, dtype=torch.long)
-            count = 0
-            fill = black_fill(loader.mean, loader.std) if translate else 0.0  # what training's translate pads
-            for images, labels in loader:
-                with self.precision.autocast():
-                    logits, plain = tta_views(model, images, flip, translate, fill)
-                loss_sum += torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
-                correct += (logits.argmax(1) == labels).sum()
-                plain_correct += (plain.argmax(1) == labels).sum()
-                count += len(labels)
-                advance()
-            model.train(was_training)
-            sums = [loss_sum.item(), correct.item(), plain_correct.item(), count]
+            settings = [(flip, translate)]
+            (measured,) = evaluate_loader(model, loader, self.precision, settings, self.device, advance=advance)
+            sums = [measured.loss_sum.item(), measured.correct.item(), measured.plain_correct.item(), measured.count]
             loss_total, correct_total, plain_total, count_total = all_reduce_sum(sums, self.device)
         done = time.perf_counter()
         self.seconds_per_view = (done - calibrated) / passes
