@@ -27,6 +27,10 @@ Several processes (DDP): every rank runs this loop on its shard; the decisions t
 evaluation runs on each rank's split of the test set, sums reduced, so the accuracy is over every test image
 once; a checkpoint gathers each rank's own state (RNG streams, mixing generator, epoch sums) and rank 0
 writes it. Only rank 0's RunLog writes files.
+
+Beside the loop: what it is given (hasten/run/plan.py), where it stands and how a checkpoint is loaded back
+(hasten/run/state.py), the evaluation loop it shares with `hasten evaluate` (hasten/run/evaluation.py), and the
+stop signals (hasten/run/signals.py).
 """
 
 from __future__ import annotations
@@ -34,10 +38,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
 import signal
 import statistics
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -48,7 +50,7 @@ import torch
 from torch import Tensor, nn
 
 from hasten.data.loader import InMemoryLoader
-from hasten.engine.distributed import all_reduce_sum, any_rank, gather_objects, rank, unwrap, world_size
+from hasten.engine.distributed import all_reduce_sum, any_rank, gather_objects, unwrap
 from hasten.engine.memory import measure_peak, peak_memory_bytes, reset_peak
 from hasten.engine.precision import Precision
 from hasten.engine.schedules import Scheduler
@@ -57,15 +59,9 @@ from hasten.errors import CheckpointError, HastenError
 from hasten.progress import EpochProgress, say
 from hasten.run.evaluation import evaluate_loader
 from hasten.run.plan import Hooks, Interrupted, NonFiniteLoss, Plan, Saving
-from hasten.run.state import State, check_optimizer_state, trainer_position, wall_time_to_accuracy
-from hasten.runfolder.checkpoint import (
-    load_model_weights,
-    prune,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-    training_checkpoint,
-)
+from hasten.run.signals import handling_stop_signals
+from hasten.run.state import State, rank_state, restore, wall_time_to_accuracy
+from hasten.runfolder.checkpoint import prune, save_checkpoint, set_rng_state
 from hasten.runfolder.log import RunLog
 from hasten.techniques.tta import views
 from hasten.version import __version__
@@ -93,23 +89,6 @@ METRICS = [
 
 # a training loss this many times a uniform guess's, ln(classes), is a warning at once (not learning: at the end)
 UNLEARNT_MARGIN = 2.0
-
-
-def _abort_on_second_sigint(read_end: int, stderr_fd: int) -> None:
-    """Watcher thread: read signal numbers from the wakeup pipe until it closes; on the second SIGINT, end the
-    process at once with 130 (the last checkpoint stays; the step in progress is lost). The message goes to
-    `stderr_fd`, a copy of the original stderr: sys.stderr's lock may be held by the interrupted main thread,
-    and fd 2 may be pointed at /dev/null for the moment (hasten.engine.memory hides the profiler's native output)."""
-    interrupts = 0
-    try:
-        while chunk := os.read(read_end, 64):
-            interrupts += chunk.count(signal.SIGINT)
-            if interrupts >= 2:
-                os.write(stderr_fd, b"interrupted: second Ctrl-C, aborting without a checkpoint\n")
-                os._exit(130)
-    finally:
-        os.close(read_end)
-        os.close(stderr_fd)
 
 
 def _sync(device: torch.device) -> None:
@@ -155,19 +134,9 @@ class Trainer:
 
     # ----- checkpoints -----
 
-    def _rank_state(self) -> dict[str, Any]:
-        """What differs per rank: RNG streams, rank-local hooks (the mixing generator), the epoch's running sums."""
-        s = self.state
-        return {
-            "rng": rng_state(),
-            "hooks": {name: self.hooks.stateful[name].state_dict() for name in sorted(self.hooks.rank_local)},
-            "epoch_sums": {"epoch_loss_sum": s.epoch_loss_sum, "epoch_correct": s.epoch_correct,
-                           "epoch_seen": s.epoch_seen, "epoch_seconds": s.epoch_seconds},
-        }  # fmt: skip
-
     def state_dict(self, ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """Everything the run depends on, as a checkpoint holds it (tensors and plain containers only).
-        `ranks`: every rank's `_rank_state()`, gathered (a collective); default: this process's alone."""
+        `ranks`: every rank's `rank_state`, gathered (a collective); default: this process's alone."""
         shared = {k: v for k, v in self.hooks.stateful.items() if k not in self.hooks.rank_local}
         return {
             "format": 2,
@@ -179,7 +148,7 @@ class Trainer:
             "precision": self.precision.state_dict(),
             "hooks": {name: hook.state_dict() for name, hook in shared.items()},
             "trainer": dataclasses.asdict(self.state),
-            "ranks": ranks if ranks is not None else [self._rank_state()],
+            "ranks": ranks if ranks is not None else [rank_state(self.state, self.hooks)],
         }
 
     def load_state_dict(self, state: dict[str, Any], source: str = "checkpoint") -> None:
@@ -193,65 +162,18 @@ class Trainer:
             raise CheckpointError(f"{source} is malformed: {type(error).__name__}: {error}") from None
 
     def _load_state_dict(self, state: dict[str, Any], source: str) -> None:
-        missing = [k for k in ("model", "optimizer", "scheduler", "trainer") if k not in state]
-        if "ranks" not in state and "rng" not in state:
-            missing.append("ranks")
-        if missing:
-            raise CheckpointError(f"{source} is not a hasten training checkpoint: it lacks {', '.join(missing)}")
-        training_checkpoint(state, source)  # every section of the types the trainer writes, before any is used
-        trainer_position(state["trainer"], source)  # its types, before anything is loaded
-        mine = self._own_rank_state(state, source)
-        load_model_weights(unwrap(self.model), state["model"], source)
-        try:
-            self.optimizer.load_state_dict(state["optimizer"])
-            check_optimizer_state(self.optimizer, source)
-            self.scheduler.load_state_dict(state["scheduler"])
-            self._load_precision(state, source)
-            for name, hook in self.hooks.stateful.items():
-                saved = state.get("hooks", {}) | mine.get("hooks", {})
-                if name not in saved:
-                    raise CheckpointError(f"{source} has no state for {name} (was it trained with another recipe?)")
-                hook.load_state_dict(saved[name])
-        except (ValueError, KeyError, RuntimeError) as error:
-            raise CheckpointError(f"{source} does not fit this run's optimizer or schedule: {error}") from None
-        self.state = trainer_position(dict(state["trainer"]) | mine.get("epoch_sums", {}), source)
+        parts = (self.model, self.optimizer, self.scheduler, self.precision)
+        self.state, mine = restore(state, source, *parts, self.hooks)
         self.wall_before = self.state.wall_seconds  # this process's own seconds add to the stopped run's
         set_rng_state(mine["rng"])
         self.resumed = True
-
-    def _load_precision(self, state: dict[str, Any], source: str) -> None:
-        """The loss scaler's (or fp32 masters') state; another precision's state is named as such."""
-        try:
-            self.precision.load_state_dict(state.get("precision") or {})
-        except (KeyError, ValueError, TypeError, RuntimeError) as error:
-            recipe = state.get("recipe") if isinstance(state.get("recipe"), dict) else {}
-            saved = recipe.get("precision", "another precision")
-            raise CheckpointError(
-                f"{source} was trained with precision={saved}; its precision state does not fit "
-                f"precision={self.precision.name} ({type(error).__name__}: {error}): resume with precision={saved}"
-            ) from None
-
-    def _own_rank_state(self, state: dict[str, Any], source: str) -> dict[str, Any]:
-        """This rank's part of a checkpoint. Another number of processes may resume from an epoch's end (each
-        rank then takes the state of rank r mod the old count), never from mid-epoch: the shards would change."""
-        ranks = state.get("ranks") or [{"rng": state["rng"], "hooks": {}}]  # format 1: one process
-        here, saved = world_size(), len(ranks)
-        if saved != here:
-            if state["trainer"].get("batch", 0):
-                raise CheckpointError(
-                    f"{source} was written mid-epoch by {saved} process(es) and this run has {here}: resume it with "
-                    f"--devices {saved}, or from a checkpoint taken at the end of an epoch"
-                )
-            if rank() == 0:
-                say(f"{source}: written by {saved} process(es), resumed with {here}")
-        return ranks[rank() % saved]
 
     def save(self, *, end_of_epoch: bool = False, accuracy: float | None = None) -> Path | None:
         """Write a checkpoint and prune old ones, keeping the newest and the best. Every rank calls this at the
         same point: each one's own state is gathered, and rank 0 writes."""
         if self.saving is None:
             return None
-        ranks = gather_objects(self._rank_state())
+        ranks = gather_objects(rank_state(self.state, self.hooks))
         if not self.log.enabled:
             return None
         folder = self.saving.folder
@@ -267,38 +189,16 @@ class Trainer:
         self.state.epoch_loss_sum, self.state.epoch_correct = loss_sum.item(), int(correct.item())
         self.state.epoch_seen, self.state.epoch_seconds = seen, seconds
 
-    @contextlib.contextmanager
-    def stop_on_signals(self) -> Iterator[None]:
-        """SIGINT/SIGTERM ask for a stop at the next step boundary; a second SIGINT aborts at once, even in the
-        middle of a long step: Python runs signal handlers only between bytecodes, so a watcher thread reads the
-        signals from a wakeup pipe (written by the C-level handler) and ends the process with 130."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
+    def stop_on_signals(self) -> contextlib.AbstractContextManager[None]:
+        """SIGINT/SIGTERM ask for a stop at the next step boundary (`stop_signal`); a second SIGINT aborts at once,
+        even in the middle of a long step (hasten/run/signals.py)."""
 
         def request(signum: int, frame: object) -> None:
             if self.stop_signal is not None and signum == signal.SIGINT:
                 raise KeyboardInterrupt
             self.stop_signal = signum
 
-        previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
-        read_end, write_end = os.pipe()
-        os.set_blocking(write_end, False)
-        previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-        try:
-            stderr_fd = os.dup(2)
-        except OSError:  # no stderr (a detached service): the abort is silent
-            stderr_fd = os.open(os.devnull, os.O_WRONLY)
-        watcher = threading.Thread(target=_abort_on_second_sigint, args=(read_end, stderr_fd), daemon=True)
-        watcher.start()
-        try:
-            yield
-        finally:
-            signal.set_wakeup_fd(previous_fd)
-            os.close(write_end)  # the watcher reads end-of-file and returns
-            watcher.join(timeout=1)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        return handling_stop_signals(request)
 
     def _check_stop(self, stop: bool | None = None) -> None:
         """Checkpoint and stop when a signal came to any rank (`stop`: already agreed across the ranks)."""
