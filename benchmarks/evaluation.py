@@ -35,7 +35,7 @@ from torch.optim.swa_utils import update_bn
 from hasten.recipe.schema import Recipe
 from hasten.run.assemble import bn_calibration
 from hasten.run.build import build, trainer_for
-from hasten.run.trainer import Plan
+from hasten.run.plan import Plan
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
 from hasten.runfolder.log import RunLog, write_atomic
 

@@ -37,7 +37,8 @@ from hasten.experiments.interleave import rotated
 from hasten.experiments.report import markdown_table
 from hasten.recipe.schema import load_recipe, to_yaml
 from hasten.run.build import build
-from hasten.run.trainer import Plan, Trainer
+from hasten.run.plan import Plan
+from hasten.run.trainer import Trainer
 from hasten.runfolder.log import RunLog, environment, write_atomic
 
 

@@ -53,7 +53,8 @@ from hasten.engine.memory import format_bytes, measure_peak
 from hasten.recipe.schema import Recipe, load_recipe, to_yaml
 from hasten.run.assemble import Parts
 from hasten.run.build import build
-from hasten.run.trainer import Plan, Trainer
+from hasten.run.plan import Plan
+from hasten.run.trainer import Trainer
 from hasten.runfolder.log import RunLog, environment
 
 VARIANTS: dict[str, list[str]] = {

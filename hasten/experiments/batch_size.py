@@ -42,8 +42,9 @@ from hasten.engine.memory import (
 from hasten.recipe.schema import Recipe, apply_overrides, validate
 from hasten.run.assemble import Parts, global_batch, scaled_lr, train_size
 from hasten.run.build import build
+from hasten.run.plan import Plan
 from hasten.run.resolve import MIN_AUTO_BATCH
-from hasten.run.trainer import Plan, Trainer
+from hasten.run.trainer import Trainer
 from hasten.runfolder.log import RunLog
 from hasten.tune import rules
 

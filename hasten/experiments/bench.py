@@ -103,7 +103,7 @@ def bare_step_images_per_second(recipe: Recipe, steps: int = 20, warmup: int = 3
     schedule) repeated on one batch already in memory; no data slicing, augmentation, evaluation or logging.
     What the whole run's throughput is measured against: the gap is the loop's overhead."""
     from hasten.run.build import build, trainer_for
-    from hasten.run.trainer import Plan
+    from hasten.run.plan import Plan
     from hasten.runfolder.log import RunLog
 
     parts = build(recipe)

@@ -27,6 +27,10 @@ Several processes (DDP): every rank runs this loop on its shard; the decisions t
 evaluation runs on each rank's split of the test set, sums reduced, so the accuracy is over every test image
 once; a checkpoint gathers each rank's own state (RNG streams, mixing generator, epoch sums) and rank 0
 writes it. Only rank 0's RunLog writes files.
+
+Beside the loop: what it is given (hasten/run/plan.py), where it stands and how a checkpoint is loaded back
+(hasten/run/state.py), the evaluation loop it shares with `hasten evaluate` (hasten/run/evaluation.py), and the
+stop signals (hasten/run/signals.py).
 """
 
 from __future__ import annotations
@@ -34,46 +38,37 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
 import signal
 import statistics
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import TypeAdapter, ValidationError
 from torch import Tensor, nn
 
-from hasten.clock import Clock
 from hasten.data.loader import InMemoryLoader
-from hasten.engine.distributed import all_reduce_sum, any_rank, gather_objects, rank, unwrap, world_size
-from hasten.engine.loss import soft_cross_entropy
+from hasten.engine.distributed import all_reduce_sum, any_rank, gather_objects, unwrap
 from hasten.engine.memory import measure_peak, peak_memory_bytes, reset_peak
 from hasten.engine.precision import Precision
 from hasten.engine.schedules import Scheduler
 from hasten.engine.step import StepResult, TrainStep, steps_per_epoch
 from hasten.errors import CheckpointError, HastenError
 from hasten.progress import EpochProgress, say
-from hasten.runfolder.checkpoint import (
-    load_model_weights,
-    prune,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-    training_checkpoint,
-)
+from hasten.run.evaluation import evaluate_loader
+from hasten.run.plan import Hooks, Interrupted, NonFiniteLoss, Plan, Saving
+from hasten.run.signals import handling_stop_signals
+from hasten.run.state import State, rank_state, restore, wall_time_to_accuracy
+from hasten.runfolder.checkpoint import prune, save_checkpoint, set_rng_state
 from hasten.runfolder.log import RunLog
-from hasten.techniques import Technique
-from hasten.techniques.tta import black_fill, tta_views, views
+from hasten.techniques.tta import views
 from hasten.version import __version__
 
-BatchHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
-StepHook = Callable[[nn.Module], None]
+# the loop and its metrics.csv columns; the plan's types (hasten/run/plan.py) too, for modules that import them here
+__all__ = ["METRICS", "Hooks", "Plan", "Saving", "Trainer"]
+
 GRAD_NORM_EVERY = 10  # optimizer steps between TensorBoard's grad_norm_per_step points (reading it syncs)
 
 RECENT_STEPS = 20  # the training loss judged against ln(C) is the mean of this many last steps after the warm-up
@@ -94,180 +89,6 @@ METRICS = [
 
 # a training loss this many times a uniform guess's, ln(classes), is a warning at once (not learning: at the end)
 UNLEARNT_MARGIN = 2.0
-
-
-@dataclass
-class Plan:
-    """What the loop is asked to do, apart from the objects it drives."""
-
-    epochs: int
-    num_classes: int
-    tta_flip: bool = False
-    tta_translate: int = 0  # pixels: evaluation also averages diagonally shifted copies (hasten/techniques/tta.py)
-    thresholds: Sequence[float] = (0.90, 0.91, 0.92, 0.93, 0.94)
-    progress: bool = True
-    accumulate: int = 1  # micro-batches per optimizer step (gradient accumulation)
-    measure_step_memory: bool = True  # profile one step's peak memory (the run's second optimizer step)
-    on_nan: str = "raise"  # a non-finite loss: "raise" (stop, naming the step) or "skip" (no update, counted)
-    rise_steps: int = 0  # optimizer steps of LR warm-up: the training loss is judged against ln(C) after them
-    loss: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy  # (logits, soft targets) -> mean loss
-    clip_grad_norm: float | None = None  # clip the global gradient norm to this before each update; None/0: off
-    eval_every_steps: int = 0  # also evaluate every N optimizer steps (0: only at epoch ends)
-    # what the divergence warning advises: overrides the run's own recipe accepts (build.divergence_advice)
-    divergence_advice: Sequence[str] = ("optim.lr=...",)
-    # the evaluations before the last: "plain", every test image once (no test-time augmentation); "tta": as the last
-    mid_eval: str = "plain"
-    clock: Clock = field(default_factory=Clock)  # wall seconds since the command started (hasten/clock.py)
-
-
-@dataclass
-class Saving:
-    """Where and when checkpoints are written; `recipe` is stored in each, so a checkpoint says what it was."""
-
-    folder: Path
-    every_epochs: int = 1  # 0: not at epoch ends
-    every_steps: int = 0  # 0: off
-    keep: int = 2  # newest kept, besides the best
-    recipe: dict[str, Any] = field(default_factory=dict)
-    protect: tuple[Path, ...] = ()  # never pruned: e.g. the checkpoint a run with allowed recipe changes resumed
-
-
-class Interrupted(HastenError):
-    """SIGINT or SIGTERM stopped the run after a checkpoint was written; exit code 128 + the signal number."""
-
-    resumable = True  # no error: the command that made it goes on with resume=auto (the CLI says how)
-
-    def __init__(self, signum: int, checkpoint: Path | None):
-        where = f"; checkpoint {checkpoint}" if checkpoint else ""
-        super().__init__(f"stopped by {signal.Signals(signum).name} at a step boundary{where}")
-        self.exit_code = 128 + signum
-
-
-class NonFiniteLoss(HastenError):
-    """The loss became inf/NaN with `train.on_nan=raise`; the last good checkpoint is kept."""
-
-    exit_code = 1
-
-
-@dataclass
-class Hooks:
-    """What the loop calls and the checkpoint gathers; `from_techniques` fills it from technique objects, so a
-    technique's hooks and its state come from one place. Plain callables may be added for tests and tools."""
-
-    on_batch: list[BatchHook] = field(default_factory=list)
-    after_step: list[StepHook] = field(default_factory=list)
-    eval_model: Callable[[nn.Module], nn.Module] | None = None  # e.g. the EMA copy instead of the live model
-    stateful: dict[str, Any] = field(default_factory=dict)  # hooks with state_dict() (EMA, mixing RNG), by name
-    rank_local: set[str] = field(default_factory=set)  # names in `stateful` whose state differs per rank
-    techniques: list[Technique] = field(default_factory=list)  # the objects the fields above came from
-
-    @classmethod
-    def from_techniques(cls, techniques: Sequence[Technique]) -> Hooks:
-        """Each technique's loop hooks, as it declares them, and its state under its name."""
-        hooks = cls(techniques=list(techniques))
-        for technique in techniques:
-            if "on_batch" in technique.hooks:
-                hooks.on_batch.append(technique.on_batch)
-            if "after_step" in technique.hooks:
-                hooks.after_step.append(technique.after_step)
-            if "eval_model" in technique.hooks:
-                if hooks.eval_model is not None:
-                    raise TypeError(f"{technique.name}: a second technique that chooses the evaluated model")
-                hooks.eval_model = technique.eval_model
-            if technique.stateful:
-                hooks.stateful[technique.name] = technique
-                if technique.rank_local:
-                    hooks.rank_local.add(technique.name)
-        return hooks
-
-
-@dataclass
-class State:
-    """Where the run is; what a checkpoint needs besides the objects' own state_dicts."""
-
-    epoch: int = 0  # epochs completed
-    batch: int = 0  # batches completed in the current epoch
-    step: int = 0  # optimizer steps taken
-    skipped_steps: int = 0
-    train_seconds: float = 0.0
-    time_to_accuracy: dict[str, float | None] = field(default_factory=dict)
-    best_accuracy: float = 0.0
-    nonfinite_steps: int = 0  # steps skipped for a non-finite loss (train.on_nan=skip)
-    # the current epoch's running sums, so a run resumed mid-epoch reports the same epoch metrics
-    epoch_loss_sum: float = 0.0
-    epoch_correct: int = 0
-    epoch_seen: int = 0
-    epoch_seconds: float = 0.0
-    best_checkpoint: str | None = None  # file name of the checkpoint with the best test accuracy
-    warnings: list[str] = field(default_factory=list)  # what looked wrong (divergence, chance accuracy), in order
-    last_row: dict[str, Any] = field(default_factory=dict)  # the last epoch's metrics: a finished run's summary
-    # every evaluation, mid-epoch ones (Plan.eval_every_steps) too: [train_seconds, step, test_accuracy, wall_seconds]
-    accuracy_curve: list[list[float]] = field(default_factory=list)
-    wall_seconds: float = 0.0  # the run's wall-clock seconds when this state was saved (a resume goes on from it)
-    eval_seconds: float = 0.0  # of those, the seconds spent evaluating
-
-
-def wall_time_to_accuracy(curve: Sequence[Sequence[float]], thresholds: Sequence[str]) -> dict[str, float | None]:
-    """For each threshold ("0.93"), the wall seconds of the first evaluation at or above it in `curve` (points
-    [train_seconds, step, accuracy, wall_seconds]); None where none reached it (or the point has no wall time)."""
-    result: dict[str, float | None] = {}
-    for key in thresholds:
-        reached = next((point for point in curve if point[2] >= float(key)), None)
-        result[key] = reached[3] if reached is not None and len(reached) > 3 else None
-    return result
-
-
-_POSITION = TypeAdapter(State)  # a checkpoint's `trainer` section, checked against State's field types
-
-
-def trainer_position(saved: Any, source: str) -> State:
-    """The loop's position stored in a checkpoint as a State, its fields of State's types and its counts not
-    negative; CheckpointError naming `source` and the field otherwise."""
-    try:
-        position = _POSITION.validate_python(dict(saved) if isinstance(saved, dict) else saved)
-    except ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
-        raise CheckpointError(f"{source}: trainer.{field}: {first['msg']} (got {first.get('input')!r})") from None
-    counts = ("epoch", "batch", "step", "skipped_steps", "nonfinite_steps", "epoch_seen")
-    negative = [name for name in counts if getattr(position, name) < 0]
-    clocks = [name for name in ("train_seconds", "wall_seconds")
-              if not (math.isfinite(getattr(position, name)) and getattr(position, name) >= 0)]  # fmt: skip
-    if negative or clocks:
-        name = (negative + clocks)[0]
-        raise CheckpointError(f"{source}: trainer.{name}: {getattr(position, name)!r} is not a count of the run")
-    return position
-
-
-def check_optimizer_state(optimizer: torch.optim.Optimizer, source: str) -> None:
-    """After loading a checkpoint's optimizer state: each per-parameter tensor (momentum, Adam's moments) has as
-    many elements as its parameter (Muon keeps filters' momentum flattened), so a mismatch is named now rather than
-    failing inside the first step."""
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            for name, value in optimizer.state.get(param, {}).items():
-                if isinstance(value, Tensor) and value.dim() > 0 and value.numel() != param.numel():
-                    raise CheckpointError(
-                        f"{source}: optimizer state {name!r} of shape {tuple(value.shape)} does not fit its parameter "
-                        f"of shape {tuple(param.shape)}"
-                    )
-
-
-def _abort_on_second_sigint(read_end: int, stderr_fd: int) -> None:
-    """Watcher thread: read signal numbers from the wakeup pipe until it closes; on the second SIGINT, end the
-    process at once with 130 (the last checkpoint stays; the step in progress is lost). The message goes to
-    `stderr_fd`, a copy of the original stderr: sys.stderr's lock may be held by the interrupted main thread,
-    and fd 2 may be pointed at /dev/null for the moment (hasten.engine.memory hides the profiler's native output)."""
-    interrupts = 0
-    try:
-        while chunk := os.read(read_end, 64):
-            interrupts += chunk.count(signal.SIGINT)
-            if interrupts >= 2:
-                os.write(stderr_fd, b"interrupted: second Ctrl-C, aborting without a checkpoint\n")
-                os._exit(130)
-    finally:
-        os.close(read_end)
-        os.close(stderr_fd)
 
 
 def _sync(device: torch.device) -> None:
@@ -313,19 +134,9 @@ class Trainer:
 
     # ----- checkpoints -----
 
-    def _rank_state(self) -> dict[str, Any]:
-        """What differs per rank: RNG streams, rank-local hooks (the mixing generator), the epoch's running sums."""
-        s = self.state
-        return {
-            "rng": rng_state(),
-            "hooks": {name: self.hooks.stateful[name].state_dict() for name in sorted(self.hooks.rank_local)},
-            "epoch_sums": {"epoch_loss_sum": s.epoch_loss_sum, "epoch_correct": s.epoch_correct,
-                           "epoch_seen": s.epoch_seen, "epoch_seconds": s.epoch_seconds},
-        }  # fmt: skip
-
     def state_dict(self, ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """Everything the run depends on, as a checkpoint holds it (tensors and plain containers only).
-        `ranks`: every rank's `_rank_state()`, gathered (a collective); default: this process's alone."""
+        `ranks`: every rank's `rank_state`, gathered (a collective); default: this process's alone."""
         shared = {k: v for k, v in self.hooks.stateful.items() if k not in self.hooks.rank_local}
         return {
             "format": 2,
@@ -337,7 +148,7 @@ class Trainer:
             "precision": self.precision.state_dict(),
             "hooks": {name: hook.state_dict() for name, hook in shared.items()},
             "trainer": dataclasses.asdict(self.state),
-            "ranks": ranks if ranks is not None else [self._rank_state()],
+            "ranks": ranks if ranks is not None else [rank_state(self.state, self.hooks)],
         }
 
     def load_state_dict(self, state: dict[str, Any], source: str = "checkpoint") -> None:
@@ -351,65 +162,18 @@ class Trainer:
             raise CheckpointError(f"{source} is malformed: {type(error).__name__}: {error}") from None
 
     def _load_state_dict(self, state: dict[str, Any], source: str) -> None:
-        missing = [k for k in ("model", "optimizer", "scheduler", "trainer") if k not in state]
-        if "ranks" not in state and "rng" not in state:
-            missing.append("ranks")
-        if missing:
-            raise CheckpointError(f"{source} is not a hasten training checkpoint: it lacks {', '.join(missing)}")
-        training_checkpoint(state, source)  # every section of the types the trainer writes, before any is used
-        trainer_position(state["trainer"], source)  # its types, before anything is loaded
-        mine = self._own_rank_state(state, source)
-        load_model_weights(unwrap(self.model), state["model"], source)
-        try:
-            self.optimizer.load_state_dict(state["optimizer"])
-            check_optimizer_state(self.optimizer, source)
-            self.scheduler.load_state_dict(state["scheduler"])
-            self._load_precision(state, source)
-            for name, hook in self.hooks.stateful.items():
-                saved = state.get("hooks", {}) | mine.get("hooks", {})
-                if name not in saved:
-                    raise CheckpointError(f"{source} has no state for {name} (was it trained with another recipe?)")
-                hook.load_state_dict(saved[name])
-        except (ValueError, KeyError, RuntimeError) as error:
-            raise CheckpointError(f"{source} does not fit this run's optimizer or schedule: {error}") from None
-        self.state = trainer_position(dict(state["trainer"]) | mine.get("epoch_sums", {}), source)
+        parts = (self.model, self.optimizer, self.scheduler, self.precision)
+        self.state, mine = restore(state, source, *parts, self.hooks)
         self.wall_before = self.state.wall_seconds  # this process's own seconds add to the stopped run's
         set_rng_state(mine["rng"])
         self.resumed = True
-
-    def _load_precision(self, state: dict[str, Any], source: str) -> None:
-        """The loss scaler's (or fp32 masters') state; another precision's state is named as such."""
-        try:
-            self.precision.load_state_dict(state.get("precision") or {})
-        except (KeyError, ValueError, TypeError, RuntimeError) as error:
-            recipe = state.get("recipe") if isinstance(state.get("recipe"), dict) else {}
-            saved = recipe.get("precision", "another precision")
-            raise CheckpointError(
-                f"{source} was trained with precision={saved}; its precision state does not fit "
-                f"precision={self.precision.name} ({type(error).__name__}: {error}): resume with precision={saved}"
-            ) from None
-
-    def _own_rank_state(self, state: dict[str, Any], source: str) -> dict[str, Any]:
-        """This rank's part of a checkpoint. Another number of processes may resume from an epoch's end (each
-        rank then takes the state of rank r mod the old count), never from mid-epoch: the shards would change."""
-        ranks = state.get("ranks") or [{"rng": state["rng"], "hooks": {}}]  # format 1: one process
-        here, saved = world_size(), len(ranks)
-        if saved != here:
-            if state["trainer"].get("batch", 0):
-                raise CheckpointError(
-                    f"{source} was written mid-epoch by {saved} process(es) and this run has {here}: resume it with "
-                    f"--devices {saved}, or from a checkpoint taken at the end of an epoch"
-                )
-            if rank() == 0:
-                say(f"{source}: written by {saved} process(es), resumed with {here}")
-        return ranks[rank() % saved]
 
     def save(self, *, end_of_epoch: bool = False, accuracy: float | None = None) -> Path | None:
         """Write a checkpoint and prune old ones, keeping the newest and the best. Every rank calls this at the
         same point: each one's own state is gathered, and rank 0 writes."""
         if self.saving is None:
             return None
-        ranks = gather_objects(self._rank_state())
+        ranks = gather_objects(rank_state(self.state, self.hooks))
         if not self.log.enabled:
             return None
         folder = self.saving.folder
@@ -425,38 +189,16 @@ class Trainer:
         self.state.epoch_loss_sum, self.state.epoch_correct = loss_sum.item(), int(correct.item())
         self.state.epoch_seen, self.state.epoch_seconds = seen, seconds
 
-    @contextlib.contextmanager
-    def stop_on_signals(self) -> Iterator[None]:
-        """SIGINT/SIGTERM ask for a stop at the next step boundary; a second SIGINT aborts at once, even in the
-        middle of a long step: Python runs signal handlers only between bytecodes, so a watcher thread reads the
-        signals from a wakeup pipe (written by the C-level handler) and ends the process with 130."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
+    def stop_on_signals(self) -> contextlib.AbstractContextManager[None]:
+        """SIGINT/SIGTERM ask for a stop at the next step boundary (`stop_signal`); a second SIGINT aborts at once,
+        even in the middle of a long step (hasten/run/signals.py)."""
 
         def request(signum: int, frame: object) -> None:
             if self.stop_signal is not None and signum == signal.SIGINT:
                 raise KeyboardInterrupt
             self.stop_signal = signum
 
-        previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
-        read_end, write_end = os.pipe()
-        os.set_blocking(write_end, False)
-        previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-        try:
-            stderr_fd = os.dup(2)
-        except OSError:  # no stderr (a detached service): the abort is silent
-            stderr_fd = os.open(os.devnull, os.O_WRONLY)
-        watcher = threading.Thread(target=_abort_on_second_sigint, args=(read_end, stderr_fd), daemon=True)
-        watcher.start()
-        try:
-            yield
-        finally:
-            signal.set_wakeup_fd(previous_fd)
-            os.close(write_end)  # the watcher reads end-of-file and returns
-            watcher.join(timeout=1)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        return handling_stop_signals(request)
 
     def _check_stop(self, stop: bool | None = None) -> None:
         """Checkpoint and stop when a signal came to any rank (`stop`: already agreed across the ranks)."""
@@ -547,23 +289,9 @@ class Trainer:
             model = unwrap(self.model)  # the plain module: no DDP forward hooks or buffer broadcasts in evaluation
             model = self.hooks.eval_model(model) if self.hooks.eval_model and not live else model  # EMA: calibrated
             calibrated = time.perf_counter()
-            was_training = model.training
-            model.eval()
-            loss_sum = torch.zeros((), device=self.device)
-            correct = torch.zeros((), device=self.device, dtype=torch.long)
-            plain_correct = torch.zeros((), device=self.device, dtype=torch.long)
-            count = 0
-            fill = black_fill(loader.mean, loader.std) if translate else 0.0  # what training's translate pads
-            for images, labels in loader:
-                with self.precision.autocast():
-                    logits, plain = tta_views(model, images, flip, translate, fill)
-                loss_sum += torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
-                correct += (logits.argmax(1) == labels).sum()
-                plain_correct += (plain.argmax(1) == labels).sum()
-                count += len(labels)
-                advance()
-            model.train(was_training)
-            sums = [loss_sum.item(), correct.item(), plain_correct.item(), count]
+            settings = [(flip, translate)]
+            (measured,) = evaluate_loader(model, loader, self.precision, settings, self.device, advance=advance)
+            sums = [measured.loss_sum.item(), measured.correct.item(), measured.plain_correct.item(), measured.count]
             loss_total, correct_total, plain_total, count_total = all_reduce_sum(sums, self.device)
         done = time.perf_counter()
         self.seconds_per_view = (done - calibrated) / passes

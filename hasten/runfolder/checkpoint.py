@@ -194,7 +194,7 @@ class _Schema(BaseModel):
 
 
 class RankRecord(_Schema):
-    """One rank's own state in a training checkpoint (hasten.run.trainer.Trainer._rank_state)."""
+    """One rank's own state in a training checkpoint (hasten.run.state.rank_state)."""
 
     rng: dict[str, Any]
     hooks: dict[str, dict[str, Any]] = {}

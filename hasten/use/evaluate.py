@@ -1,11 +1,11 @@
 """`hasten evaluate`: a run's evaluated model measured again, on its own test data or on other data.
 
 On the run's own data it repeats the run's evaluation exactly (the same test loader, normalisation, weights
-from `evaluated_state_dict`, precision autocast and memory format), so its accuracy with the run's TTA setting
-equals summary.json's `test_accuracy`. It reports accuracy, top-k accuracy and per-class accuracy with and
-without flip test-time augmentation (and with the run's translate TTA, `train.tta_translate`, when it used one;
-hasten/techniques/tta.py), and writes the confusion matrix (CSV and PNG) and evaluation.json, as
-timm's validate.py does for ImageNet models.
+from `evaluated_state_dict`, precision autocast and memory format, and the run's own evaluation loop,
+hasten/run/evaluation.py), so its accuracy with the run's TTA setting equals summary.json's `test_accuracy`.
+It reports accuracy, top-k accuracy and per-class accuracy with and without flip test-time augmentation (and
+with the run's translate TTA, `train.tta_translate`, when it used one; hasten/techniques/tta.py), and writes
+the confusion matrix (CSV and PNG) and evaluation.json, as timm's validate.py does for ImageNet models.
 
 Other data: `data.*` overrides (e.g. `data.name=imagefolder data.root=DIR`); its images are brought to the
 run's size and channel count, and normalised with the run's training statistics, never their own.
@@ -35,9 +35,9 @@ from torch import Tensor
 from hasten.errors import DataError, HastenError, RecipeError
 from hasten.recipe.schema import apply_overrides, parse_value, validate
 from hasten.recipe.trust import Trust, embedded_recipe
+from hasten.run.evaluation import Measured, evaluate_loader
 from hasten.runfolder.checkpoint import disk_full_message
 from hasten.runfolder.folder import RunFolderError, check_output
-from hasten.techniques.tta import black_fill, tta_logits
 from hasten.use.load import RunFacts, checkpoint_of, evaluated_state_dict, facts_from_checkpoint, network
 
 # what evaluate may change: the data, and how it runs; the model and its training are the checkpoint's
@@ -109,17 +109,20 @@ def _recipe(state: dict[str, Any], facts: RunFacts, overrides: Sequence[str], so
     return validate(raw, f"the recipe in {source} with {' '.join(overrides)}" if overrides else source)
 
 
-def _measure(logits: Tensor, labels: Tensor, num_classes: int, top_k: int) -> dict[str, Any]:
+def _measure(sums: Measured, num_classes: int, top_k: int) -> dict[str, Any]:
+    """One setting's scores: accuracy as the run's evaluation counts it, top-k and the confusion matrix from its
+    kept logits."""
+    logits, labels = torch.cat(sums.logits), torch.cat(sums.labels)
     predicted = logits.argmax(1)
-    correct = int((predicted == labels).sum())
+    correct, count = int(sums.correct), sums.count
     k = min(top_k, num_classes)
     in_top = (logits.topk(k, dim=1).indices == labels[:, None]).any(1)
     confusion = torch.bincount(labels * num_classes + predicted, minlength=num_classes**2).view(num_classes, -1)
     return {
-        "accuracy": correct / max(len(labels), 1),  # as the trainer computes it: correct / count
+        "accuracy": correct / max(count, 1),  # as the trainer computes it: correct / count
         "correct": correct,
-        "count": len(labels),
-        f"top{k}_accuracy": int(in_top.sum()) / max(len(labels), 1),
+        "count": count,
+        f"top{k}_accuracy": int(in_top.sum()) / max(count, 1),
         "confusion": confusion,
     }
 
@@ -194,18 +197,10 @@ def evaluate(
     if recipe.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
     measured, headline = settings(facts.tta_flip, facts.tta_translate)
-    logits: dict[str, list[Tensor]] = {name: [] for name in measured}
-    labels: list[Tensor] = []
     loader = _test_loader(recipe, data, facts, device)
-    fill = black_fill(loader.mean, loader.std)  # the edge of a shifted image, as the trainer fills it
-    with torch.no_grad():  # not around make_precision: its probe runs a backward pass
-        for images, batch_labels in loader:
-            with precision.autocast():  # the trainer's evaluation, op for op
-                for name, (flip, translate) in measured.items():
-                    logits[name].append(tta_logits(model, images, flip, translate, fill).cpu())
-            labels.append(batch_labels.cpu())
-    targets = torch.cat(labels)
-    results = {name: _measure(torch.cat(parts), targets, len(facts.classes), top_k) for name, parts in logits.items()}
+    # the run's own evaluation loop, op for op, over every setting at once
+    passes = evaluate_loader(model, loader, precision, list(measured.values()), device, keep_predictions=True)
+    results = {name: _measure(sums, len(facts.classes), top_k) for name, sums in zip(measured, passes, strict=True)}
     for result in results.values():
         confusion = result["confusion"]
         per_class = confusion.diag() / confusion.sum(1).clamp_min(1)
@@ -218,7 +213,7 @@ def evaluate(
         "source": str(path),
         "data": recipe.data.name,
         "split": test_split,
-        "images": len(targets),
+        "images": passes[0].count,
         "run_tta_flip": facts.tta_flip,
         "run_tta_translate": facts.tta_translate,
         "run_setting": headline,  # the result computed as the run evaluated

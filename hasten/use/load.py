@@ -126,7 +126,7 @@ def checkpoint_of(source: str | Path) -> tuple[Path, dict[str, Any]]:
         )
     training_checkpoint(state, str(path))
     if "trainer" in state:
-        from hasten.run.trainer import trainer_position
+        from hasten.run.state import trainer_position
 
         trainer_position(state["trainer"], str(path))
     return path, state

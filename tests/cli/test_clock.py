@@ -19,14 +19,14 @@ import pytest
 from rich.console import Console
 
 import hasten
-import hasten.run.trainer
+import hasten.run.evaluation
 from hasten import clock
 from hasten.cli import main, results_table, times_to_accuracy
 from hasten.data.sources import cache_folder
 from hasten.progress import WIDTH, EpochProgress, epoch_line, quiet_third_party, wrap
 from hasten.recipe.schema import load_recipe
 from hasten.run.build import build, trainer_for
-from hasten.run.trainer import Plan
+from hasten.run.plan import Plan
 from hasten.runfolder.log import RunLog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,13 +136,13 @@ def test_a_resumed_run_keeps_counting_from_its_checkpoint(tiny_overrides, tmp_pa
 def views_used(monkeypatch) -> list[tuple[bool, int]]:
     """(flip, translate) of every batch the trainer evaluates."""
     calls: list[tuple[bool, int]] = []
-    real = hasten.run.trainer.tta_views
+    real = hasten.run.evaluation.tta_views
 
     def spy(model, images, flip, translate, fill=0.0):
         calls.append((flip, translate))
         return real(model, images, flip, translate, fill)
 
-    monkeypatch.setattr(hasten.run.trainer, "tta_views", spy)
+    monkeypatch.setattr(hasten.run.evaluation, "tta_views", spy)  # where the evaluation loop looks it up
     return calls
 
 

@@ -23,7 +23,7 @@ import hasten
 from hasten.cli import main
 from hasten.recipe.schema import load_recipe
 from hasten.run.build import build, trainer_for
-from hasten.run.trainer import Plan
+from hasten.run.plan import Plan
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
 from hasten.runfolder.log import RunLog
 

@@ -14,7 +14,8 @@ import hasten
 from hasten.engine.precision import MODES, FP16Master, make_precision
 from hasten.errors import RecipeError
 from hasten.recipe.schema import PRECISION_MODES
-from hasten.run.trainer import Plan, Trainer
+from hasten.run.plan import Plan
+from hasten.run.trainer import Trainer
 from hasten.runfolder.log import RunLog
 
 

@@ -32,7 +32,8 @@ from hasten.errors import RecipeError
 from hasten.recipe.schema import ScheduleConfig, load_recipe
 from hasten.run.assemble import global_batch
 from hasten.run.build import build
-from hasten.run.trainer import Hooks, Plan, Trainer
+from hasten.run.plan import Hooks, Plan
+from hasten.run.trainer import Trainer
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
 from hasten.runfolder.log import RunLog
 

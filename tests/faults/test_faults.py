@@ -33,7 +33,8 @@ from hasten.cli import main
 from hasten.errors import CheckpointError
 from hasten.recipe.schema import MAX_YAML_NODES, load_recipe
 from hasten.run.build import build, trainer_for
-from hasten.run.trainer import Plan, Trainer
+from hasten.run.plan import Plan
+from hasten.run.trainer import Trainer
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint, read_weights, save_checkpoint
 from hasten.runfolder.folder import LOCK_NAME
 from hasten.runfolder.log import RunLog

@@ -19,7 +19,8 @@ from hasten.models import build_model
 from hasten.models.pretrained import load_pretrained, pretrained_from_config
 from hasten.recipe.schema import ModelConfig, load_recipe
 from hasten.run.build import build
-from hasten.run.trainer import Plan, Trainer
+from hasten.run.plan import Plan
+from hasten.run.trainer import Trainer
 from hasten.runfolder.checkpoint import save_checkpoint
 from hasten.runfolder.log import RunLog
 from hasten.techniques.discriminative import discriminative_groups, layer_groups, layer_lr_scales

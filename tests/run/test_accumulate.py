@@ -13,7 +13,8 @@ from hasten.engine.precision import Precision
 from hasten.recipe.schema import load_recipe
 from hasten.run.assemble import global_batch, optimizer_steps
 from hasten.run.build import build
-from hasten.run.trainer import Plan, Trainer
+from hasten.run.plan import Plan
+from hasten.run.trainer import Trainer
 from hasten.runfolder.log import RunLog
 
 

@@ -7,7 +7,7 @@ import torch
 
 from hasten.recipe.schema import load_recipe
 from hasten.run.build import build, trainer_for
-from hasten.run.trainer import Plan
+from hasten.run.plan import Plan
 from hasten.runfolder.log import RunLog
 from hasten.techniques.cutout import Cutout, cutout
 

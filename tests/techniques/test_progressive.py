@@ -11,7 +11,7 @@ import hasten
 from hasten.errors import RecipeError
 from hasten.recipe.schema import load_recipe
 from hasten.run.build import build, trainer_for
-from hasten.run.trainer import Plan
+from hasten.run.plan import Plan
 from hasten.runfolder.checkpoint import load_checkpoint
 from hasten.runfolder.log import RunLog
 from hasten.techniques.progressive import progressive_side, resize_batch

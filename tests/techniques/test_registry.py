@@ -21,10 +21,10 @@ from hasten.data.loader import Augment
 from hasten.engine import compiling
 from hasten.experiments.variants import ABLATIONS, ablation_variants, lookup
 from hasten.recipe.schema import Recipe, load_recipe, parse_value
-from hasten.run import trainer as trainer_module
+from hasten.run import evaluation as evaluation_module
 from hasten.run.assemble import Parts
 from hasten.run.build import build, train, trainer_for
-from hasten.run.trainer import Plan
+from hasten.run.plan import Plan
 from hasten.runfolder.log import RunLog
 from hasten.techniques import SWITCHES, TECHNIQUES, Switch, Technique, switch, technique_of
 from hasten.techniques.registry import CLASSES
@@ -94,13 +94,13 @@ def test_each_switch_builds_a_run_that_trains_and_shows_the_technique_on_or_off(
 @pytest.mark.parametrize("key", list(IN_EVALUATION))
 def test_test_time_augmentation_switches_reach_the_final_evaluation(key: str, tiny_overrides, monkeypatch):
     asked: list[tuple[bool, int]] = []
-    real = trainer_module.tta_views
+    real = evaluation_module.tta_views
 
     def recorded(model: Any, images: Tensor, flip: bool, translate: int, fill: Any = 0.0) -> tuple[Tensor, Tensor]:
         asked.append((flip, translate))
         return real(model, images, flip, translate, fill)
 
-    monkeypatch.setattr(trainer_module, "tta_views", recorded)
+    monkeypatch.setattr(evaluation_module, "tta_views", recorded)  # the run's evaluation loop
     technique = switch(key)
     for on, override in ((True, technique.switched_on), (False, technique.switched_off)):
         asked.clear()

@@ -17,7 +17,7 @@ from hasten.models import Residual
 from hasten.recipe.schema import load_recipe
 from hasten.run.assemble import Parts
 from hasten.run.build import build, trainer_for
-from hasten.run.trainer import Hooks, Plan, Saving
+from hasten.run.plan import Hooks, Plan, Saving
 from hasten.runfolder.checkpoint import load_checkpoint, save_checkpoint
 from hasten.runfolder.log import RunLog
 from hasten.techniques import Context, Technique, one_hot, smooth, soft_cross_entropy, techniques

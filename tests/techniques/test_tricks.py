@@ -16,7 +16,8 @@ import hasten
 from hasten.models import ResNet, build_model
 from hasten.recipe.schema import ModelConfig, load_recipe
 from hasten.run.build import build
-from hasten.run.trainer import Plan, Trainer
+from hasten.run.plan import Plan
+from hasten.run.trainer import Trainer
 from hasten.runfolder.checkpoint import load_checkpoint
 from hasten.runfolder.log import RunLog
 from hasten.techniques import (

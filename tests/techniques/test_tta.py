@@ -17,7 +17,7 @@ from hasten.data.loader import InMemoryLoader, translate
 from hasten.errors import RecipeError
 from hasten.recipe.schema import load_recipe
 from hasten.run.build import build, trainer_for
-from hasten.run.trainer import Plan
+from hasten.run.plan import Plan
 from hasten.runfolder.log import RunLog
 from hasten.techniques.tta import black_fill, shift, tta_logits
 from hasten.use.evaluate import evaluate

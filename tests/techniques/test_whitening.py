@@ -15,7 +15,7 @@ import hasten
 from hasten.recipe.schema import load_recipe
 from hasten.run.assemble import first_train_images
 from hasten.run.build import build, trainer_for
-from hasten.run.trainer import Plan
+from hasten.run.plan import Plan
 from hasten.runfolder.log import RunLog
 from hasten.techniques import whitening
 from hasten.techniques.whitening import (

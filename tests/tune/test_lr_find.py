@@ -15,7 +15,8 @@ import torch.multiprocessing as mp
 from hasten.cli import main
 from hasten.recipe.schema import load_recipe
 from hasten.run.build import build
-from hasten.run.trainer import Plan, Trainer
+from hasten.run.plan import Plan
+from hasten.run.trainer import Trainer
 from hasten.runfolder.log import RunLog
 from hasten.tune.lr_find import RULE, lr_find, range_test, smooth_losses, steepest, suggest, sweep_lrs
 

@@ -1,0 +1,110 @@
+"""What the training loop is given besides the objects it drives: the plan (epochs, test-time augmentation,
+accumulation, what a non-finite loss does, when to evaluate), where and when checkpoints are written, and the
+hooks the run's techniques plug into it; and the two ways a run ends early, a stop signal and a non-finite loss.
+
+Kept apart from the loop (hasten/run/trainer.py) because the code that builds a run (hasten/run/assemble.py,
+hasten/run/build.py), the tools that drive a loop of their own and the tests make these objects without running it.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from hasten.clock import Clock
+from hasten.engine.loss import soft_cross_entropy
+from hasten.errors import HastenError
+from hasten.techniques import Technique
+
+BatchHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+StepHook = Callable[[nn.Module], None]
+
+
+@dataclass
+class Plan:
+    """What the loop is asked to do, apart from the objects it drives."""
+
+    epochs: int
+    num_classes: int
+    tta_flip: bool = False
+    tta_translate: int = 0  # pixels: evaluation also averages diagonally shifted copies (hasten/techniques/tta.py)
+    thresholds: Sequence[float] = (0.90, 0.91, 0.92, 0.93, 0.94)
+    progress: bool = True
+    accumulate: int = 1  # micro-batches per optimizer step (gradient accumulation)
+    measure_step_memory: bool = True  # profile one step's peak memory (the run's second optimizer step)
+    on_nan: str = "raise"  # a non-finite loss: "raise" (stop, naming the step) or "skip" (no update, counted)
+    rise_steps: int = 0  # optimizer steps of LR warm-up: the training loss is judged against ln(C) after them
+    loss: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy  # (logits, soft targets) -> mean loss
+    clip_grad_norm: float | None = None  # clip the global gradient norm to this before each update; None/0: off
+    eval_every_steps: int = 0  # also evaluate every N optimizer steps (0: only at epoch ends)
+    # what the divergence warning advises: overrides the run's own recipe accepts (build.divergence_advice)
+    divergence_advice: Sequence[str] = ("optim.lr=...",)
+    # the evaluations before the last: "plain", every test image once (no test-time augmentation); "tta": as the last
+    mid_eval: str = "plain"
+    clock: Clock = field(default_factory=Clock)  # wall seconds since the command started (hasten/clock.py)
+
+
+@dataclass
+class Saving:
+    """Where and when checkpoints are written; `recipe` is stored in each, so a checkpoint says what it was."""
+
+    folder: Path
+    every_epochs: int = 1  # 0: not at epoch ends
+    every_steps: int = 0  # 0: off
+    keep: int = 2  # newest kept, besides the best
+    recipe: dict[str, Any] = field(default_factory=dict)
+    protect: tuple[Path, ...] = ()  # never pruned: e.g. the checkpoint a run with allowed recipe changes resumed
+
+
+class Interrupted(HastenError):
+    """SIGINT or SIGTERM stopped the run after a checkpoint was written; exit code 128 + the signal number."""
+
+    resumable = True  # no error: the command that made it goes on with resume=auto (the CLI says how)
+
+    def __init__(self, signum: int, checkpoint: Path | None):
+        where = f"; checkpoint {checkpoint}" if checkpoint else ""
+        super().__init__(f"stopped by {signal.Signals(signum).name} at a step boundary{where}")
+        self.exit_code = 128 + signum
+
+
+class NonFiniteLoss(HastenError):
+    """The loss became inf/NaN with `train.on_nan=raise`; the last good checkpoint is kept."""
+
+    exit_code = 1
+
+
+@dataclass
+class Hooks:
+    """What the loop calls and the checkpoint gathers; `from_techniques` fills it from technique objects, so a
+    technique's hooks and its state come from one place. Plain callables may be added for tests and tools."""
+
+    on_batch: list[BatchHook] = field(default_factory=list)
+    after_step: list[StepHook] = field(default_factory=list)
+    eval_model: Callable[[nn.Module], nn.Module] | None = None  # e.g. the EMA copy instead of the live model
+    stateful: dict[str, Any] = field(default_factory=dict)  # hooks with state_dict() (EMA, mixing RNG), by name
+    rank_local: set[str] = field(default_factory=set)  # names in `stateful` whose state differs per rank
+    techniques: list[Technique] = field(default_factory=list)  # the objects the fields above came from
+
+    @classmethod
+    def from_techniques(cls, techniques: Sequence[Technique]) -> Hooks:
+        """Each technique's loop hooks, as it declares them, and its state under its name."""
+        hooks = cls(techniques=list(techniques))
+        for technique in techniques:
+            if "on_batch" in technique.hooks:
+                hooks.on_batch.append(technique.on_batch)
+            if "after_step" in technique.hooks:
+                hooks.after_step.append(technique.after_step)
+            if "eval_model" in technique.hooks:
+                if hooks.eval_model is not None:
+                    raise TypeError(f"{technique.name}: a second technique that chooses the evaluated model")
+                hooks.eval_model = technique.eval_model
+            if technique.stateful:
+                hooks.stateful[technique.name] = technique
+                if technique.rank_local:
+                    hooks.rank_local.add(technique.name)
+        return hooks
