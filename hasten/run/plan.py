@@ -19,7 +19,17 @@ from torch import Tensor, nn
 from hasten.clock import Clock
 from hasten.engine.loss import soft_cross_entropy
 from hasten.errors import HastenError
+from hasten.recipe.schema import Recipe, dotted
 from hasten.techniques import Technique
+
+
+def recipe_default(key: str) -> Any:
+    """The default recipe's value of dotted `key`: the schema holds each default once, and the loop's plan and
+    checkpointing take theirs from it (a Plan or Saving made without a recipe behaves as the default recipe)."""
+    return dotted(_DEFAULTS, key)
+
+
+_DEFAULTS = Recipe().model_dump()
 
 BatchHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 StepHook = Callable[[nn.Module], None]
@@ -33,19 +43,21 @@ class Plan:
     num_classes: int
     tta_flip: bool = False
     tta_translate: int = 0  # pixels: evaluation also averages diagonally shifted copies (hasten/techniques/tta.py)
-    thresholds: Sequence[float] = (0.90, 0.91, 0.92, 0.93, 0.94)
-    progress: bool = True
-    accumulate: int = 1  # micro-batches per optimizer step (gradient accumulation)
+    thresholds: Sequence[float] = field(default_factory=lambda: tuple(recipe_default("run.thresholds")))
+    progress: bool = recipe_default("run.progress")
+    accumulate: int = recipe_default("train.accumulate")  # micro-batches per optimizer step (gradient accumulation)
     measure_step_memory: bool = True  # profile one step's peak memory (the run's second optimizer step)
-    on_nan: str = "raise"  # a non-finite loss: "raise" (stop, naming the step) or "skip" (no update, counted)
+    # a non-finite loss: "raise" (stop, naming the step) or "skip" (no update, counted)
+    on_nan: str = recipe_default("train.on_nan")
     rise_steps: int = 0  # optimizer steps of LR warm-up: the training loss is judged against ln(C) after them
     loss: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy  # (logits, soft targets) -> mean loss
-    clip_grad_norm: float | None = None  # clip the global gradient norm to this before each update; None/0: off
-    eval_every_steps: int = 0  # also evaluate every N optimizer steps (0: only at epoch ends)
+    # clip the global gradient norm to this before each update; None/0: off
+    clip_grad_norm: float | None = recipe_default("train.clip_grad_norm")
+    eval_every_steps: int = recipe_default("train.eval_every_steps")  # also evaluate every N optimizer steps (0: off)
     # what the divergence warning advises: overrides the run's own recipe accepts (build.divergence_advice)
     divergence_advice: Sequence[str] = ("optim.lr=...",)
     # the evaluations before the last: "plain", every test image once (no test-time augmentation); "tta": as the last
-    mid_eval: str = "plain"
+    mid_eval: str = recipe_default("train.mid_eval")
     clock: Clock = field(default_factory=Clock)  # wall seconds since the command started (hasten/clock.py)
 
 
@@ -54,9 +66,9 @@ class Saving:
     """Where and when checkpoints are written; `recipe` is stored in each, so a checkpoint says what it was."""
 
     folder: Path
-    every_epochs: int = 1  # 0: not at epoch ends
-    every_steps: int = 0  # 0: off
-    keep: int = 2  # newest kept, besides the best
+    every_epochs: int = recipe_default("run.save_every")  # 0: not at epoch ends
+    every_steps: int = recipe_default("run.save_every_steps")  # 0: off
+    keep: int = recipe_default("run.keep")  # newest kept, besides the best
     recipe: dict[str, Any] = field(default_factory=dict)
     protect: tuple[Path, ...] = ()  # never pruned: e.g. the checkpoint a run with allowed recipe changes resumed
 

@@ -146,3 +146,20 @@ def test_a_locked_run_folder_is_refused_before_the_data_is_read(tiny_overrides, 
     with RunLock(folder), pytest.raises(RunFolderError, match="run.dir"):
         hasten.train(None, [*tiny_overrides, f"run.dir={folder}"])
     assert read == []
+
+
+def test_the_loops_plan_and_checkpointing_take_their_defaults_from_the_recipe_schema():
+    """One home for each default: a Plan or Saving made without a recipe (tools that drive a loop of their own)
+    does what the default recipe says."""
+    from hasten.recipe.schema import Recipe
+    from hasten.run.plan import Plan, Saving
+
+    plan, saving, default = Plan(epochs=1, num_classes=2), Saving(Path("checkpoints")), Recipe()
+    assert tuple(plan.thresholds) == tuple(default.run.thresholds) and plan.progress == default.run.progress
+    assert (plan.accumulate, plan.on_nan, plan.clip_grad_norm) == (
+        default.train.accumulate, default.train.on_nan, default.train.clip_grad_norm,
+    )  # fmt: skip
+    assert (plan.eval_every_steps, plan.mid_eval) == (default.train.eval_every_steps, default.train.mid_eval)
+    assert (saving.every_epochs, saving.every_steps, saving.keep) == (
+        default.run.save_every, default.run.save_every_steps, default.run.keep,
+    )  # fmt: skip
