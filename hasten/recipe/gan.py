@@ -8,11 +8,13 @@ mini-batches of 128, z of 100 numbers (standard normal here; the paper drew them
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import yaml
 from pydantic import Field, ValidationError
 
+from hasten.errors import RecipeError
 from hasten.recipe.schema import (
     MAX_SYNTHETIC,
     DataConfig,
@@ -20,11 +22,13 @@ from hasten.recipe.schema import (
     Fraction,
     LossScaleConfig,
     PositiveFloat,
+    Recipe,
     RunFolder,
     Section,
     apply_overrides,
     load_raw,
     recipe_error,
+    shipped_recipes,
 )
 
 DEFAULT_GAN_RECIPE = "dcgan-fashion"
@@ -146,13 +150,45 @@ class GanRecipe(Section):
     run: GanRun = Field(GanRun(), description="The run folder.")
 
 
+GAN_RECIPES = "a GAN recipe: dcgan-fashion (the default) or a YAML file like it"
+
+
 def load_gan_recipe(source: str | None = None, overrides: list[str] | None = None) -> GanRecipe:
-    """The GAN recipe named or at `source` (default: dcgan-fashion) with `overrides` applied and validated."""
+    """The GAN recipe named or at `source` (default: dcgan-fashion) with `overrides` applied and validated. An image
+    folder, or a classifier's recipe (`hasten gan fashion-fast`), is refused in one line that says so."""
+    # a folder (hasten train's `hasten train photos/`) would be told it is an unknown recipe: 'did you mean photos/?'
+    if source is not None and source not in shipped_recipes() and Path(source).is_dir():
+        raise RecipeError(
+            f"{source} is a folder: hasten gan trains on a dataset of the registry (data.name=fashion-mnist, "
+            f"mnist, ...), not on a folder; give it {GAN_RECIPES}"
+        )
     raw, origin = load_raw(source or DEFAULT_GAN_RECIPE)
     try:
         return GanRecipe.model_validate(apply_overrides(raw, overrides or []))
     except ValidationError as exc:
+        if classifier_recipe(raw):  # not a dozen unknown keys, each of them right for `hasten train`
+            raise RecipeError(
+                f"{origin} is a classifier's recipe, for hasten train (and schedule, lr-find, batch-size, bench, "
+                f"sweep); hasten gan takes {GAN_RECIPES}"
+            ) from None
         raise recipe_error(exc, origin, overrides, GanRecipe) from None
+
+
+def classifier_recipe(raw: dict[str, Any]) -> bool:
+    """Whether a recipe's mapping is a classifier's: it validates as one, and holds keys a GAN recipe does not know
+    (a GAN recipe that only sets a value out of a GAN's range is not)."""
+    try:
+        GanRecipe.model_validate(raw)
+    except ValidationError as error:
+        if not any(problem["type"] == "extra_forbidden" for problem in error.errors()):
+            return False
+    else:
+        return False
+    try:
+        Recipe.model_validate(raw)
+    except ValidationError:
+        return False
+    return True
 
 
 def gan_recipe_yaml(recipe: GanRecipe) -> str:

@@ -119,6 +119,11 @@ def checkpoint_of(source: str | Path) -> tuple[Path, dict[str, Any]]:
                 "or a .safetensors or .onnx file written by hasten export"
             )
         state = load_checkpoint(path)
+    if "model" not in state and {"generator", "discriminator"} <= state.keys():  # hasten/experiments/gan.py's
+        raise CheckpointError(
+            f"{path} is a `hasten gan` checkpoint (a generator and a discriminator), not a classifier's: evaluate, "
+            "predict and export read the runs of hasten train"
+        )
     if not isinstance(state.get("recipe"), dict) or not state["recipe"] or "model" not in state:
         raise CheckpointError(
             f"{path} is not a hasten training checkpoint: it holds no recipe and model (a bare state dict cannot "

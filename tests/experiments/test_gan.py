@@ -277,6 +277,25 @@ def test_resume_is_top_level_as_for_train_and_the_old_key_points_there():
         load_gan_recipe(None, ["run.resume=auto"])
 
 
+def test_a_folder_or_a_classifiers_recipe_is_refused_in_one_line_that_says_so(tmp_path, monkeypatch):
+    """`hasten gan photos/` was told its folder was an unknown recipe ('did you mean photos/?'), and `hasten gan
+    fashion-fast` got a dozen unknown keys, each right for `hasten train`."""
+    (tmp_path / "photos" / "train").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RecipeError, match=r"^photos/ is a folder: hasten gan trains on a dataset of the registry"):
+        load_gan_recipe("photos/")
+    with pytest.raises(RecipeError) as refused:
+        load_gan_recipe("fashion-fast", ["model.latent=8"])
+    assert str(refused.value).startswith("shipped recipe 'fashion-fast' is a classifier's recipe, for hasten train")
+    assert "\n" not in str(refused.value)
+    # a GAN recipe that only holds a value out of a GAN's range is still told which value
+    (tmp_path / "small.yaml").write_text("train: {batch_size: 1}\n")
+    with pytest.raises(RecipeError, match=r"train.batch_size: Input should be greater than or equal to 2"):
+        load_gan_recipe("small.yaml")
+    (tmp_path / "dcgan-fashion").mkdir()  # a folder named like a shipped recipe does not shadow it
+    assert load_gan_recipe("dcgan-fashion").name == "dcgan-fashion"
+
+
 def test_collapse_warning_names_the_class_above_the_threshold_and_is_quiet_otherwise():
     collapsed = {"T-shirt/top": 0.05, "Bag": 0.81, "Boot": 0.14}
     warning = collapse_warning(collapsed)

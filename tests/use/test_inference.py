@@ -25,7 +25,7 @@ from hasten.errors import CheckpointError
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
 from hasten.tune import rules
 from hasten.use.load import evaluated_state_dict
-from tests.tiny import tiny_recipe
+from tests.tiny import TINY_GAN_OVERRIDES, tiny_recipe
 
 SYNTHETIC = 384  # training images; the test set is a quarter of it
 
@@ -298,6 +298,23 @@ def test_a_file_whose_recipe_outsizes_its_weights_is_refused_before_the_model_is
     assert "crafted.safetensors" in err and "parameters" in err and "Traceback" not in err
     assert built == ["meta"]  # sized on the meta device, never built for real
     assert main(["predict", str(honest), str(picture)]) == 0  # the honest file is served
+
+
+def test_a_gan_run_is_refused_as_one_not_as_a_bare_state_dict(tmp_path, capsys):
+    """A `hasten gan` run folder holds a generator and a discriminator and no classifier: evaluate, predict and export
+    say so, not that it is a bare state dict to load with model.pretrained (which a GAN's weights do not fit)."""
+    run = tmp_path / "gan"
+    assert main(["gan", "dcgan-fashion", *TINY_GAN_OVERRIDES, f"run.dir={run}"]) == 0
+    capsys.readouterr()
+    picture = write_pngs(tmp_path / "png", *[t[:1] for t in synthetic_test_set()])[0]
+    for command in (["evaluate", str(run)], ["predict", str(run), str(picture)],
+                    ["export", str(run), str(tmp_path / "g.onnx")]):  # fmt: skip
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert "is a `hasten gan` checkpoint" in err and "model.pretrained" not in err, (command, err)
+    with pytest.raises(CheckpointError, match="`hasten gan` checkpoint"):
+        hasten.load(checkpoints_in(run / "checkpoints")[0])
+    assert not (tmp_path / "g.onnx").exists()
 
 
 @pytest.mark.numerics
