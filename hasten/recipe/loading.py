@@ -386,7 +386,24 @@ def validate(raw: dict[str, Any], origin: str = "recipe", overrides: list[str] |
     try:
         return Recipe.model_validate(raw)
     except ValidationError as exc:
+        if gan_recipe(raw, exc):
+            raise RecipeError(
+                f"{origin} is a GAN recipe (it has {', '.join(GAN_MARKS)}), for hasten gan; hasten train and the "
+                "commands around it take a classifier's recipe (hasten train --help lists them)"
+            ) from None
         raise recipe_error(exc, origin, overrides, Recipe) from None
+
+
+GAN_MARKS = ("model.latent", "quality")  # the sections and keys of hasten gan's recipe that a classifier's lacks
+
+
+def gan_recipe(raw: dict[str, Any], error: ValidationError) -> bool:
+    """Whether a mapping refused as a classifier's recipe is hasten gan's: only unknown keys were wrong, and it
+    holds the GAN's own (a recipe that merely mistypes a key gets the usual did-you-mean)."""
+    if not all(problem["type"] == "extra_forbidden" for problem in error.errors()):
+        return False
+    model = raw.get("model")
+    return "quality" in raw and isinstance(model, dict) and "latent" in model
 
 
 def image_folder_layout(folder: str | Path) -> bool:

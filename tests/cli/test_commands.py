@@ -42,8 +42,11 @@ NO_PRETRAINING = "the recipe names no model.pretrained weights and no transfer.p
 
 # the cells where the command does not apply, and what their error must say
 REFUSED = {
-    # the GAN recipe's keys (model.latent, quality, run.grid) are not a classifier's: the recipe check lists them
-    **{(command, GAN): "model.latent: unknown key" for command in (*TRAINING, "schedule", "lr-find", "batch-size")},
+    # the GAN recipe's keys (model.latent, quality, run.grid) are not a classifier's: it is named for what it is
+    **{
+        (command, GAN): "is a GAN recipe (it has model.latent, quality), for hasten gan"
+        for command in (*TRAINING, "schedule", "lr-find", "batch-size")
+    },
     # only transfer-digits names a pretraining run (transfer.pretrain) or weights (model.pretrained)
     **{("transfer", column): NO_PRETRAINING for column in [*CLASSIFIERS, FOLDER] if column != "transfer-digits"},
     **{("gan", recipe): f"'{recipe}' is a classifier's recipe, for hasten train" for recipe in CLASSIFIERS},
