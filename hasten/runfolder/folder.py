@@ -66,10 +66,11 @@ EXECUTION_KEYS = (
     "data.workers",
     "data.in_memory",
     "optim.fused",
+    "model.parameters",  # recorded, never read back: it follows from the keys that size the model
 )
 # what a run records of its data and model where its recipe left them unset: a checkpoint from before they were
 # recorded holds null, which is no change
-RECORDED_KEYS = ("data.classes", "data.size", "data.rgb", "model.parameters")
+RECORDED_KEYS = ("data.classes", "data.size", "data.rgb")
 
 
 class RunFolderError(HastenError):
