@@ -1,0 +1,95 @@
+"""What a `hasten` command is, declared once: its name, its one-line summary, its help, its arguments and the
+function that runs it, in one `Command`; and what the commands share (the RECIPE and key=value arguments, the trust
+flag, where a plot goes, how a summary is shown).
+
+The parser (hasten/cli/parser.py) is built from these declarations alone, so a command added here is listed, parsed
+and dispatched without a second list to keep in step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+
+from hasten.errors import HastenError
+
+console = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One `add_argument` call, kept as data so a command's arguments stand in its declaration."""
+
+    flags: tuple[str, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def arg(*flags: str, **options: Any) -> Argument:
+    """An argument as `parser.add_argument(*flags, **options)` would add it."""
+    return Argument(flags, options)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A `hasten` command: everything the parser, the command listing and the error handling know of it."""
+
+    name: str
+    summary: str  # one line in `hasten --help`'s listing
+    description: str  # the paragraph under `hasten NAME --help`'s usage
+    arguments: tuple[Argument, ...]
+    run: Callable[[argparse.Namespace], int]  # the handler: the exit code
+    resumable: bool = False  # a run stopped by a signal continues with `resume=auto` (its last line says so)
+
+
+RECIPE_ARGUMENTS = arg("args", nargs="*", metavar="[RECIPE] [key=value ...]")
+
+TRUST_HELP = (
+    "import and run the model.target/data.target the source's recipe names (a run folder, checkpoint or export is "
+    "data: without this flag hasten refuses to import code it names); only for files whose author you trust"
+)
+
+
+def split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
+    """The first positional without '=' is the recipe; the rest are overrides."""
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    stray = [a for a in args if "=" not in a]
+    if stray:
+        raise HastenError(f"expected key=value overrides after the recipe, got {stray[0]!r}")
+    return None, args
+
+
+def recipe_of(ns: argparse.Namespace) -> Any:
+    """The command's recipe from its RECIPE and key=value arguments, validated: the prelude of every command that
+    takes one, so recipe errors show before torch and the data are loaded."""
+    from hasten.recipe.schema import load_recipe
+
+    source, overrides = split_recipe(ns.args)
+    return load_recipe(source, overrides)
+
+
+def show(summary: dict[str, Any], as_table: bool, table: Any) -> None:
+    """A finished run's summary: as a rich table with the progress bar on, else as JSON (for scripts)."""
+    if as_table:
+        Console().print(table(summary))
+    else:
+        print(json.dumps(summary, indent=2))
+
+
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")  # what --plot may replace: a picture, by a picture
+
+
+def plot_path(given: str | None, default: Any) -> Any:
+    """Where a command draws its plot: `--plot PATH` or the default in the run folder; never one of a run's own
+    files, nor an existing file that is not a picture."""
+    from pathlib import Path
+
+    from hasten.runfolder.folder import check_output
+
+    path = Path(given) if given else Path(default)
+    return check_output(path, overwrite=path.suffix.lower() in PLOT_SUFFIXES, what="--plot")

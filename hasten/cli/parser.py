@@ -1,0 +1,69 @@
+"""The `hasten` command line, built from the commands' declarations: argparse subparsers, one per command, each
+parsing its own arguments intermixed, so options may stand before or after the recipe and the key=value overrides
+(as with git and torchrun). A mistyped command is answered with the closest one, not a list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from collections.abc import Sequence
+
+from hasten.cli.command import Command
+from hasten.cli.data import DATA
+from hasten.cli.experiments import BENCH, GAN, SWEEP, TRANSFER
+from hasten.cli.train import TRAIN
+from hasten.cli.tuning import BATCH_SIZE, LR_FIND, SCHEDULE
+from hasten.cli.use import EVALUATE, EXPORT, PREDICT
+from hasten.version import __version__
+
+# the order of `hasten --help`'s listing: training first, then what shows a run before it trains, then the
+# experiments, then what uses a trained model
+COMMANDS: tuple[Command, ...] = (
+    TRAIN, DATA, SCHEDULE, LR_FIND, BATCH_SIZE, BENCH, SWEEP, TRANSFER, GAN, EXPORT, EVALUATE, PREDICT
+)  # fmt: skip
+
+
+class UsageError(Exception):
+    """A command line that names no command hasten has: its message says the closest one; exit 2."""
+
+
+def build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top parser (`hasten --help`, `--version`) and each command's parser, by name."""
+    width = max(len(command.name) for command in COMMANDS) + 2
+    listing = "\n".join(f"  {command.name:<{width}}{command.summary}" for command in COMMANDS)
+    top = argparse.ArgumentParser(
+        prog="hasten",
+        usage="%(prog)s [-h] [--version] COMMAND ...",
+        description="Train neural networks fast and memory-efficiently, and measure what each technique buys.",
+        epilog=f"commands:\n{listing}\n\nRun 'hasten COMMAND --help' for a command's options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    top.add_argument("--version", action="version", version=f"hasten {__version__}")
+    # argparse's own listing of subcommands misaligns names longer than its column ('batch-size'): the epilog
+    # above lists them, from the same declarations
+    subparsers = top.add_subparsers(prog="hasten", dest="command", help=argparse.SUPPRESS)
+    parsers = {}
+    for command in COMMANDS:
+        parser = subparsers.add_parser(command.name, description=command.description)
+        for argument in command.arguments:
+            parser.add_argument(*argument.flags, **argument.options)
+        parsers[command.name] = parser
+    return top, parsers
+
+
+def parse(argv: Sequence[str]) -> tuple[Command, argparse.Namespace]:
+    """The command `argv` names and its parsed arguments. `--help`, `--version` and argparse's own usage errors exit
+    (SystemExit) as argparse does; a mistyped command raises UsageError, naming the closest."""
+    argv = list(argv)
+    top, parsers = build()
+    by_name = {command.name: command for command in COMMANDS}
+    if argv[0].startswith("-"):
+        top.parse_args(argv)  # --help, --version: print and exit; anything else is argparse's usage error
+        top.error("give the COMMAND first, e.g. 'hasten train fashion-fast'")
+    command = by_name.get(argv[0])
+    if command is None:  # the closest command, not a list
+        close = difflib.get_close_matches(argv[0], list(by_name), n=1, cutoff=0.5)
+        hint = f"; did you mean 'hasten {close[0]}'?" if close else f"; the commands: {', '.join(by_name)}"
+        raise UsageError(f"unknown command {argv[0]!r}{hint}")
+    return command, parsers[command.name].parse_intermixed_args(argv[1:])
