@@ -28,6 +28,13 @@ class Argument:
     flags: tuple[str, ...]
     options: dict[str, Any] = field(default_factory=dict)
 
+    def option_strings(self) -> list[str]:
+        """The options it adds, as a user may type them (a --flag made boolean also adds --no-flag)."""
+        names = [flag for flag in self.flags if flag.startswith("-")]
+        if self.options.get("action") is argparse.BooleanOptionalAction:
+            names += [f"--no-{flag[2:]}" for flag in names if flag.startswith("--")]
+        return names
+
 
 def arg(*flags: str, **options: Any) -> Argument:
     """An argument as `parser.add_argument(*flags, **options)` would add it."""
@@ -44,6 +51,9 @@ class Command:
     arguments: tuple[Argument, ...]
     run: Callable[[argparse.Namespace], int]  # the handler: the exit code
     resumable: bool = False  # a run stopped by a signal continues with `resume=auto` (its last line says so)
+
+    def option_strings(self) -> list[str]:
+        return ["-h", "--help", *(name for argument in self.arguments for name in argument.option_strings())]
 
 
 RECIPE_ARGUMENTS = arg("args", nargs="*", metavar="[RECIPE] [key=value ...]")

@@ -1,6 +1,6 @@
 """The `hasten` command line, built from the commands' declarations: argparse subparsers, one per command, each
 parsing its own arguments intermixed, so options may stand before or after the recipe and the key=value overrides
-(as with git and torchrun). A mistyped command is answered with the closest one, not a list.
+(as with git and torchrun). A mistyped command or option is answered with the closest one, not a list.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from hasten.version import __version__
 COMMANDS: tuple[Command, ...] = (
     TRAIN, DATA, SCHEDULE, LR_FIND, BATCH_SIZE, BENCH, SWEEP, TRANSFER, GAN, EXPORT, EVALUATE, PREDICT
 )  # fmt: skip
+TOP_OPTIONS = ("-h", "--help", "--version")
 
 
 class UsageError(Exception):
-    """A command line that names no command hasten has: its message says the closest one; exit 2."""
+    """A command line that names no command or option hasten has: its message says the closest one; exit 2."""
 
 
 def build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -54,16 +55,30 @@ def build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]
 
 def parse(argv: Sequence[str]) -> tuple[Command, argparse.Namespace]:
     """The command `argv` names and its parsed arguments. `--help`, `--version` and argparse's own usage errors exit
-    (SystemExit) as argparse does; a mistyped command raises UsageError, naming the closest."""
+    (SystemExit) as argparse does; a mistyped command or option raises UsageError, naming the closest."""
     argv = list(argv)
     top, parsers = build()
     by_name = {command.name: command for command in COMMANDS}
+    if argv[0] in TOP_OPTIONS:
+        top.parse_args(argv[:1])  # prints the help or the version and exits
     if argv[0].startswith("-"):
-        top.parse_args(argv)  # --help, --version: print and exit; anything else is argparse's usage error
-        top.error("give the COMMAND first, e.g. 'hasten train fashion-fast'")
+        raise UsageError(
+            f"unknown option {argv[0]!r} before the command: 'hasten' itself takes only --help and --version, and a "
+            "command's options come after its name, e.g. 'hasten train --devices 2'"
+        )
     command = by_name.get(argv[0])
     if command is None:  # the closest command, not a list
         close = difflib.get_close_matches(argv[0], list(by_name), n=1, cutoff=0.5)
         hint = f"; did you mean 'hasten {close[0]}'?" if close else f"; the commands: {', '.join(by_name)}"
         raise UsageError(f"unknown command {argv[0]!r}{hint}")
-    return command, parsers[command.name].parse_intermixed_args(argv[1:])
+    parser = parsers[command.name]
+    ns, unknown = parser.parse_known_intermixed_args(argv[1:])
+    options = [word.partition("=")[0] for word in unknown if word.startswith("-") and word != "-"]
+    if options:
+        known = command.option_strings()
+        close = difflib.get_close_matches(options[0], known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else f"its options: {', '.join(known)}"
+        raise UsageError(f"unknown option {options[0]!r} of 'hasten {command.name}'; {hint}")
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")  # a stray word: argparse's usage and exit 2
+    return command, ns

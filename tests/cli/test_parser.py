@@ -1,7 +1,7 @@
 """The command line's shape (hasten/cli/parser.py): every command declared once is listed, parsed and helped; what a
-user mistypes (a command, a recipe name, a recipe key, a folder) is answered with the closest name, exit 2 and no
-traceback; a stopped run says the command that resumes it. Nothing here trains: each case ends before a model is
-built."""
+user mistypes (a command, an option, a recipe name, a recipe key, a folder) is answered with the closest name, exit 2
+and no traceback; a stopped run says the command that resumes it. Nothing here trains: each case ends before a model
+is built."""
 
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ def test_every_command_is_listed_with_its_summary_and_has_its_own_help(capsys):
     ("argv", "expected"),
     [
         (["trian"], "unknown command 'trian'; did you mean 'hasten train'?"),
+        (["bench", "--vray", "model.width=2,4"], "unknown option '--vray' of 'hasten bench'; did you mean --vary?"),
+        (["train", "--devcies=2"], "unknown option '--devcies' of 'hasten train'; did you mean --devices?"),
+        (["train", "--zzz"], "its options: -h, --help, --devices, --max-restarts"),
+        (["--devices", "2", "train"], "unknown option '--devices' before the command"),
         (["train", "fashion-fats"], "did you mean fashion-fast?"),
         (["gan", "dcgan-fashon"], "did you mean dcgan-fashion?"),
         (["train", "fashion-fast", "optim.lrr=0.1"], "optim.lrr: unknown key (did you mean optim.lr?)"),
