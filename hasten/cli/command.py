@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,10 +52,48 @@ class Command:
     description: str  # the paragraph under `hasten NAME --help`'s usage
     arguments: tuple[Argument, ...]
     run: Callable[[argparse.Namespace], int]  # the handler: the exit code
+    notes: Callable[[], str] | None = None  # help's closing lines, written only when help is asked for
     resumable: bool = False  # a run stopped by a signal continues with `resume=auto` (its last line says so)
 
     def option_strings(self) -> list[str]:
         return ["-h", "--help", *(name for argument in self.arguments for name in argument.option_strings())]
+
+
+TWO_COLUMNS = re.compile(r"\s*\S+(?: \S+)*\s{2,}(?=\S)")  # `  name    what it is`: up to the second column
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, except that text written as several lines keeps them, each still wrapped to the terminal
+    (never inside a name like `seed-cnn-32`): a listing stays a listing, and a line laid out in two columns
+    (`  name    what it is`) wraps under its second column. A one-line paragraph is filled as argparse fills it."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" not in text:
+            return super()._fill_text(text, width, indent)
+        lines = []
+        for line in text.splitlines():
+            own = indent + line[: len(line) - len(line.lstrip())]
+            columns = TWO_COLUMNS.match(line)
+            hanging = indent + " " * columns.end() if columns else own
+            wrap = textwrap.TextWrapper(width, initial_indent=own, subsequent_indent=hanging, break_on_hyphens=False,
+                                        break_long_words=False)  # fmt: skip
+            lines.append(wrap.fill(line.strip()))
+        return "\n".join(lines)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser. Its help's closing notes are written when help is formatted, not when the parser is
+    built: the train command's name the shipped recipes, and reading those imports the recipe schema (and torch),
+    which no other use of the parser should pay for."""
+
+    def __init__(self, *args: Any, notes: Callable[[], str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, formatter_class=HelpFormatter, **kwargs)
+        self.notes = notes
+
+    def format_help(self) -> str:
+        if self.notes is not None:
+            self.epilog = self.notes()
+        return super().format_help()
 
 
 RECIPE_ARGUMENTS = arg("args", nargs="*", metavar="[RECIPE] [key=value ...]")

@@ -9,7 +9,7 @@ import argparse
 import difflib
 from collections.abc import Sequence
 
-from hasten.cli.command import Command
+from hasten.cli.command import Command, CommandParser, HelpFormatter
 from hasten.cli.data import DATA
 from hasten.cli.experiments import BENCH, GAN, SWEEP, TRANSFER
 from hasten.cli.train import TRAIN
@@ -29,7 +29,7 @@ class UsageError(Exception):
     """A command line that names no command or option hasten has: its message says the closest one; exit 2."""
 
 
-def build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def build() -> tuple[argparse.ArgumentParser, dict[str, CommandParser]]:
     """The top parser (`hasten --help`, `--version`) and each command's parser, by name."""
     width = max(len(command.name) for command in COMMANDS) + 2
     listing = "\n".join(f"  {command.name:<{width}}{command.summary}" for command in COMMANDS)
@@ -38,15 +38,15 @@ def build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]
         usage="%(prog)s [-h] [--version] COMMAND ...",
         description="Train neural networks fast and memory-efficiently, and measure what each technique buys.",
         epilog=f"commands:\n{listing}\n\nRun 'hasten COMMAND --help' for a command's options.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     top.add_argument("--version", action="version", version=f"hasten {__version__}")
     # argparse's own listing of subcommands misaligns names longer than its column ('batch-size'): the epilog
     # above lists them, from the same declarations
-    subparsers = top.add_subparsers(prog="hasten", dest="command", help=argparse.SUPPRESS)
+    subparsers = top.add_subparsers(prog="hasten", dest="command", parser_class=CommandParser, help=argparse.SUPPRESS)
     parsers = {}
     for command in COMMANDS:
-        parser = subparsers.add_parser(command.name, description=command.description)
+        parser = subparsers.add_parser(command.name, description=command.description, notes=command.notes)
         for argument in command.arguments:
             parser.add_argument(*argument.flags, **argument.options)
         parsers[command.name] = parser

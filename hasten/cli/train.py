@@ -59,10 +59,33 @@ def _launch(device: str, devices: int, args: list[str], max_restarts: int, start
             os.environ[COMMAND_STARTED_ENV] = previous
 
 
+def _train_notes() -> str:
+    """The end of `hasten train --help`: what RECIPE may be, read from the package, and the common forms."""
+    from hasten.recipe.gan import DEFAULT_GAN_RECIPE
+    from hasten.recipe.schema import shipped_recipes
+
+    recipes = [name for name in shipped_recipes() if name != DEFAULT_GAN_RECIPE]
+    return "\n".join([
+        "shipped recipes (RECIPE by name; without one, default):",
+        f"  {', '.join(recipes)}",
+        f"  ({DEFAULT_GAN_RECIPE} is a GAN's: hasten gan {DEFAULT_GAN_RECIPE})",
+        "",
+        "examples:",
+        "  hasten train fashion-fast precision=bf16 optim.lr=0.2",
+        "  hasten train my-recipe.yaml run.dir=runs/try1",
+        "  hasten train path/to/folder",
+        "      your own images, in path/to/folder/train/<class>/* and path/to/folder/val/<class>/*, with the "
+        "default recipe (the same as data.name=imagefolder data.root=path/to/folder)",
+        "  hasten train fashion-fast resume=auto",
+        "      continue an interrupted run from the newest complete checkpoint in its run.dir (the command an "
+        "interrupted run prints)",
+    ])  # fmt: skip
+
+
 TRAIN = Command(
     name="train",
     summary="train a recipe",
-    description="Train RECIPE (a YAML path or a shipped recipe name) with dotted "
+    description="Train RECIPE (a shipped recipe's name, a YAML file, or a folder of images) with dotted "
     "key=value overrides, e.g. 'hasten train fashion-fast precision=bf16 optim.lr=0.2'.",
     arguments=(
         RECIPE_ARGUMENTS,
@@ -83,5 +106,6 @@ TRAIN = Command(
         ),
     ),
     run=cmd_train,
+    notes=_train_notes,
     resumable=True,
 )

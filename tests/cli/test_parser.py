@@ -1,7 +1,7 @@
 """The command line's shape (hasten/cli/parser.py): every command declared once is listed, parsed and helped; what a
 user mistypes (a command, an option, a recipe name, a recipe key, a folder) is answered with the closest name, exit 2
-and no traceback; a stopped run says the command that resumes it. Nothing here trains: each case ends before a model
-is built."""
+and no traceback; `hasten train --help` says what RECIPE may be; a stopped run says the command that resumes it.
+Nothing here trains: each case ends before a model is built."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import hasten.run.build
 from hasten.cli import main
 from hasten.cli.parser import COMMANDS
 from hasten.errors import HastenError
+from hasten.progress import WIDTH
+from hasten.recipe.schema import shipped_recipes
 
 
 def help_of(argv: list[str], capsys) -> str:
@@ -29,6 +31,35 @@ def test_every_command_is_listed_with_its_summary_and_has_its_own_help(capsys):
         text = help_of([command.name, "--help"], capsys)
         assert text.startswith(f"usage: hasten {command.name} ["), text[:200]
         assert " ".join(command.description.split()[:6]) in " ".join(text.split())
+
+
+def test_train_help_lists_the_shipped_recipes_the_folder_form_and_resume_auto(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    text = help_of(["train", "--help"], capsys)
+    for name in shipped_recipes():
+        assert name in text.split("shipped recipes", 1)[1], name
+    assert "hasten gan dcgan-fashion" in text  # the GAN's recipe, named with the command that takes it
+    assert "hasten train path/to/folder" in text and "train/<class>/" in text and "val/<class>/" in text
+    assert "hasten train fashion-fast resume=auto" in text and "interrupted run" in text
+    assert max(len(line) for line in text.splitlines()) <= WIDTH
+
+
+def test_the_listing_fits_the_terminal_and_wraps_under_the_summaries(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    text = help_of(["--help"], capsys)
+    assert max(len(line) for line in text.splitlines()) <= WIDTH
+    listing = text.split("commands:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    column = listing[0].index(COMMANDS[0].summary)
+    names = {command.name for command in COMMANDS}
+    wrapped = [line for line in listing if line.split()[0] not in names]
+    assert wrapped and all(line.startswith(" " * column) and line[column] != " " for line in wrapped), listing
+
+
+def test_help_formats_a_listing_without_breaking_names(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "50")  # narrow: the listing wraps, never inside a recipe's name
+    text = help_of(["train", "--help"], capsys)
+    recipes = text.split("shipped recipes", 1)[1].split("\n\n", 1)[0]
+    assert all(name in recipes for name in shipped_recipes())
 
 
 @pytest.mark.parametrize(
