@@ -2,8 +2,9 @@
 function that runs it, in one `Command`; and what the commands share (the RECIPE and key=value arguments, the trust
 flag, where a plot goes, how a summary is shown).
 
-The parser (hasten/cli/parser.py) is built from these declarations alone, so a command added here is listed, parsed
-and dispatched without a second list to keep in step.
+The parser (hasten/cli/parser.py) is built from these declarations alone: a new command is its handler, its
+`Command` beside it, and its place in parser.COMMANDS; it is then listed, parsed, helped and dispatched, with no
+second list to keep in step.
 """
 
 from __future__ import annotations
