@@ -21,7 +21,8 @@ from rich.console import Console
 import hasten
 import hasten.run.evaluation
 from hasten import clock
-from hasten.cli import main, results_table, times_to_accuracy
+from hasten.cli import main
+from hasten.cli.results import results_table, times_to_accuracy
 from hasten.data.sources import cache_folder
 from hasten.progress import WIDTH, EpochProgress, epoch_line, quiet_third_party, wrap
 from hasten.recipe.schema import load_recipe

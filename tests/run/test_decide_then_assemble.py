@@ -41,7 +41,7 @@ def test_optimizer_step_is_at_most_eight_frames_below_the_command(tiny_overrides
     finally:
         handle.remove()
     frames = stacks[0]
-    assert frames[0] == "cli.py:main", frames
+    assert frames[0] == "cli/__init__.py:main", frames
     assert len(frames) <= MAX_FRAMES_BELOW_MAIN, frames  # cli.main -> ... -> the frame that calls optimizer.step()
     assert frames[-1] == "engine/precision.py:step", frames
 

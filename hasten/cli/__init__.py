@@ -1,0 +1,144 @@
+"""The `hasten` command: the only package that knows about argv.
+
+Each command is declared once, beside the function that runs it (hasten/cli/command.py says what a declaration
+holds; hasten/cli/parser.py builds the parser from them). Here: the process around a command, which turns what
+goes wrong into one line and an exit code. Options may stand before or after the recipe and the `key=value`
+overrides, as with git and torchrun. Exit codes: 0 success; 2 usage, recipe, data or checkpoint error (message
+names the field or file); 130 after SIGINT.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from typing import NoReturn
+
+from rich.markup import escape
+
+from hasten.cli.command import console
+from hasten.cli.parser import UsageError, build, parse
+from hasten.errors import HastenError
+
+
+def main(argv: Sequence[str] | None = None, started: float | None = None) -> int:
+    """The command with `argv`; its wall-clock times count from `started` (a perf_counter reading; by default
+    this call)."""
+    started = time.perf_counter() if started is None else started
+    from hasten.progress import quiet_third_party
+
+    quiet_third_party()  # torch's notices about its own internals are not the user's business
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for stream in (sys.stdout, sys.stderr):  # a name that is not UTF-8 (a file, a class folder) prints escaped
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    if not argv:  # bare `hasten`: what to type, not argparse's internals
+        build()[0].print_help(sys.stderr)
+        console.print("[red]error:[/red] give a COMMAND, e.g. 'hasten train fashion-fast'", highlight=False)
+        return 2
+    try:
+        command, ns = parse(argv)
+    except UsageError as error:
+        console.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
+        return 2
+    # the command line as given, which reports record: rebuilt from parsed options it would drop any new one
+    ns.command_line = shlex.join(["hasten", *argv])
+    ns.started = started
+    # a worker of a job with several processes names its rank in what it prints on the way out
+    who = f"rank {os.environ.get('RANK', '?')}: " if _world_size() > 1 else ""
+    if os.environ.get("HASTEN_LAUNCHER_PID", "").isdigit() and _world_size() > 1:  # a worker of --devices N
+        from hasten.engine.distributed import die_with_launcher
+
+        die_with_launcher(int(os.environ["HASTEN_LAUNCHER_PID"]))
+    try:
+        from hasten.machine import current
+
+        current()  # a HASTEN_MACHINE that names no profile is refused before any work, whatever the command
+        return command.run(ns)
+    except HastenError as error:
+        if getattr(error, "resumable", False):  # a signal stopped a run after its checkpoint: no error
+            again = resume_command(ns.command_line) if command.resumable else ""
+            told = f"; resume with: {again}" if again else ""
+            console.print(f"[yellow]{who}stopped:[/yellow] {escape(str(error))}{escape(told)}", highlight=False,
+                          soft_wrap=True)  # fmt: skip
+            return error.exit_code
+        console.print(f"[red]{who}error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
+        return error.exit_code
+    except OSError as error:
+        if not error.filename:
+            raise
+        # a file or folder the user named that the system refuses (permissions, a vanished disk): exit 2 naming it
+        message = escape(f"{error.filename}: {error.strerror or error}")
+        console.print(f"[red]{who}error:[/red] {message}", highlight=False, soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        console.print(f"[yellow]{who}interrupted[/yellow]")
+        return 130
+    except (MemoryError, RuntimeError) as error:
+        return _resource_failure(error, who)
+    finally:
+        if "hasten.engine.distributed" in sys.modules:  # leave the process group cleanly (no-op when none is up)
+            sys.modules["hasten.engine.distributed"].shutdown()
+
+
+def resume_command(command_line: str) -> str:
+    """The command that continues a stopped run: `command_line` with resume=auto in place of any resume=... (and
+    without run.overwrite, which would move the stopped run's files aside)."""
+    words = [w for w in shlex.split(command_line) if not w.startswith(("resume=", "run.overwrite="))]
+    return shlex.join([*words, "resume=auto"])
+
+
+def _world_size() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+# what torch's allocators say when a request cannot be met (CPU, CUDA, MPS)
+OUT_OF_MEMORY = ("can't allocate memory", "out of memory", "not enough memory", "Cannot allocate memory")
+
+
+def _resource_failure(error: BaseException, who: str) -> int:
+    """The one line for a failure that is not hasten's input check but the machine's: memory that cannot be had, or
+    (in a worker of several) another rank that vanished. Anything else is a bug, raised with its traceback."""
+    from hasten.engine.distributed import PEER_LOST_EXIT, lost_peer
+
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+    if isinstance(error, MemoryError) or any(marker in str(error) for marker in OUT_OF_MEMORY):
+        console.print(
+            f"[red]{who}error:[/red] out of memory ({escape(first)}): the sizes asked for are too large for this "
+            "machine (in a recipe: train.batch_size, train.eval_batch_size, model.width, data.size), or free memory",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return 2
+    if lost_peer(error):
+        if not os.environ.get("HASTEN_LAUNCHER_PID"):  # under hasten's launcher, its one line says it all
+            console.print(
+                f"[red]{who}error:[/red] another rank of this job vanished ({escape(first)}); the launcher names it",
+                highlight=False,
+                soft_wrap=True,
+            )
+        return PEER_LOST_EXIT
+    raise error
+
+
+def run() -> NoReturn:
+    """The `hasten` command's process: `main`, then exit at once. Everything is written and closed by then, and
+    the interpreter's teardown of torch alone takes seconds (3-6 s measured on a busy 2-core machine) after a
+    run's last line; so exit handlers run, output is flushed, and the process ends without the teardown."""
+    from hasten.clock import command_started
+
+    code = main(started=command_started())  # the process's start (or the launching command's): imports count
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    run()
