@@ -38,7 +38,14 @@ def did_you_mean(source: str) -> str:
         close = parent / found[0]
         return f"; no such folder either: did you mean {close}{'/' if close.is_dir() else ''}?"
     found = difflib.get_close_matches(source, shipped_recipes(), n=1, cutoff=0.6)
-    return f"; did you mean {found[0]}?" if found else ""
+    if found:
+        return f"; did you mean {found[0]}?"
+    try:  # a bare name (`phtos`): a folder of images in the current folder, as `photos` would be
+        here = [p.name for p in Path(".").iterdir() if p.is_dir() and not p.name.startswith(".")]
+    except OSError:
+        here = []
+    found = difflib.get_close_matches(source, here, n=1, cutoff=0.6)
+    return f"; did you mean the folder {found[0]}/?" if found else ""
 
 
 def shipped_recipes() -> list[str]:

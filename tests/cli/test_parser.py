@@ -75,6 +75,7 @@ def test_help_formats_a_listing_without_breaking_names(capsys, monkeypatch):
         (["train", "fashion-fast", "optim.lrr=0.1"], "optim.lrr: unknown key (did you mean optim.lr?)"),
         (["schedule", "train.epoch=2"], "train.epoch: unknown key (did you mean train.epochs?)"),
         (["train", "phtos/"], "no such folder either: did you mean photos/?"),
+        (["train", "phtos"], "did you mean the folder photos/?"),
     ],
 )
 def test_a_mistyped_name_gets_the_closest_one(argv, expected, tmp_path, monkeypatch, capsys):
