@@ -132,15 +132,35 @@ def show(summary: dict[str, Any], as_table: bool, table: Any) -> None:
         print(json.dumps(summary, indent=2))
 
 
-PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")  # what --plot may replace: a picture, by a picture
+PLOT_SIGNATURE = b"atplotlib"  # in the first bytes of every PNG, PDF and SVG matplotlib writes (its Software tag)
 
 
 def plot_path(given: str | None, default: Any) -> Any:
     """Where a command draws its plot: `--plot PATH` or the default in the run folder; never one of a run's own
-    files, nor an existing file that is not a picture."""
+    files, nor an existing file that is not a plot drawn before (recognised by its contents, matplotlib's tag,
+    not by its name: a text file called fake.png is the user's), nor a link."""
     from pathlib import Path
 
     from hasten.runfolder.folder import check_output
 
     path = Path(given) if given else Path(default)
-    return check_output(path, overwrite=path.suffix.lower() in PLOT_SUFFIXES, what="--plot")
+    check_output(path, overwrite=True, what="--plot")  # never a run's own file, nor a folder
+    if (path.exists() or path.is_symlink()) and (path.is_symlink() or not drawn_before(path)):
+        from hasten.runfolder.folder import RunFolderError
+
+        raise RunFolderError(
+            f"--plot {path} exists and is not a plot hasten drew (it would be replaced): give another path"
+        )
+    return path
+
+
+def drawn_before(path: Any) -> bool:
+    """Whether `path` is a regular file holding a plot matplotlib drew: its tag within the first 4 KiB (PNG, SVG)
+    or the last (a PDF's document information)."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(4096)
+            file.seek(max(0, file.seek(0, 2) - 4096))
+            return PLOT_SIGNATURE in head or PLOT_SIGNATURE in file.read(4096)
+    except OSError:
+        return False

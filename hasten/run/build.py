@@ -43,7 +43,14 @@ from hasten.run.resolve import resolve, run_dir
 from hasten.run.trainer import Plan, Saving, Trainer
 from hasten.run.user import builtin_holdout, load_data
 from hasten.runfolder.checkpoint import remove_stale_temporaries
-from hasten.runfolder.folder import RunLock, check_resume_recipe, claim_fresh, recipe_changes, refuse_taken
+from hasten.runfolder.folder import (
+    RunLock,
+    check_resume_recipe,
+    claim_fresh,
+    recipe_changes,
+    refuse_links,
+    refuse_taken,
+)
 from hasten.runfolder.log import RunLog
 from hasten.tune import rules
 
@@ -273,6 +280,7 @@ def claim_run_folder(
     error = None
     if distributed.is_main():
         try:
+            refuse_links(folder)  # whatever the run writes next goes to its own files, not through a link
             if checkpoint is not None:
                 saved = checkpoint[1].get("recipe")
                 allowed = [*recipe.resume_allow_changes, *machine_keys]  # the probe may choose otherwise now

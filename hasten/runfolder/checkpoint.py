@@ -262,11 +262,25 @@ def latest_usable(folder: str | Path) -> tuple[Path, dict[str, Any]] | None:
 
 
 def prune(folder: str | Path, keep: int, protect: tuple[Path, ...] = ()) -> None:
-    """Delete all but the newest `keep` checkpoints (and their sidecars), never those in `protect`."""
+    """Delete all but the newest `keep` checkpoints (and their sidecars), never those in `protect`, and only what
+    hasten wrote: a regular file whose digest sidecar matches it. A file of the user's own that is merely named
+    like a checkpoint (`step-1.pt`, no sidecar, or a link) is left where it is."""
     for path in checkpoints_in(folder)[keep:]:
-        if path not in protect:
+        if path not in protect and written_here(path):
             path.unlink(missing_ok=True)
             path.with_name(path.name + DIGEST_SUFFIX).unlink(missing_ok=True)
+
+
+def written_here(path: Path) -> bool:
+    """Whether `path` is a checkpoint hasten saved: a regular file (not a link) whose `.sha256` sidecar, also a
+    regular file, holds its digest."""
+    sidecar = path.with_name(path.name + DIGEST_SUFFIX)
+    if path.is_symlink() or sidecar.is_symlink() or not (path.is_file() and sidecar.is_file()):
+        return False
+    try:
+        return sidecar.read_bytes().decode("ascii").strip() == sha256_file(path)
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def remove_stale_temporaries(folder: str | Path) -> None:

@@ -299,6 +299,24 @@ def claim_fresh(folder: str | Path, overwrite: bool, resuming: bool = False) -> 
 RUN_MARKERS = ("recipe.yaml", "summary.json", "metrics.csv", "checkpoints", LOCK_NAME)  # a run folder holds one
 
 
+def refuse_links(folder: str | Path, names: tuple[str, ...] = (*RUN_FILES, "evaluation")) -> None:
+    """A RunFolderError when one of a run folder's own entries (`names`: recipe.yaml, metrics.csv, checkpoints,
+    ...), or a file inside its checkpoints, is a symbolic link: hasten writes only the run's own files, never
+    through a link into a place outside it (a foreign folder's `metrics.csv -> elsewhere` would be rewritten by a
+    resume, `checkpoints -> elsewhere` pruned). The run folder itself may be a link (runs -> /data/runs)."""
+    folder = Path(folder)
+    found = [folder / name for name in names if (folder / name).is_symlink()]
+    checkpoints = folder / "checkpoints"
+    if checkpoints.is_dir() and not checkpoints.is_symlink():
+        found += [path for path in sorted(checkpoints.iterdir()) if path.is_symlink()]
+    if found:
+        shown = ", ".join(f"{path} -> {os.readlink(path)}" for path in found[:3]) + (", ..." if len(found) > 3 else "")
+        raise RunFolderError(
+            f"run.dir {folder}: {shown} is a symbolic link; hasten writes a run's files only inside its folder, "
+            "never through a link: remove the link or give another run.dir"
+        )
+
+
 def is_run_folder(folder: Path) -> bool:
     return any((folder / name).exists() for name in RUN_MARKERS)
 

@@ -37,7 +37,7 @@ from hasten.recipe.schema import apply_overrides, parse_value, validate
 from hasten.recipe.trust import Trust, embedded_recipe
 from hasten.run.evaluation import Measured, evaluate_loader
 from hasten.runfolder.checkpoint import disk_full_message
-from hasten.runfolder.folder import RunFolderError, check_output
+from hasten.runfolder.folder import RunFolderError, check_output, is_run_folder
 from hasten.use.load import RunFacts, checkpoint_of, evaluated_state_dict, facts_from_checkpoint, network
 
 # what evaluate may change: the data, and how it runs; the model and its training are the checkpoint's
@@ -234,14 +234,40 @@ def evaluate(
 
 def _check_output_folder(folder: Path) -> None:
     """The folder an evaluation writes may be new, an earlier evaluation's, or any folder that holds none of the
-    files it writes; never a run folder's own files (RUN/checkpoints), nor files of another kind."""
+    files it writes; never a run folder itself or its own files (RUN/checkpoints), nor files of another kind (an
+    evaluation.json is recognised by what it holds, not by its name), nor anything reached through a link."""
     check_output(folder / OUTPUT_FILES[-1], overwrite=True, what="evaluate --out:")
+    if folder.is_symlink() or any((folder / name).is_symlink() for name in OUTPUT_FILES):
+        raise RunFolderError(
+            f"evaluate --out: {folder} is, or holds, a symbolic link; an evaluation writes only into a folder of "
+            "its own, never through a link: give another folder"
+        )
     if folder.exists() and not folder.is_dir():
         raise RunFolderError(f"evaluate --out: {folder} is a file; give a folder")
+    if is_run_folder(folder):
+        raise RunFolderError(
+            f"evaluate --out: {folder} is a run folder; its results go into its evaluation/ (the default), or "
+            "give a folder of their own"
+        )
     ours = [folder / name for name in OUTPUT_FILES if (folder / name).exists()]
-    if ours and not (folder / "evaluation.json").is_file():
+    if ours and not written_by_evaluate(folder / "evaluation.json"):
         names = ", ".join(p.name for p in ours)
         raise RunFolderError(f"evaluate --out: {folder} holds {names} that no evaluation wrote; give another folder")
+
+
+EVALUATION_KEYS = {"source", "run_setting", "results", "files"}  # what every evaluation.json hasten writes holds
+
+
+def written_by_evaluate(path: Path) -> bool:
+    """Whether `path` is an evaluation.json that `hasten evaluate` wrote (read at most 64 MiB: a larger one is
+    not), by its contents: a JSON object holding the keys every evaluation writes."""
+    try:
+        if not path.is_file() or path.stat().st_size > 64 << 20:
+            return False
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and EVALUATION_KEYS <= found.keys()
 
 
 @contextlib.contextmanager

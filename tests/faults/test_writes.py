@@ -1,0 +1,104 @@
+"""Write only what is the run's own: hasten never writes over a user's file that it did not write (recognised by
+its contents, not its name), nor through a symbolic link out of a run folder, nor prunes a file it did not save."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hasten.cli import main
+from hasten.runfolder.checkpoint import checkpoints_in
+from tests.tiny import tiny_recipe
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("writes") / "run"
+    assert main(["train", *tiny_recipe(folder, "train.epochs=1", "run.tensorboard=false")]) == 0
+    return folder
+
+
+def _refused(argv: list[str], capsys, *needles: str) -> str:
+    assert main(argv) == 2, argv
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and all(needle in err for needle in needles), err
+    return err
+
+
+def test_evaluate_out_keeps_a_users_own_evaluation_files(run, tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "evaluation.json").write_text('{"my": "notes"}\n')
+    (mine / "confusion.csv").write_text("mine\n")
+    _refused(["evaluate", str(run), "--out", str(mine)], capsys, "no evaluation wrote")
+    assert (mine / "evaluation.json").read_text() == '{"my": "notes"}\n' and (
+        mine / "confusion.csv"
+    ).read_text() == "mine\n"
+    ours = tmp_path / "ours"
+    assert main(["evaluate", str(run), "--out", str(ours)]) == 0
+    assert main(["evaluate", str(run), "--out", str(ours)]) == 0  # its own earlier results it replaces
+    assert json.loads((ours / "evaluation.json").read_text())["run_setting"]
+
+
+def test_evaluate_out_refuses_a_run_folder_and_links(run, tmp_path, capsys):
+    other = tmp_path / "other"
+    assert main(["train", *tiny_recipe(other, "train.epochs=1", "run.tensorboard=false")]) == 0
+    capsys.readouterr()
+    before = sorted(p.name for p in other.iterdir())
+    _refused(["evaluate", str(run), "--out", str(other)], capsys, "is a run folder")
+    assert sorted(p.name for p in other.iterdir()) == before
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "confusion.csv").write_text("precious\n")
+    link = tmp_path / "link"
+    link.symlink_to(elsewhere)
+    _refused(["evaluate", str(run), "--out", str(link)], capsys, "symbolic link")
+    assert (elsewhere / "confusion.csv").read_text() == "precious\n"
+
+
+def test_a_run_folder_whose_files_are_links_out_of_it_is_refused(tiny_overrides, tmp_path, capsys):
+    folder = tmp_path / "run"
+    assert main(["train", *tiny_overrides, f"run.dir={folder}", "train.epochs=1", "run.tensorboard=false"]) == 0
+    capsys.readouterr()
+    outside = tmp_path / "outside.csv"
+    outside.write_text("a user's table\n")
+    (folder / "metrics.csv").unlink()
+    (folder / "metrics.csv").symlink_to(outside)
+    resume = ["train", *tiny_overrides, f"run.dir={folder}", "train.epochs=2", "run.tensorboard=false", "resume=auto"]
+    _refused(resume, capsys, "metrics.csv", "symbolic link")
+    assert outside.read_text() == "a user's table\n"
+    # the checkpoints folder a link elsewhere: nothing there is pruned or written
+    (folder / "metrics.csv").unlink()
+    store = tmp_path / "store"
+    os.rename(folder / "checkpoints", store)
+    (store / "step-1.pt").write_text("a user's file\n")
+    (folder / "checkpoints").symlink_to(store)
+    fresh = ["train", *tiny_overrides, f"run.dir={folder}", "train.epochs=2", "run.overwrite=true"]
+    _refused(fresh, capsys, "checkpoints", "symbolic link")
+    assert (store / "step-1.pt").read_text() == "a user's file\n"
+
+
+def test_pruning_deletes_only_checkpoints_hasten_saved(tiny_overrides, tmp_path):
+    folder = tmp_path / "run"
+    base = [*tiny_overrides, f"run.dir={folder}", "run.tensorboard=false", "run.keep=1"]
+    assert main(["train", *base, "train.epochs=1"]) == 0
+    mine = folder / "checkpoints" / "step-1.pt"  # named like a checkpoint, older than any: first in line to prune
+    mine.write_text("a user's file\n")
+    assert main(["train", *base, "train.epochs=3", "resume=auto"]) == 0
+    assert mine.read_text() == "a user's file\n"
+    saved = [p for p in checkpoints_in(folder / "checkpoints") if p != mine]
+    assert len(saved) <= 2  # the newest and the best: the run's own are still pruned
+
+
+def test_plot_replaces_a_plot_it_drew_never_another_file(tiny_overrides, tmp_path, capsys):
+    fake = tmp_path / "fake.png"
+    fake.write_text("not a picture: a user's notes\n")
+    schedule = ["schedule", *tiny_overrides, f"run.dir={tmp_path / 'run'}"]
+    _refused([*schedule, "--plot", str(fake)], capsys, "fake.png", "not a plot")
+    assert fake.read_text() == "not a picture: a user's notes\n"
+    drawn = tmp_path / "drawn.png"
+    assert main([*schedule, "--plot", str(drawn)]) == 0
+    assert main([*schedule, "--plot", str(drawn)]) == 0  # a plot drawn before is replaced
