@@ -15,7 +15,9 @@ def train(
     data: object = None,
     loss: object = None,
 ) -> dict:
-    """Train a recipe (a `Recipe`, a YAML path or a shipped name; None: the default) and return its summary.
+    """Train a recipe (a `Recipe`, a YAML path or a shipped name; None: the default) and return the result: the
+    run's summary (a dict, as summary.json holds it) with the trained model beside it (hasten.use.result.Trained:
+    `result.predict(images)`, `result.evaluate((images, labels))`, `result.export("model.onnx")`, `result.model`).
 
     Your own model and data go beside the recipe, which still holds every setting (hasten/run/user.py):
     `model`: an nn.Module (trained in place) or a callable making one (called after the run's seed is set, with
@@ -33,7 +35,10 @@ def train(
         from hasten.recipe.schema import apply_overrides, validate
 
         recipe = validate(apply_overrides(recipe.model_dump(mode="json"), overrides))
-    return _train(recipe, model=model, data=data, loss=loss)  # type: ignore[arg-type]
+    from hasten.use.result import Trained
+
+    summary = _train(recipe, model=model, data=data, loss=loss)  # type: ignore[arg-type]
+    return Trained(summary, model) if summary.get("run_dir") else summary
 
 
 def load(path: object, device: str = "cpu", *, trust_code: bool = False, model: object = None) -> object:

@@ -140,8 +140,8 @@ class Preprocessing:
             raise DataError(f"{path}: cannot read as an image ({type(error).__name__}: {error})") from None
 
     def batch(self, images: Sequence[Any] | Tensor | numpy.ndarray) -> Tensor:
-        """uint8 (N, C, H, W) from image paths, Pillow images, or uint8 arrays/tensors (N, C, H, W) or (C, H, W)
-        already in the model's mode; arrays of another size are resized."""
+        """uint8 (N, C, H, W) from image paths, Pillow images, or uint8 arrays/tensors in the model's mode, in any
+        layout training takes (see `_array`); arrays of another size are resized."""
         if isinstance(images, (Tensor, numpy.ndarray)):
             return self._array(images)
         if isinstance(images, (str, Path, Image.Image)):
@@ -159,9 +159,19 @@ class Preprocessing:
         return torch.stack(items)
 
     def _array(self, array: Tensor | numpy.ndarray) -> Tensor:
+        """uint8 pixels in the layouts training takes: (N, C, H, W) or (N, H, W, C), one image (C, H, W) or
+        (H, W, C), and for grey images (N, H, W) or one (H, W)."""
         tensor = torch.as_tensor(array)
-        if tensor.dim() == 3:
+        if tensor.dim() == 2 and self.channels == 1:  # one grey image
+            tensor = tensor[None, None]
+        elif tensor.dim() == 3 and tensor.shape[0] != self.channels and tensor.shape[-1] == self.channels:
+            tensor = tensor.permute(2, 0, 1)[None]  # one image, channels last
+        elif tensor.dim() == 3 and self.channels == 1 and tensor.shape[0] != 1:
+            tensor = tensor[:, None]  # grey images (N, H, W), as training takes them
+        elif tensor.dim() == 3:
             tensor = tensor[None]
+        elif tensor.dim() == 4 and tensor.shape[1] != self.channels and tensor.shape[-1] == self.channels:
+            tensor = tensor.permute(0, 3, 1, 2)  # channels last
         if tensor.dtype != torch.uint8 or tensor.dim() != 4 or tensor.shape[1] != self.channels:
             raise DataError(
                 f"images: expected uint8 (N, {self.channels}, H, W) pixels (mode {self.mode}) or file paths, got "

@@ -94,12 +94,15 @@ def _prepare_out(out: str | Path) -> Path:
     return out
 
 
-def export_safetensors(source: str | Path, out: str | Path, trust: Trust | None = None) -> Path:
-    """Write the evaluated weights of `source` to `out` (.safetensors) with the metadata; returns the path."""
+def export_safetensors(source: str | Path, out: str | Path, trust: Trust | None = None, model: Any = None) -> Path:
+    """Write the evaluated weights of `source` to `out` (.safetensors) with the metadata; returns the path.
+    `model`: the user's own network (as hasten.load takes it), for a run trained on a model object."""
     from safetensors.torch import save
 
     path, weights, facts = weights_and_facts(source, trust)
-    network(facts, weights, str(path), trust=trust)  # the weights fit the recipe's model, or an error names the file
+    network(
+        facts, weights, str(path), trust=trust, model=model
+    )  # the weights fit the recipe's model, or an error names the file
     tensors = {k: v.detach().cpu().clone().contiguous() for k, v in weights.items()}
     out = _prepare_out(out)
     try:
@@ -148,7 +151,9 @@ def _onnx_proto(graph: nn.Module, example: Tensor) -> Any:
     return onnx.load_from_string(buffer.getvalue())
 
 
-def export_onnx(source: str | Path, out: str | Path, trust: Trust | None = None) -> tuple[Path, float]:
+def export_onnx(
+    source: str | Path, out: str | Path, trust: Trust | None = None, model: Any = None
+) -> tuple[Path, float]:
     """Write `source`'s evaluated model as ONNX (uint8 pixels in, logits out, preprocessing inside) with the
     metadata as metadata_props; returns the path and the max |onnxruntime - PyTorch| on a probe batch."""
     try:
@@ -157,7 +162,7 @@ def export_onnx(source: str | Path, out: str | Path, trust: Trust | None = None)
     except ImportError:
         raise HastenError("ONNX export needs onnx, onnxscript and onnxruntime: pip install 'hasten[onnx]'") from None
     path, weights, facts = weights_and_facts(source, trust)
-    graph = PixelsToLogits(network(facts, weights, str(path), trust=trust).float(), facts).eval()
+    graph = PixelsToLogits(network(facts, weights, str(path), trust=trust, model=model).float(), facts).eval()
     example = torch.zeros((2, *facts.image_shape), dtype=torch.uint8)
     proto = _onnx_proto(graph, example)
     onnx.helper.set_model_props(proto, _encode(metadata(facts, path)))
@@ -183,11 +188,18 @@ def export_onnx(source: str | Path, out: str | Path, trust: Trust | None = None)
 
 
 def export(
-    source: str | Path, out: str | Path, fmt: str | None = None, *, overwrite: bool = False, trust_code: bool = False
+    source: str | Path,
+    out: str | Path,
+    fmt: str | None = None,
+    *,
+    overwrite: bool = False,
+    trust_code: bool = False,
+    model: Any = None,
 ) -> tuple[Path, str]:
     """Export in `fmt` (safetensors or onnx; None: from `out`'s suffix); returns the path and a line saying what
     was written. `out` must end in the format's suffix, must not be a run folder's own file, and must not exist
-    unless `overwrite`; a `model.target` the source names is imported only with `trust_code`."""
+    unless `overwrite`; a `model.target` the source names is imported only with `trust_code`. `model`: the user's
+    own network for a run trained on a model object (an nn.Module, or the class or function that makes it)."""
     suffix = Path(out).suffix.lower()
     by_suffix = {ending: name for name, ending in FORMATS.items()}
     if fmt is not None and fmt not in FORMATS:
@@ -202,7 +214,7 @@ def export(
     check_output(out, overwrite, "export:")
     trust = Trust(code=trust_code)
     if fmt == "onnx":
-        path, difference = export_onnx(source, out, trust)
+        path, difference = export_onnx(source, out, trust, model)
         return path, f"{path} (onnxruntime matches PyTorch within {difference:.2g} on a probe batch)"
-    path = export_safetensors(source, out, trust)
+    path = export_safetensors(source, out, trust, model)
     return path, str(path)
