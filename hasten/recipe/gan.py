@@ -15,7 +15,9 @@ import yaml
 from pydantic import Field, ValidationError
 
 from hasten.errors import RecipeError
+from hasten.recipe.loading import read_recipe_yaml
 from hasten.recipe.schema import (
+    DEFAULT_RECIPE,
     MAX_SYNTHETIC,
     DataConfig,
     Fp32WeightsPrecision,
@@ -163,6 +165,11 @@ def load_gan_recipe(source: str | None = None, overrides: list[str] | None = Non
             f"mnist, ...), not on a folder; give it {GAN_RECIPES}"
         )
     raw, origin = load_raw(source or DEFAULT_GAN_RECIPE)
+    if source is not None and extends_the_default(source):  # its keys may all be a GAN's too: said, not trained
+        raise RecipeError(
+            f"{origin} is a classifier's recipe, for hasten train (and schedule, lr-find, batch-size, bench, sweep): "
+            f"it is the default recipe or extends it; hasten gan takes {GAN_RECIPES}"
+        )
     try:
         return GanRecipe.model_validate(apply_overrides(raw, overrides or []))
     except ValidationError as exc:
@@ -172,6 +179,27 @@ def load_gan_recipe(source: str | None = None, overrides: list[str] | None = Non
                 f"sweep); hasten gan takes {GAN_RECIPES}"
             ) from None
         raise recipe_error(exc, origin, overrides, GanRecipe) from None
+
+
+def extends_the_default(source: str) -> bool:
+    """Whether `source` is the classifier's default recipe or extends it (through any chain of `extends`): the
+    default recipe's values are the classifier schema's defaults, so its file holds only its name, which a GAN
+    recipe would accept."""
+    seen: set[str] = set()
+    current: Any = source
+    while isinstance(current, str) and current not in seen and len(seen) < 16:
+        if current == DEFAULT_RECIPE:
+            return True
+        seen.add(current)
+        try:
+            raw, _, folder = read_recipe_yaml(current)
+        except RecipeError:
+            return False
+        parent = raw.get("extends")
+        if isinstance(parent, str) and folder is not None and (folder / parent).is_file():
+            parent = str(folder / parent)
+        current = parent
+    return False
 
 
 def classifier_recipe(raw: dict[str, Any]) -> bool:

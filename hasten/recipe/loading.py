@@ -134,7 +134,7 @@ def read_text_file(path: Path, what: str) -> str:
 RECIPE_SUFFIXES = (".yaml", ".yml")
 
 
-def _read_yaml(source: str | Path) -> tuple[dict[str, Any], str, Path | None]:
+def read_recipe_yaml(source: str | Path) -> tuple[dict[str, Any], str, Path | None]:
     """The raw mapping of a recipe given as a path or a shipped name, where it came from, and the folder of its
     file (None for a shipped recipe). A file must be YAML by name (.yaml or .yml): any other file is refused
     before it is read, so nothing of it is echoed back."""
@@ -177,7 +177,7 @@ def load_raw(source: str | Path | None, _seen: tuple[str, ...] = ()) -> tuple[di
     """A recipe's mapping, with `extends: OTHER` resolved (the other recipe's keys under this one's). OTHER is a
     shipped recipe's name, or a .yaml file found from the folder of the recipe that extends it (as an include
     is), not from the current folder."""
-    raw, origin, folder = _read_yaml(source or DEFAULT_RECIPE)
+    raw, origin, folder = read_recipe_yaml(source or DEFAULT_RECIPE)
     parent = raw.pop("extends", None)
     if parent is not None:
         if not isinstance(parent, str) or not parent.strip():

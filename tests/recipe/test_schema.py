@@ -114,3 +114,15 @@ def test_every_shipped_recipe_validates_under_its_own_name():
     for name in names:
         recipe = load_gan_recipe(name) if name.startswith("dcgan") else load_recipe(name)
         assert recipe.name == name
+
+
+def test_hasten_gan_refuses_the_default_recipe_and_recipes_that_extend_it(tmp_path, capsys):
+    """The default recipe's file holds only its name (its values are the schema's defaults), which a GAN recipe
+    would accept too: hasten gan says it is a classifier's recipe instead of training a GAN on Fashion-MNIST."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("extends: default\ntrain: {epochs: 3}\n")
+    for source in ("default", str(mine)):
+        assert main(["gan", source, "data.name=synthetic", f"run.dir={tmp_path / 'run'}"]) == 2
+        err = capsys.readouterr().err
+        assert "is a classifier's recipe, for hasten train" in err and "extends" in err, err
+    assert not (tmp_path / "run").exists()
