@@ -8,7 +8,7 @@ from typing import Any
 from rich.table import Table
 
 NEAR_MISS = 0.01  # a threshold above the run's best accuracy is still shown when the run came this close to it
-OF_BEST = (0.9, 0.99)  # where no threshold is near: times to these fractions of the run's best accuracy
+OF_BEST = (0.5, 0.75, 0.9, 0.95, 0.99)  # where no threshold is near: times to these fractions of the best
 
 
 def results_table(summary: dict[str, Any]) -> Table:
@@ -59,12 +59,15 @@ def times_to_accuracy(summary: dict[str, Any]) -> list[tuple[str, float | None, 
         for key, train in summary["time_to_accuracy"].items()
         if float(key) <= best + NEAR_MISS
     ]
-    curve = summary.get("accuracy_curve") or []
-    if rows or not curve or best <= 0:
+    if rows:
         return rows
-    for fraction in OF_BEST:
-        target = fraction * best
-        point = next((p for p in curve if p[2] >= target), None)  # the best is on the curve: one reaches it
-        label = f"time to {fraction:.0%} of best ({target:.1%})"
-        rows.append((label, None, None) if point is None else (label, point[3] if len(point) > 3 else None, point[0]))
+    milestones = summary.get("time_to_fraction_of_best")
+    if milestones is None:  # a summary written before runs recorded them: from the curve
+        from hasten.run.state import time_to_fraction_of_best
+
+        milestones = time_to_fraction_of_best(summary.get("accuracy_curve") or [], OF_BEST)
+    for key, reached in milestones.items():
+        if float(key) in OF_BEST:
+            label = f"time to {float(key):.0%} of best ({reached['accuracy']:.1%})"
+            rows.append((label, reached.get("wall_seconds"), reached.get("train_seconds")))
     return rows

@@ -60,6 +60,28 @@ def wall_time_to_accuracy(curve: Sequence[Sequence[float]], thresholds: Sequence
     return result
 
 
+OF_BEST = (0.5, 0.75, 0.9, 0.95, 0.99)  # fractions of a run's best accuracy it records the time to
+
+
+def time_to_fraction_of_best(
+    curve: Sequence[Sequence[float]], fractions: Sequence[float] = OF_BEST
+) -> dict[str, dict[str, float | None]]:
+    """Milestones that fit any data: for each fraction of the best accuracy on `curve` (points [train_seconds,
+    step, accuracy, wall_seconds]), the accuracy it stands for and the training and wall seconds of the first
+    evaluation at or above it ("0.90": {"accuracy": 0.667, "train_seconds": 12.1, "wall_seconds": 20.3}). A run at
+    74% reaches none of the fixed 90-94% thresholds, and every one of these. Empty for an empty curve."""
+    best = max((point[2] for point in curve), default=0.0)
+    if best <= 0:
+        return {}
+    found: dict[str, dict[str, float | None]] = {}
+    for fraction in fractions:
+        target = fraction * best
+        point = next(p for p in curve if p[2] >= target)  # the best is on the curve: one reaches it
+        wall = point[3] if len(point) > 3 else None
+        found[f"{fraction:.2f}"] = {"accuracy": round(target, 6), "train_seconds": point[0], "wall_seconds": wall}
+    return found
+
+
 _POSITION = TypeAdapter(State)  # a checkpoint's `trainer` section, checked against State's field types
 
 

@@ -60,7 +60,7 @@ from hasten.progress import EpochProgress, say
 from hasten.run.evaluation import evaluate_loader
 from hasten.run.plan import Hooks, Interrupted, NonFiniteLoss, Plan, Saving
 from hasten.run.signals import handling_stop_signals
-from hasten.run.state import State, rank_state, restore, wall_time_to_accuracy
+from hasten.run.state import State, rank_state, restore, time_to_fraction_of_best, wall_time_to_accuracy
 from hasten.runfolder.checkpoint import prune, save_checkpoint, set_rng_state
 from hasten.runfolder.log import RunLog
 from hasten.techniques.tta import views
@@ -572,6 +572,7 @@ class Trainer:
             "peak_step_memory_bytes": self.peak_step_memory_bytes,  # one step's tensors (hasten.engine.memory)
             "time_to_accuracy": dict(self.state.time_to_accuracy),
             "time_to_accuracy_wall": wall_time_to_accuracy(self.state.accuracy_curve, self.state.time_to_accuracy),
+            "time_to_fraction_of_best": time_to_fraction_of_best(self.state.accuracy_curve),  # fits any data
             "startup_seconds": self.startup_seconds,  # this process's: from the command to its first training step
             "startup": dict(self.plan.clock.marks),  # where the start-up went, seconds per phase
             "eval_seconds": round(self.state.eval_seconds, 3),

@@ -28,6 +28,7 @@ from hasten.progress import WIDTH, EpochProgress, epoch_line, quiet_third_party,
 from hasten.recipe.schema import load_recipe
 from hasten.run.build import build, trainer_for
 from hasten.run.plan import Plan
+from hasten.run.state import time_to_fraction_of_best
 from hasten.runfolder.log import RunLog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,8 +195,20 @@ def test_results_table_shows_thresholds_only_where_the_run_came_near():
     short = times_to_accuracy(_summary(0.9215, dict(zip(thresholds, [10.0, 20.0, 30.0, None, None], strict=True))))
     assert [label for label, _, _ in short] == ["time to 90%", "time to 91%", "time to 92%", "time to 93%"]
     folder = times_to_accuracy(_summary(0.62, dict.fromkeys(thresholds)))  # a user's data, far from 90%
-    assert [label for label, _, _ in folder] == ["time to 90% of best (55.8%)", "time to 99% of best (61.4%)"]
-    assert folder[0] == ("time to 90% of best (55.8%)", 31.0, 20.0) and folder[1][1:] == (42.0, 30.0)
+    assert [label for label, _, _ in folder] == [
+        "time to 50% of best (31.0%)", "time to 75% of best (46.5%)", "time to 90% of best (55.8%)",
+        "time to 95% of best (58.9%)", "time to 99% of best (61.4%)",
+    ]  # fmt: skip
+    assert [times for _, *times in folder] == [[20.0, 10.0], [20.0, 10.0], [31.0, 20.0], [31.0, 20.0], [42.0, 30.0]]
+    # as a run records them in summary.json (the same milestones, read from there when present)
+    recorded = _summary(0.62, dict.fromkeys(thresholds))
+    recorded["time_to_fraction_of_best"] = time_to_fraction_of_best(recorded["accuracy_curve"])
+    assert times_to_accuracy(recorded) == folder
+    assert recorded["time_to_fraction_of_best"]["0.90"] == {
+        "accuracy": 0.558,
+        "train_seconds": 20.0,
+        "wall_seconds": 31.0,
+    }
 
 
 def test_results_table_fits_80_columns_and_names_both_clocks():

@@ -163,3 +163,14 @@ def test_the_loops_plan_and_checkpointing_take_their_defaults_from_the_recipe_sc
     assert (saving.every_epochs, saving.every_steps, saving.keep) == (
         default.run.save_every, default.run.save_every_steps, default.run.keep,
     )  # fmt: skip
+
+
+def test_a_run_records_its_times_to_fractions_of_its_best_accuracy(tiny_overrides):
+    summary = hasten.train(None, [*tiny_overrides, "train.epochs=2", "run.tensorboard=false"])
+    milestones = summary["time_to_fraction_of_best"]
+    best = max(point[2] for point in summary["accuracy_curve"])
+    assert list(milestones) == ["0.50", "0.75", "0.90", "0.95", "0.99"]
+    for key, reached in milestones.items():
+        assert reached["accuracy"] == pytest.approx(float(key) * best)
+        first = next(point for point in summary["accuracy_curve"] if point[2] >= reached["accuracy"])
+        assert (reached["train_seconds"], reached["wall_seconds"]) == (first[0], first[3])
