@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hasten.engine.norms import is_batch_norm
 from hasten.errors import RecipeError
 from hasten.machine import Machine, auto_device, process_backend, threads_per_process
 from hasten.machine import current as current_machine
@@ -178,7 +179,7 @@ def average_batch_norm_statistics(model: nn.Module) -> None:
     """Replace every batch-norm layer's running mean and variance by their average over the ranks."""
     world = world_size()
     for module in model.modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.running_mean is not None:
+        if is_batch_norm(module) and module.running_mean is not None:
             for buffer in (module.running_mean, module.running_var):
                 dist.all_reduce(buffer)
                 buffer.div_(world)

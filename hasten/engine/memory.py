@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from hasten.engine.norms import is_batch_norm
 from hasten.errors import HastenError
 from hasten.machine import current as current_machine
 
@@ -280,7 +281,7 @@ def running_stats_kept(modules: Sequence[nn.Module]) -> Iterator[None]:
     must run the very same ops as the forward pass (checkpoint checks the saved tensors match), so BN runs as
     usual and its buffers are put back afterwards.
     """
-    norms = [m for module in modules for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    norms = [m for module in modules for m in module.modules() if is_batch_norm(m)]
     saved = [[b.clone() for b in norm.buffers()] for norm in norms]
     try:
         yield

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hasten.engine.norms import is_batch_norm
 from hasten.errors import RecipeError
 from hasten.recipe.schema import PRECISION_MODES, LossScaleConfig, PrecisionName
 
@@ -135,10 +136,6 @@ class FP16(Precision):
         self.scaler.load_state_dict(state)
 
 
-def _is_batch_norm(module: nn.Module) -> bool:
-    return isinstance(module, nn.modules.batchnorm._BatchNorm)
-
-
 def _to_half(value: Any) -> Any:
     return value.half() if isinstance(value, Tensor) and value.is_floating_point() else value
 
@@ -180,7 +177,7 @@ class FP16Master(Precision):
     def prepare(self, model: nn.Module) -> nn.Module:
         model.half()
         for module in model.modules():
-            if _is_batch_norm(module):
+            if is_batch_norm(module):
                 module.float()
         model.register_forward_pre_hook(lambda _module, args: tuple(_to_half(a) for a in args))
         model.register_forward_hook(lambda _module, _args, output: _to_float(output))

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from hasten.engine.memory import checkpointed
-from hasten.models.norms import is_batch_norm
+from hasten.engine.norms import is_batch_norm
 
 
 def conv_bn(c_in: int, c_out: int) -> nn.Sequential:

@@ -32,12 +32,12 @@ from hasten.data.user import StreamedData
 from hasten.engine import distributed, step
 from hasten.engine.compiling import compile_model
 from hasten.engine.distributed import world_size
+from hasten.engine.norms import has_batch_norm
 from hasten.engine.optimizers import Muon, muon_groups
 from hasten.engine.precision import Precision, make_precision
 from hasten.engine.schedules import Scheduler, scale_lr, scheduler
 from hasten.errors import DataError, RecipeError
 from hasten.machine import Machine
-from hasten.models.norms import has_batch_norm
 from hasten.models.pretrained import pretrained_from_config  # Freeze registers here
 from hasten.progress import say
 from hasten.recipe.schema import OptimConfig, Recipe

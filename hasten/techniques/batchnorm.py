@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from hasten.models.norms import is_batch_norm
+from hasten.engine.norms import is_batch_norm
 from hasten.progress import say
 from hasten.techniques.technique import Context, Switch, Technique
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel
 
-from hasten.models.norms import has_batch_norm
+from hasten.engine.norms import has_batch_norm
 from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:

@@ -1,12 +1,12 @@
-"""Whether a model has batch norm (hasten/models/norms.py): every kind of batch norm at any depth, and no other norm."""
+"""Whether a model has batch norm (hasten.engine.norms.py): every kind of batch norm at any depth, and no other norm."""
 
 from __future__ import annotations
 
 import pytest
 from torch import nn
 
+from hasten.engine.norms import has_batch_norm, is_batch_norm
 from hasten.models import ResNet
-from hasten.models.norms import has_batch_norm, is_batch_norm
 
 BATCH_NORMS = [nn.BatchNorm1d(4), nn.BatchNorm2d(4), nn.BatchNorm3d(4), nn.SyncBatchNorm(4), nn.LazyBatchNorm2d(),
                nn.BatchNorm2d(4, affine=False, track_running_stats=False)]  # fmt: skip
