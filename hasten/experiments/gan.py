@@ -398,7 +398,7 @@ def _train_gan_locked(
     remove_stale_temporaries(checkpoints)
     if found:
         state = restore(parts, found[1], found[0])
-        console.print(f"resuming from {found[0]} (epoch {state.epoch}, batch {state.batch})", highlight=False)
+        say(f"resuming from {found[0]} (epoch {state.epoch}, batch {state.batch})")
     else:
         seed_everything(recipe.seed)  # the noise stream starts the same whether or not a classifier was trained
     log.start_metrics(METRICS)
