@@ -158,9 +158,17 @@ def default_run_dir_includes_other_data(c: Ctx) -> None:
 
 
 def name_cannot_leave_runs(c: Ctx) -> None:
-    for name in ("../../x", "a/b", ".."):
-        code, err = c.hasten("train", *TINY, f"name={name}")
-        expect_refusal(code, err, "name:", "runs/<name>")
+    for command, recipe in (("train", TINY), ("gan", TINY_GAN_OVERRIDES)):  # hasten gan keeps the same rule
+        for name in ("../../x", "a/b", ".."):
+            code, err = c.hasten(command, *recipe, f"name={name}")
+            expect_refusal(code, err, "name:", "runs/<name>")
+        # a recipe file's name is the run's: one with control characters is refused, shown escaped
+        odd = c.file("esc\x1b[2J.yaml", b"seed: 0\n")
+        c.monkeypatch.chdir(c.tmp)
+        code, err = c.hasten(command, str(odd), *recipe)
+        expect_refusal(code, err, "name: 'esc\\x1b[2J' must be a plain folder name, without control characters")
+        shown_as_text(err)
+        assert not (c.tmp / "runs").exists()
 
 
 # ----- resume continues the same run -----
