@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from hasten.text import printable
+
 
 class HastenError(Exception):
-    """A problem with the user's input (recipe, data, checkpoint): shown without a traceback, exit code 2."""
+    """A problem with the user's input (recipe, data, checkpoint): shown without a traceback, exit code 2. Its
+    message is shown text: the control characters of a name in it (a file's, a class folder's) are escaped
+    (`printable`), its own line breaks kept."""
 
     exit_code = 2
+
+    def __init__(self, *args: object):
+        super().__init__(*(printable(a, keep="\n") if isinstance(a, str) else a for a in args))
 
 
 class RecipeError(HastenError):

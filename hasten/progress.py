@@ -24,6 +24,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from hasten.text import printable
+
 WIDTH = 80  # columns every line hasten prints fits in: the narrowest terminal in common use
 
 
@@ -39,8 +41,10 @@ def wrap(text: str, width: int = WIDTH, indent: str = "  ") -> list[str]:
 
 
 def say(text: str, file: TextIO | None = None) -> None:
-    """A note of hasten's on stderr (the opening lines, the probe, warnings), wrapped to fit 80 columns."""
-    print("\n".join(wrap(text)), file=file or sys.stderr, flush=True)
+    """A note of hasten's on stderr (the opening lines, the probe, warnings), wrapped to fit 80 columns. Names in it
+    (a run folder's, a file's, a class's) are shown as text: control characters escaped (hasten.text.printable),
+    the note's own line breaks kept."""
+    print("\n".join(wrap(printable(text, keep="\n"))), file=file or sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

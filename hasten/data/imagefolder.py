@@ -33,6 +33,7 @@ from hasten.data.transforms import class_interleaved, first_per_class, flip_labe
 from hasten.errors import DataError
 from hasten.machine import current as current_machine
 from hasten.machine import loader_workers, pin_memory
+from hasten.text import printable
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 TEST_SPLITS = ("val", "test")  # the held-out split's folder name, first found wins
@@ -88,8 +89,9 @@ def _class_folders(split: Path) -> list[Path]:
 
 def class_name(folder: Path) -> str:
     """A class folder's name as text: bytes that are not UTF-8 (a folder named on another system) become \\xNN
-    escapes, so the name prints, writes to CSV and JSON, and still tells the folders apart."""
-    return os.fsencode(folder.name).decode("utf-8", "backslashreplace")
+    escapes, and control characters (ESC, a newline) are escaped as repr writes them (hasten.text.printable), so
+    the name prints without acting on the terminal, writes to CSV and JSON, and still tells the folders apart."""
+    return printable(os.fsencode(folder.name).decode("utf-8", "backslashreplace"))
 
 
 def scan_split(split: Path, classes: list[str]) -> FolderSplit:
@@ -113,8 +115,8 @@ def decode(path: str, mode: str, size: tuple[int, int], resize: bool) -> numpy.n
         with open_image(path) as image:
             if image.size != size and not resize:
                 raise DataError(
-                    f"{path}: {image.size[0]}x{image.size[1]} pixels, but the folder's first training image is "
-                    f"{size[0]}x{size[1]}; set data.size to resize every image"
+                    f"{printable(path)}: {image.size[0]}x{image.size[1]} pixels, but the folder's first training image "
+                    f"is {size[0]}x{size[1]}; set data.size to resize every image"
                 )
             image = image.convert(mode)
             if image.size != size:
@@ -125,7 +127,7 @@ def decode(path: str, mode: str, size: tuple[int, int], resize: bool) -> numpy.n
     # Pillow reports undecodable, truncated or hostile files as OSError, ValueError, SyntaxError or its
     # DecompressionBombError, depending on the format plugin
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise DataError(f"{path}: cannot decode as an image ({type(exc).__name__}: {exc})") from None
+        raise DataError(f"{printable(path)}: cannot decode as an image ({type(exc).__name__}: {exc})") from None
     return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
 
 
@@ -235,7 +237,7 @@ def _header(path: str) -> tuple[tuple[int, int], str]:
     except DataError:
         raise
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise DataError(f"{path}: cannot decode as an image ({type(exc).__name__}: {exc})") from None
+        raise DataError(f"{printable(path)}: cannot decode as an image ({type(exc).__name__}: {exc})") from None
 
 
 def open_image_folder(

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from torch import Tensor
 
 from hasten.errors import DataError, schema_problems
+from hasten.text import printable
 
 RESIZERS = ("torch", "pillow")  # which bilinear resize training used (module docstring, step 2)
 # the largest image side hasten trains on or converts images to (data.size, a run's recorded input size): a
@@ -48,8 +49,8 @@ def open_image(path: str | Path) -> Iterator[Image.Image]:
             image = Image.open(path)
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
             raise DataError(
-                f"{path}: refusing to decode it: {str(error).rstrip('.')} (Pillow's decompression-bomb limit, "
-                f"{Image.MAX_IMAGE_PIXELS:,} pixels); resize it first"
+                f"{printable(str(path))}: refusing to decode it: {str(error).rstrip('.')} (Pillow's decompression-bomb "
+                f"limit, {Image.MAX_IMAGE_PIXELS:,} pixels); resize it first"
             ) from None
     with image:
         yield image
@@ -137,7 +138,9 @@ class Preprocessing:
                 return self.image(image)
         # Pillow reports undecodable files as OSError, ValueError, SyntaxError or DecompressionBombError
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
-            raise DataError(f"{path}: cannot read as an image ({type(error).__name__}: {error})") from None
+            raise DataError(
+                f"{printable(str(path))}: cannot read as an image ({type(error).__name__}: {error})"
+            ) from None
 
     def batch(self, images: Sequence[Any] | Tensor | numpy.ndarray) -> Tensor:
         """uint8 (N, C, H, W) from image paths, Pillow images, or uint8 arrays/tensors in the model's mode, in any

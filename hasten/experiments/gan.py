@@ -16,11 +16,18 @@ metrics.csv and TensorBoard scalars (G and D losses, D's mean output on real and
 scales, skipped steps, the Fréchet distance on hasten-classifier features), and a checkpoint of both
 networks, both optimizers, both scalers, the position and the RNG states, from which `resume=auto`
 continues as if never stopped. Quality measures live in hasten/experiments/frechet.py.
+
+The run folder is kept as `hasten train` keeps it (docs/reliability.md): locked while the run writes, claimed by
+the fresh-folder rule, and SIGINT/SIGTERM (hasten/run/signals.py, caught from the start to the summary) stop the run
+at a step boundary after a checkpoint, exit 128 + the signal. A stop during the start-up, before the run wrote
+anything, leaves the folder as it was (`resume=auto` starts afresh, saying so); one once the last epoch is done lets
+the run finish.
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -51,8 +58,11 @@ from hasten.experiments.gan_report import (
     save_quality_plot,
 )
 from hasten.models.dcgan import SIZE, Discriminator, Generator, dcgan, padded
+from hasten.progress import say
 from hasten.recipe.gan import GanRecipe, gan_recipe_yaml
 from hasten.run.assemble import seed_everything
+from hasten.run.plan import Interrupted
+from hasten.run.signals import StopRequest, handling_stop_signals
 from hasten.runfolder.checkpoint import (
     latest_usable,
     load_checkpoint,
@@ -62,7 +72,7 @@ from hasten.runfolder.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from hasten.runfolder.folder import RunLock, claim_fresh
+from hasten.runfolder.folder import RunLock, claim_fresh, refuse_taken
 from hasten.runfolder.log import RunLog
 
 METRICS = [
@@ -262,8 +272,9 @@ def save(parts: GanParts, state: GanState, folder: Path) -> Path:
     return path
 
 
-def train_epoch(parts: GanParts, state: GanState, log: RunLog, bar: Any) -> None:
-    """Train the rest of the current epoch (from batch `state.batch`), accumulating into `state.sums`."""
+def train_epoch(parts: GanParts, state: GanState, log: RunLog, bar: Any, stop: StopRequest | None = None) -> bool:
+    """Train the rest of the current epoch (from batch `state.batch`), accumulating into `state.sums`. Returns
+    whether the epoch is complete: False when `stop` was asked for, seen before a step (a step boundary)."""
     parts.loader.set_epoch(state.epoch)
     parts.generator.train()
     parts.discriminator.train()
@@ -275,6 +286,8 @@ def train_epoch(parts: GanParts, state: GanState, log: RunLog, bar: Any) -> None
     started = time.perf_counter()
     try:
         for real, _ in parts.loader.batches(state.batch):
+            if stop is not None and stop.signum is not None:
+                return False
             result = gan_step(parts, real)
             values = torch.stack([result.loss_d, result.loss_g, result.d_real, result.d_fake])
             totals += values.double() * len(real)
@@ -286,13 +299,14 @@ def train_epoch(parts: GanParts, state: GanState, log: RunLog, bar: Any) -> None
                 log.scalar("loss_d_per_step", float(result.loss_d), state.step)
                 log.scalar("loss_g_per_step", float(result.loss_g), state.step)
             bar.advance(state.batch, totals, seen, started)
-    finally:  # also on an interrupt: the checkpoint written then keeps the partial epoch
+    finally:  # also on a stop: the checkpoint written then keeps the partial epoch
         if parts.device.type == "cuda":
             torch.cuda.synchronize(parts.device)
         seconds = time.perf_counter() - started
         state.train_seconds += seconds
         for key, total in zip((*keys, "images", "seconds"), (*totals.tolist(), seen, seconds), strict=True):
             state.sums[key] = state.sums.get(key, 0.0) + total
+    return True
 
 
 def epoch_row(parts: GanParts, state: GanState, measured: Measured | None) -> dict[str, Any]:
@@ -316,8 +330,8 @@ def epoch_row(parts: GanParts, state: GanState, measured: Measured | None) -> di
 
 def end_epoch(
     parts: GanParts, state: GanState, probe: QualityProbe | None, log: RunLog, folder: Path
-) -> tuple[dict[str, Any], Measured | None]:
-    """After an epoch: quality (when due), the sample grid, the metrics row, the checkpoint."""
+) -> tuple[dict[str, Any], Measured | None, Path]:
+    """After an epoch: quality (when due), the sample grid, the metrics row, the checkpoint (its path returned)."""
     recipe = parts.recipe
     state.epoch, state.batch = state.epoch + 1, 0
     due = probe is not None and (recipe.quality.every_epoch or state.epoch == recipe.train.epochs)
@@ -333,23 +347,30 @@ def end_epoch(
     log.epoch(row, state.step)
     if log.writer is not None:
         log.writer.add_image("samples", pixels, state.step, dataformats="HW" if pixels.ndim == 2 else "HWC")
-    save(parts, state, folder / "checkpoints")
-    return row, measured
+    return row, measured, save(parts, state, folder / "checkpoints")
 
 
 def train_gan(recipe: GanRecipe, trust_code: bool = False) -> dict[str, Any]:
     """Train the GAN recipe; writes the run folder (module docstring) and returns the summary. The folder is
     locked while the run writes it and obeys the fresh-folder rule, as `hasten train`'s (hasten/runfolder/folder.py).
-    `trust_code`: a classifier file's recipe may name a model.target to import (hasten/recipe/trust.py)."""
+    `trust_code`: a classifier file's recipe may name a model.target to import (hasten/recipe/trust.py).
+    SIGINT/SIGTERM, from here to the summary, stop the run with `Interrupted` (module docstring)."""
     console = Console(stderr=True)
-    parts = build_gan(recipe)
     folder = Path(recipe.run.dir or Path("runs") / recipe.name)
-    with RunLock(folder):
-        return _train_gan_locked(recipe, parts, folder, console, trust_code)
+    stop = StopRequest()
+    with handling_stop_signals(stop.request):
+        if recipe.resume is None and not recipe.run.overwrite:
+            refuse_taken(folder)  # before the data is read: checked again when claimed, under the lock
+        parts = build_gan(recipe)
+        with RunLock(folder):
+            return _train_gan_locked(recipe, parts, folder, console, trust_code, stop)
+
+
+STARTUP = "during start-up, before the run wrote anything"  # (Interrupted's `when`) the folder is as it was
 
 
 def _train_gan_locked(
-    recipe: GanRecipe, parts: GanParts, folder: Path, console: Console, trust_code: bool
+    recipe: GanRecipe, parts: GanParts, folder: Path, console: Console, trust_code: bool, stop: StopRequest
 ) -> dict[str, Any]:
     checkpoints = folder / "checkpoints"
     state, found = GanState(), resume_point(recipe, checkpoints)
@@ -357,15 +378,27 @@ def _train_gan_locked(
         check_resumable(recipe, found[1], found[0])  # before anything in the run folder is overwritten
     else:  # a fresh run never mixes with another run's files (a classifier's, an earlier GAN's)
         claim_fresh(folder, recipe.run.overwrite, resuming=recipe.resume == "auto")
+        if recipe.resume == "auto":
+            say(f"resume=auto: no checkpoint in {checkpoints} yet; starting afresh")
+    # the probe (which may train a classifier, in hasten's cache) before the run writes its own files: a stop in
+    # it, as anywhere before them, leaves the folder as it was
+    try:
+        probe: QualityProbe | None = (
+            quality_probe(recipe, parts.data, parts.device, folder, console, trust_code)
+            if recipe.quality.enabled
+            else None
+        )
+    except Interrupted as stopped:  # the classifier's training stopped (its own handlers caught the signal)
+        raise Interrupted(stopped.signum, None, f"{STARTUP} (while training the quality classifier)") from None
+    if stop.signum is not None:
+        raise Interrupted(stop.signum, None, STARTUP)
+    # from here on a stop is a checkpoint at the next step boundary (the first one: step 0, before any step)
     log = RunLog(folder, tensorboard=recipe.run.tensorboard)
     log.write_recipe(gan_recipe_yaml(recipe))
     remove_stale_temporaries(checkpoints)
-    probe: QualityProbe | None = (
-        quality_probe(recipe, parts.data, parts.device, folder, console, trust_code) if recipe.quality.enabled else None
-    )
     if found:
         state = restore(parts, found[1], found[0])
-        console.print(f"resuming from {found[0]} (epoch {state.epoch}, batch {state.batch})", highlight=False)
+        say(f"resuming from {found[0]} (epoch {state.epoch}, batch {state.batch})")
     else:
         seed_everything(recipe.seed)  # the noise stream starts the same whether or not a classifier was trained
     log.start_metrics(METRICS)
@@ -378,15 +411,13 @@ def _train_gan_locked(
         with GanProgress(len(parts.loader), enabled=recipe.run.progress and log.enabled, console=console) as bar:
             while state.epoch < recipe.train.epochs:
                 bar.start_epoch(state.epoch + 1, recipe.train.epochs)
-                try:
-                    train_epoch(parts, state, log, bar)
-                except KeyboardInterrupt:
-                    path = save(parts, state, checkpoints)
-                    console.print(f"interrupted: checkpoint {path} (resume=auto continues)", highlight=False)
-                    raise
-                row, measured = end_epoch(parts, state, probe, log, folder)
+                if not train_epoch(parts, state, log, bar, stop):
+                    raise Interrupted(stop.signum or signal.SIGTERM, save(parts, state, checkpoints))
+                row, measured, path = end_epoch(parts, state, probe, log, folder)
                 bar.end_epoch(row)
                 warn_collapse(console, measured, recipe.quality.collapse_share, f"epoch {state.epoch}")
+                if stop.signum is not None and state.epoch < recipe.train.epochs:  # (after the last: the run ends)
+                    raise Interrupted(stop.signum, path)
         if probe is not None and measured is None:  # resumed with nothing left to train
             measured = probe.measure(generate(parts.generator, probe.noise))
             warn_collapse(console, measured, recipe.quality.collapse_share, "end of run")

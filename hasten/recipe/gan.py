@@ -26,6 +26,7 @@ from hasten.recipe.schema import (
     PositiveFloat,
     Recipe,
     RunFolder,
+    RunName,
     Section,
     apply_overrides,
     load_raw,
@@ -127,10 +128,10 @@ class GanRun(Section):
 
 
 class GanRecipe(Section):
-    name: str = Field(
+    name: RunName = Field(
         "gan",
-        description="The run's name: runs/<name> unless run.dir is set. A recipe file or shipped recipe without "
-        "one is named after itself.",
+        description="The run's name, a plain folder name: runs/<name> unless run.dir is set. A recipe file or "
+        "shipped recipe without one is named after itself.",
     )
     seed: int = Field(0, description="Seed of the run's random numbers (the sample grid's noise included).")
     precision: Fp32WeightsPrecision = Field(

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from hasten.errors import RecipeError
 from hasten.recipe.root import Recipe
 from hasten.recipe.sections import DataConfig, replaced
+from hasten.text import printable
 
 DEFAULT_RECIPE = "default"
 
@@ -188,9 +189,13 @@ def load_raw(source: str | Path | None, _seen: tuple[str, ...] = ()) -> tuple[di
             base_folder = folder if folder is not None else Path.cwd()
             target = (base_folder / Path(parent).expanduser()).resolve()
             if not target.is_file():
-                raise RecipeError(f"{origin}: extends: {parent}: no such recipe file (looked for {target})")
+                raise RecipeError(
+                    f"{origin}: extends: {printable(parent)}: no such recipe file (looked for {printable(str(target))})"
+                )
             if target.suffix.lower() not in RECIPE_SUFFIXES:
-                raise RecipeError(f"{origin}: extends: {parent}: not a recipe file (a recipe is YAML, .yaml or .yml)")
+                raise RecipeError(
+                    f"{origin}: extends: {printable(parent)}: not a recipe file (a recipe is YAML, .yaml or .yml)"
+                )
         key = str(target)
         if key in _seen or (folder is not None and key == str(Path(source or "").resolve())):
             chain = " -> ".join((*_seen, key))

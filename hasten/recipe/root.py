@@ -19,6 +19,7 @@ from hasten.recipe.sections import (
     ScheduleConfig,
     Section,
 )
+from hasten.text import printable
 
 
 class TrainConfig(Section):
@@ -253,8 +254,27 @@ class TransferConfig(Section):
     )
 
 
+def plain_name(name: str) -> str:
+    """`name`, a run's name, when it is a plain folder name: runs/<name> never leaves runs/, and holds no control
+    character (ESC, a newline: the name is shown in every path of the run's folder); else a ValueError saying so."""
+    if not name.strip() or any(c in name for c in "/\\\0") or name.strip() in (".", ".."):
+        raise ValueError(
+            f"name: {name!r} must be a plain folder name (no '/', '\\', '..'): it names runs/<name>, which a "
+            "run may not leave (set run.dir to write elsewhere)"
+        )
+    if printable(name) != name:
+        raise ValueError(
+            f"name: {name!r} must be a plain folder name, without control characters: it names runs/<name> (a "
+            "recipe file's name is the run's name unless the recipe sets one: give one, name=...)"
+        )
+    return name
+
+
+RunName = Annotated[str, AfterValidator(plain_name)]  # a run's name (recipe key `name`), checked by plain_name
+
+
 class Recipe(Section):
-    name: str = Field(
+    name: RunName = Field(
         "default",
         description="The run's name, a plain folder name: runs/<name> unless run.dir is set. A recipe file or "
         "shipped recipe without one is named after itself.",
@@ -316,16 +336,6 @@ class Recipe(Section):
                 unknown = ", ".join(map(str, section))
                 raise ValueError(f"resume: unknown key(s) {unknown} (it takes from, allow_changes)")
         return data
-
-    @field_validator("name")
-    @classmethod
-    def _plain_name(cls, name: str) -> str:
-        if not name.strip() or any(c in name for c in "/\\\0") or name.strip() in (".", ".."):
-            raise ValueError(
-                f"name: {name!r} must be a plain folder name (no '/', '\\', '..'): it names runs/<name>, which a "
-                "run may not leave (set run.dir to write elsewhere)"
-            )
-        return name
 
     @field_validator("device")
     @classmethod

@@ -41,6 +41,7 @@ from hasten.recipe.root import (  # noqa: F401
     Recipe,
     RunConfig,
     RunFolder,
+    RunName,
     SweepConfig,
     TrainConfig,
     TransferConfig,

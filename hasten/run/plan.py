@@ -74,14 +74,15 @@ class Saving:
 
 
 class Interrupted(HastenError):
-    """SIGINT or SIGTERM stopped the run after a checkpoint was written; exit code 128 + the signal number."""
+    """SIGINT or SIGTERM stopped the run after a checkpoint was written (`when`: at a step boundary), or during its
+    start-up before it wrote anything (no checkpoint: resume=auto starts afresh); exit code 128 + the signal number."""
 
     resumable = True  # no error: the command that made it goes on with resume=auto (the CLI says how)
 
-    def __init__(self, signum: int, checkpoint: Path | None):
+    def __init__(self, signum: int, checkpoint: Path | None, when: str = "at a step boundary"):
         where = f"; checkpoint {checkpoint}" if checkpoint else ""
-        super().__init__(f"stopped by {signal.Signals(signum).name} at a step boundary{where}")
-        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} {when}{where}")
+        self.signum, self.exit_code = signum, 128 + signum
 
 
 class NonFiniteLoss(HastenError):

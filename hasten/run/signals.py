@@ -15,6 +15,26 @@ import threading
 from collections.abc import Callable, Iterator
 
 
+def asked_to_stop(pending: int | None, signum: int) -> int:
+    """The stop signal a run acts on once `signum` came, `pending` the one already asked for (None: none yet):
+    `signum`; a second SIGINT while a stop waits raises KeyboardInterrupt (the watcher thread ends the process too)."""
+    if pending is not None and signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    return signum
+
+
+class StopRequest:
+    """What SIGINT/SIGTERM asked of a run that is not the trainer's loop (`hasten gan`): `signum`, the stop signal
+    (None until one came), which the run acts on at its next step boundary; `request` is the handler to give
+    `handling_stop_signals`."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def request(self, signum: int, frame: object) -> None:
+        self.signum = asked_to_stop(self.signum, signum)
+
+
 def _abort_on_second_sigint(read_end: int, stderr_fd: int) -> None:
     """Watcher thread: read signal numbers from the wakeup pipe until it closes; on the second SIGINT, end the
     process at once with 130 (the last checkpoint stays; the step in progress is lost). The message goes to

@@ -59,7 +59,7 @@ from hasten.errors import CheckpointError, HastenError
 from hasten.progress import EpochProgress, say
 from hasten.run.evaluation import evaluate_loader
 from hasten.run.plan import Hooks, Interrupted, NonFiniteLoss, Plan, Saving
-from hasten.run.signals import handling_stop_signals
+from hasten.run.signals import asked_to_stop, handling_stop_signals
 from hasten.run.state import State, rank_state, restore, time_to_fraction_of_best, wall_time_to_accuracy
 from hasten.runfolder.checkpoint import prune, save_checkpoint, set_rng_state
 from hasten.runfolder.log import RunLog
@@ -194,9 +194,7 @@ class Trainer:
         even in the middle of a long step (hasten/run/signals.py)."""
 
         def request(signum: int, frame: object) -> None:
-            if self.stop_signal is not None and signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            self.stop_signal = signum
+            self.stop_signal = asked_to_stop(self.stop_signal, signum)
 
         return handling_stop_signals(request)
 

@@ -31,7 +31,7 @@ from typing import Annotated, Any
 import numpy
 import torch
 from PIL import Image
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import Tensor, nn
 
 from hasten.data.imagefolder import IMAGE_SUFFIXES
@@ -47,6 +47,7 @@ from hasten.recipe.schema import Recipe, validate
 from hasten.recipe.trust import Trust, embedded_recipe
 from hasten.runfolder.checkpoint import latest_usable, load_checkpoint, load_model_weights, training_checkpoint
 from hasten.techniques.tta import black_fill, tta_logits
+from hasten.text import printable
 from hasten.tune import rules
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # AveragedModel / DDP and torch.compile prefix every key
@@ -94,6 +95,11 @@ class RunFacts:
     test_accuracy: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # the names predict, evaluate and export show and write, wherever they came from (summary.json, an export,
+        # a dataset's own files such as CIFAR's batches.meta, a recipe's data.classes): printable text
+        self.classes = [printable(name) if isinstance(name, str) else name for name in self.classes]
+
     @property
     def tta_flip(self) -> bool:
         return self.recipe.train.tta_flip
@@ -137,12 +143,17 @@ def checkpoint_of(source: str | Path) -> tuple[Path, dict[str, Any]]:
     return path, state
 
 
+# a class name read from a file (summary.json, an export's metadata): printable, its control characters escaped as a
+# class folder's are (hasten.data.imagefolder.class_name), so what predict, evaluate and hasten.load show of it is text
+ShownName = Annotated[str, AfterValidator(printable)]
+
+
 class SummaryRecord(BaseModel):
     """What `hasten.load`, evaluate and export read from a run's summary.json, checked before use."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
-    classes: list[str] | None = None
+    classes: list[ShownName] | None = None
     dataset: dict[str, Any] | None = None
     preprocessing: PreprocessingRecord | None = None
     test_accuracy: float | None = None
@@ -350,7 +361,8 @@ class Predicts:
     def predict(self, images: Any, top_k: int = 1) -> list[Prediction]:
         """Class names and probabilities of the top `top_k` classes of each image, converted as training did."""
         items = [images] if isinstance(images, (str, Path)) else images
-        names = [str(i) if isinstance(i, (str, Path)) else f"#{n}" for n, i in enumerate(items)]
+        # each image's name as shown (a file name's control characters escaped, hasten.text.printable)
+        names = [printable(str(i)) if isinstance(i, (str, Path)) else f"#{n}" for n, i in enumerate(items)]
         probs = self.probabilities(images)
         k = max(1, min(top_k, len(self.classes)))
         values, indices = probs.topk(k, dim=1)
@@ -402,7 +414,7 @@ class ExportRecord(BaseModel):
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
-    classes: Annotated[list[str], Field(min_length=1)]
+    classes: Annotated[list[ShownName], Field(min_length=1)]
     preprocessing: PreprocessingRecord | None = None
     input_shape: tuple[Annotated[int, Field(ge=1, le=4)], Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)],
                        Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)]]  # fmt: skip

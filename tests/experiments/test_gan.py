@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,7 @@ from hasten.models import build_model
 from hasten.models.dcgan import SIZE, padded, signed
 from hasten.recipe.gan import GanRecipe, load_gan_recipe
 from hasten.recipe.schema import ModelConfig
+from hasten.run.plan import Interrupted
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint, save_checkpoint
 from tests.tiny import TINY_GAN_OVERRIDES
 
@@ -226,14 +228,17 @@ def test_interrupt_mid_epoch_writes_a_checkpoint_that_resumes_exactly(tmp_path, 
     def interrupted_step(parts, real):
         calls.append(1)
         if len(calls) == 11:  # the third batch of the second epoch (8 batches an epoch)
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C: the run stops once this step is done
         return real_step(parts, real)
 
     monkeypatch.setattr(gan, "gan_step", interrupted_step)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(BaseException) as stopped:  # (a KeyboardInterrupt, as before the fix, would end pytest)
         train_gan(tiny(tmp_path / "b", "train.epochs=2"))
+    assert isinstance(stopped.value, Interrupted) and stopped.value.exit_code == 130, repr(stopped.value)
+    assert "stopped by SIGINT at a step boundary; checkpoint" in str(stopped.value)
     saved = load_checkpoint(checkpoints_in(tmp_path / "b" / "run" / "checkpoints")[0])
-    assert (saved["state"]["epoch"], saved["state"]["batch"], saved["state"]["step"]) == (1, 2, 10)
+    assert (saved["state"]["epoch"], saved["state"]["batch"], saved["state"]["step"]) == (1, 3, 11)
+    assert len(calls) == 11
     monkeypatch.setattr(gan, "gan_step", real_step)
     resumed = train_gan(tiny(tmp_path / "b", "train.epochs=2", "resume=auto"))
     assert resumed["steps"] == straight["steps"] == 16

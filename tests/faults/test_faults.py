@@ -158,9 +158,17 @@ def default_run_dir_includes_other_data(c: Ctx) -> None:
 
 
 def name_cannot_leave_runs(c: Ctx) -> None:
-    for name in ("../../x", "a/b", ".."):
-        code, err = c.hasten("train", *TINY, f"name={name}")
-        expect_refusal(code, err, "name:", "runs/<name>")
+    for command, recipe in (("train", TINY), ("gan", TINY_GAN_OVERRIDES)):  # hasten gan keeps the same rule
+        for name in ("../../x", "a/b", ".."):
+            code, err = c.hasten(command, *recipe, f"name={name}")
+            expect_refusal(code, err, "name:", "runs/<name>")
+        # a recipe file's name is the run's: one with control characters is refused, shown escaped
+        odd = c.file("esc\x1b[2J.yaml", b"seed: 0\n")
+        c.monkeypatch.chdir(c.tmp)
+        code, err = c.hasten(command, str(odd), *recipe)
+        expect_refusal(code, err, "name: 'esc\\x1b[2J' must be a plain folder name, without control characters")
+        shown_as_text(err)
+        assert not (c.tmp / "runs").exists()
 
 
 # ----- resume continues the same run -----
@@ -1140,6 +1148,94 @@ def non_utf8_class_folder_names(c: Ctx) -> None:
     assert code == 0 and "Traceback" not in err, err
 
 
+# every control character but the newline (a line of the output's own); a name's newline is checked escaped
+CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def shown_as_text(*outputs: str) -> None:
+    """No control character of a name reached the output."""
+    for text in outputs:
+        found = CONTROL.search(text)
+        assert found is None, repr(text[max(0, found.start() - 80) : found.end() + 40])
+
+
+def output_of(c: Ctx, *args: str) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr of `hasten ARGS`, run in this process."""
+    c.capsys.readouterr()
+    code = main(list(args))
+    out, err = c.capsys.readouterr()
+    return code, out, err
+
+
+# (no CJK in a folder's names: evaluate's confusion.png has no glyph for it, and matplotlib would warn)
+ODD_CLASSES = {"plain": 3, "esc\x1b[31mred": 3, "new\nline": 3, "café": 3}  # and an empty one, below
+SHOWN = ("esc\\x1b[31mred", "new\\nline", "café")  # as hasten shows them: escaped, Unicode kept
+
+
+def control_characters_in_class_folder_names(c: Ctx) -> None:
+    """Class folders named with ESC and a newline: the opening lines of train, evaluate's table and files, and
+    predict's table, CSV and JSON show them escaped (as repr writes them), never raw."""
+    root, empty = c.tmp / "folder", "void\x1b]0;title\x07"  # a terminal-title sequence: an empty training class
+    try:
+        image_folder(root, ODD_CLASSES)
+        image_folder(root, {empty: 0}, ("train",))
+        image_folder(root, {empty: 3}, ("val",))
+    except OSError as error:  # a file system that refuses such names has nothing to show
+        pytest.skip(f"this file system refuses control characters in folder names: {error}")
+    run = c.tmp / "r"
+    code, out, err = output_of(c, "train", *QUICK, "data.name=imagefolder", f"data.root={root}", "data.workers=0",
+                               "train.min_steps_per_epoch=0", f"run.dir={run}")  # fmt: skip
+    assert code == 0, err
+    assert "train/void\\x1b]0;title\\x07 hold(s) no images" in err  # the opening lines' warning names it
+    shown_as_text(out, err)
+    code, out, err = output_of(c, "evaluate", str(run))
+    assert code == 0, err
+    assert all(name in out for name in SHOWN)
+    shown_as_text(out, err, (run / "evaluation" / "confusion.csv").read_text(encoding="utf-8"))
+    for how in ([], ["--csv"], ["--json"]):
+        code, out, err = output_of(c, "predict", str(run), str(root / "val"), "--top-k", "5", *how)
+        assert code == 0, err
+        shown_as_text(out.replace("\r\n", "\n"), err)  # (the CSV's own line ends are CRLF)
+    predictions = json.loads(out)  # (--json, the last: its names are the shown ones too)
+    assert any(p["image"].endswith("/new\\nline/0.png") for p in predictions)
+    assert {top["class"] for p in predictions for top in p["top"]} >= set(SHOWN)
+
+
+def control_characters_in_an_exports_class_names(c: Ctx) -> None:
+    """An export whose metadata names classes with ESC and a newline: predict and hasten.load show them escaped."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    export, odd = c.tmp / "model.safetensors", c.tmp / "odd.safetensors"
+    code, err = c.hasten("export", str(c.finished), str(export))
+    assert code == 0, err
+    with safe_open(str(export), framework="pt") as f:
+        meta = dict(f.metadata())
+    classes = json.loads(meta["hasten_classes"])
+    odd_names = ["plain", "esc\x1b[31mred", "new\nline", "日本\u202eevil"]
+    meta["hasten_classes"] = json.dumps([*odd_names, *classes[len(odd_names) :]])
+    save_file(load_file(str(export)), str(odd), metadata=meta)
+    code, out, err = output_of(c, "predict", str(odd), str(picture(c)), "--top-k", str(len(classes)))
+    assert code == 0, err
+    shown = ["plain", "esc\\x1b[31mred", "new\\nline", "日本\\u202eevil"]
+    shown_as_text(out, err)
+    assert all(name in "".join(out.split()) for name in shown)  # (in a cell that wraps)
+    assert hasten.load(odd).classes[:4] == shown
+
+
+def control_characters_in_a_file_name_in_an_error(c: Ctx) -> None:
+    """A file in an image folder that is not an image, named with ESC and a newline: the error names it escaped."""
+    root = image_folder(c.tmp / "folder", {"a": 3, "b": 3})
+    try:
+        (root / "val" / "a" / "bad\x1b[2J\nname.png").write_text("not an image")
+    except OSError as error:
+        pytest.skip(f"this file system refuses control characters in file names: {error}")
+    code, out, err = output_of(c, "train", *QUICK, "data.name=imagefolder", f"data.root={root}", "data.workers=0",
+                               f"run.dir={c.tmp / 'r'}")  # fmt: skip
+    expect_refusal(code, err, "bad\\x1b[2J\\nname.png")
+    shown_as_text(out, err)
+
+
 def full_disk_during_evaluate(c: Ctx) -> None:
     import matplotlib.figure
 
@@ -1250,6 +1346,9 @@ TRACEBACKS: list[Callable[[Ctx], None]] = [
     last_batch_of_one_image,
     own_arrays_with_a_last_batch_of_one,
     non_utf8_class_folder_names,
+    control_characters_in_class_folder_names,
+    control_characters_in_an_exports_class_names,
+    control_characters_in_a_file_name_in_an_error,
     full_disk_during_evaluate,
     a_rank_killed_mid_run,
     checkpoint_sections_of_the_wrong_type,
