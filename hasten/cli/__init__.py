@@ -22,6 +22,7 @@ from rich.markup import escape
 from hasten.cli.command import console
 from hasten.cli.parser import UsageError, build, parse
 from hasten.errors import HastenError
+from hasten.text import printable
 
 
 def main(argv: Sequence[str] | None = None, started: float | None = None) -> int:
@@ -71,7 +72,7 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
         if not error.filename:
             raise
         # a file or folder the user named that the system refuses (permissions, a vanished disk): exit 2 naming it
-        message = escape(f"{error.filename}: {error.strerror or error}")
+        message = escape(printable(f"{error.filename}: {error.strerror or error}"))  # a file's name: escaped
         console.print(f"[red]{who}error:[/red] {message}", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:

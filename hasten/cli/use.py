@@ -8,6 +8,7 @@ import json
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hasten.cli.command import TRUST_HELP, Command, arg
@@ -47,7 +48,9 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
     if ns.top_k < 1:
         raise HastenError(f"--top-k {ns.top_k}: at least 1")
     result = evaluate(ns.source, ns.overrides, top_k=ns.top_k, out=ns.out, trust_code=ns.trust_code)
-    table = Table(title=f"{result['source']} on {result['data']} {result['split']} ({result['images']} images)")
+    # names from files (class folders, paths) are text, never rich markup: a class named [/] or [red]x prints as is
+    title = f"{result['source']} on {result['data']} {result['split']} ({result['images']} images)"
+    table = Table(title=escape(title))
     table.add_column("class")
     for name in result["results"]:
         table.add_column(f"{name}{' (as the run)' if name == result['run_setting'] else ''}")
@@ -56,7 +59,9 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
     for key in rows:
         table.add_row(key.replace("_", " "), *(f"{r[key]:.4f}" for r in result["results"].values()))
     for name in result["classes"]:
-        table.add_row(f"  {name}", *(f"{r['per_class_accuracy'][name]:.4f}" for r in result["results"].values()))
+        table.add_row(
+            escape(f"  {name}"), *(f"{r['per_class_accuracy'][name]:.4f}" for r in result["results"].values())
+        )
     Console().print(table)
     recorded = result["recorded_test_accuracy"]
     print(f"accuracy {result['accuracy']!r}" + (f" (summary.json: {recorded!r})" if recorded is not None else ""))
@@ -102,12 +107,12 @@ def cmd_predict(ns: argparse.Namespace) -> int:
         for p in predictions:
             writer.writerow([p.source, *(v for name, prob in p.top for v in (name, f"{prob:.6f}"))])
     else:
-        table = Table(title=f"{ns.source}: {len(predictions)} image(s)")
+        table = Table(title=escape(f"{ns.source}: {len(predictions)} image(s)"))
         for column in ("image", "class", "probability", *(["top k"] * (ns.top_k > 1))):
             table.add_column(column)
         for p in predictions:
             top = ", ".join(f"{name} {prob:.3f}" for name, prob in p.top)
-            table.add_row(p.source, p.label, f"{p.probability:.4f}", *([top] * (ns.top_k > 1)))
+            table.add_row(escape(p.source), escape(p.label), f"{p.probability:.4f}", *([escape(top)] * (ns.top_k > 1)))
         Console().print(table)
     return 0
 

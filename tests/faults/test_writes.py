@@ -102,3 +102,30 @@ def test_plot_replaces_a_plot_it_drew_never_another_file(tiny_overrides, tmp_pat
     drawn = tmp_path / "drawn.png"
     assert main([*schedule, "--plot", str(drawn)]) == 0
     assert main([*schedule, "--plot", str(drawn)]) == 0  # a plot drawn before is replaced
+
+
+def test_class_names_that_look_like_markup_print_as_they_are(tmp_path, capsys):
+    """Names from files are text, never terminal markup: class folders named like rich's tags ([red]a, [bold]b)
+    print as they are in predict's and evaluate's tables (they were read as styles and vanished; a name holding a
+    closing tag, as a file name can, was a MarkupError traceback)."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path / "marked"
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 24), ("val", 8)):
+        for index, name in enumerate(("[red]a", "[bold]b")):
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 90, (12, 12), dtype=np.uint8) + 150 * index
+                Image.fromarray(pixels.astype(np.uint8)).save(root / split / name / f"{i}.png")
+    run = tmp_path / "run"
+    assert main(["train", str(root), f"run.dir={run}", "train.epochs=1", "train.batch_size=16", "precision=fp32",
+                 "train.channels_last=false", "run.progress=false", "run.tensorboard=false"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["predict", str(run), str(root / "val" / "[bold]b" / "0.png")]) == 0
+    out = capsys.readouterr().out
+    assert "Traceback" not in out and ("│ [red]a " in out or "│ [bold]b " in out), out
+    assert main(["evaluate", str(run), "--out", str(tmp_path / "ev")]) == 0
+    out = capsys.readouterr().out
+    assert "[red]a" in out and "[bold]b" in out
