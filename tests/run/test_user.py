@@ -369,7 +369,7 @@ def test_bad_inputs_exit_2_naming_the_problem(tmp_path, capsys):
     assert not (tmp_path / "r").exists(), "nothing was written before the checks"
 
     images, labels = quadrants(32, 0)
-    with pytest.raises(DataError, match=r"labels outside \[0, 4\).*found 9"):
+    with pytest.raises(DataError, match=r"data: test labels: labels outside \[0, 4\).*found 8 at index 0"):
         hasten.train("fashion-fast", QUIET, model=TinyNet(), data=((images, labels), (images, labels + 6), CLASSES))
     with pytest.raises(DataError, match="labels outside"):
         hasten.train("fashion-fast", QUIET, model=TinyNet(), data=((images, labels - 1), (images, labels)))
@@ -432,3 +432,61 @@ def test_every_technique_applies_to_the_users_model(tmp_path, technique):
         for part in key.split("."):
             node = node[part]
         assert node == yaml.safe_load(value), item
+
+
+# ----- what the user passes in Python: refused naming the item, key or call, never a traceback -----
+
+
+class Items(torch.utils.data.Dataset):
+    """A user's Dataset of the quadrant images whose item `bad` gives `label` as its label; with `targets`, the labels
+    come from that attribute (no pass over the items)."""
+
+    def __init__(self, n: int, bad: int = -1, label: object = 0, targets: bool = False):
+        self.images, self.labels_ = quadrants(n, 0)
+        self.bad, self.label = bad, label
+        if targets:
+            self.targets = [label if i == bad else int(y) for i, y in enumerate(self.labels_)]
+
+    def __len__(self) -> int:
+        return len(self.labels_)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, object]:
+        return self.images[index], self.label if index == self.bad else int(self.labels_[index])
+
+
+def test_labels_that_are_not_class_indices_are_refused_naming_the_split_index_and_value():
+    from hasten.data.user import own_data
+
+    images, labels = quadrants(40, 0)
+    test = quadrants(8, 1)
+    for given, needle in (
+        (labels - 1, r"data: train labels: labels outside \[0, classes\): found -1 at index \d+"),
+        (labels + 0.5, r"data: train labels: .*whole numbers 0..K-1: found \d.5 at index 0 \(40 label"),
+        (np.where(np.arange(40) == 5, np.nan, labels), r"found nan at index 5"),
+        (np.array([str(v) for v in labels]), r"data: train labels: the labels \(ndarray of <U1\) are not numbers"),
+    ):
+        with pytest.raises(DataError, match=needle):
+            own_data(((images, given), test))
+    bad = labels.copy()
+    bad[9] = 4  # one past the 4 class names
+    with pytest.raises(DataError, match=r"data: test labels: labels outside \[0, 4\) \(the 4 class names\): found 4 "
+                                        r"at index 9 \(1 such"):  # fmt: skip
+        own_data((test, (images, bad), CLASSES))
+    # whole-number floats are the integers they hold (float label columns are common: pandas, MATLAB files)
+    assert torch.equal(own_data(((images, labels.astype(np.float32)), test)).train_labels, torch.from_numpy(labels))
+
+    # a Dataset's labels, item by item (int() would truncate 2.5 to 2 and read "3" as 3) and from its targets
+    for label, needle in (
+        (2.5, r"data: train \(Items\)\[17\]: the label 2.5 \(float\) is not a class index"),
+        (np.float32(0.5), r"\[17\]: the label 0.5 \(float32\) is not a class index"),
+        ("3", r"\[17\]: the label '3' \(str\) is not a class index"),
+        (-1, r"\[17\]: the label -1 is outside \[0, classes\)"),
+        (torch.tensor([1, 2]), r"\[17\]: a label must be one class index, got a Tensor of shape \(2,\)"),
+    ):
+        with pytest.raises(DataError, match=needle):
+            own_data((Items(40, 17, label), test))
+    with pytest.raises(DataError, match=r"\(Items\)\[17\]: the label 4 is outside \[0, 4\)"):
+        own_data((Items(40, 17, 4), test, CLASSES))
+    with pytest.raises(DataError, match=r"\(Items\).targets: .*found 0.5 at index 17"):
+        own_data((Items(40, 17, 0.5, targets=True), test))
+    assert own_data((Items(40, 17, 3.0), test)).train.labels[17] == 3
