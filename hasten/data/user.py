@@ -82,16 +82,21 @@ def _numbers(values: Any, where: str, what: str) -> Tensor:
 def as_images(images: Any, where: str) -> Tensor:
     """(N, C, H, W) images from a tensor or numpy array in any of the layouts above: uint8 for the in-memory path
     (integer types holding 0..255 are converted); floating-point images stay float32, which the loader streams
-    (normalised by their own statistics, whatever their scale)."""
-    array = torch.as_tensor(images) if not isinstance(images, Tensor) else images.detach().cpu()
+    (normalised by their own statistics, whatever their scale). Complex numbers are no pixels: refused, since
+    keeping their real part (what a cast to float does) would silently drop half of what the user has."""
+    array = _numbers(images, where, "images")
+    if array.dtype.is_complex:
+        raise DataError(f"{where}: images are {str(array.dtype).removeprefix('torch.')} (complex numbers); give "
+                        "real pixels, uint8 0..255 or floats (e.g. their magnitude, .abs())")  # fmt: skip
     if array.dtype.is_floating_point:
         _check_finite(array, where)
         return _channels_first(array, where).float().contiguous()
     if array.dtype == torch.bool:
         raise DataError(f"{where}: images are bool; give uint8 pixels 0..255 or floats")
     if array.dtype != torch.uint8:
-        if len(array) and (int(array.min()) < 0 or int(array.max()) > 255):
-            low, high = int(array.min()), int(array.max())
+        pixels = array.numpy()  # numpy's min and max: torch has none for uint16, uint32, uint64
+        if len(array) and (int(pixels.min()) < 0 or int(pixels.max()) > 255):
+            low, high = int(pixels.min()), int(pixels.max())
             raise DataError(f"{where}: integer images must hold pixels 0..255, got {low}..{high}")
         array = array.to(torch.uint8)
     return _channels_first(array, where).contiguous()
@@ -163,6 +168,9 @@ def _sample_to_tensor(image: Any, where: str) -> Tensor:
             raise DataError(f"{where}: cannot read the image ({type(image).__name__}): {error}") from None
         pixels = torch.from_numpy(numpy.array(array))  # a copy: PIL's arrays are read-only
         pixels = pixels[None] if pixels.ndim == 2 else pixels.permute(2, 0, 1) if pixels.ndim == 3 else pixels
+    if pixels.dtype.is_complex:
+        raise DataError(f"{where}: the image is {str(pixels.dtype).removeprefix('torch.')} (complex numbers); "
+                        "give real pixels, uint8 0..255 or floats (e.g. their magnitude, .abs())")  # fmt: skip
     if pixels.ndim != 3:
         raise DataError(f"{where}: an image must be H x W, H x W x C (arrays, PIL) or C x H x W (tensors), got "
                         f"{tuple(pixels.shape)}")  # fmt: skip

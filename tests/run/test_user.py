@@ -490,3 +490,21 @@ def test_labels_that_are_not_class_indices_are_refused_naming_the_split_index_an
     with pytest.raises(DataError, match=r"\(Items\).targets: .*found 0.5 at index 17"):
         own_data((Items(40, 17, 0.5, targets=True), test))
     assert own_data((Items(40, 17, 3.0), test)).train.labels[17] == 3
+
+
+def test_complex_images_are_refused_naming_the_dtype():
+    from hasten.data.user import own_data
+
+    images, labels = quadrants(40, 0)
+    test = quadrants(8, 1)
+    for complex_images in (images.astype(np.complex64), torch.from_numpy(images).to(torch.complex64)):
+        with pytest.raises(DataError, match=r"data: train images: images are complex64 \(complex numbers\)"):
+            own_data(((complex_images, labels), test))
+    dataset = Items(40)
+    dataset.images = dataset.images.astype(np.complex128)
+    with pytest.raises(DataError, match=r"data: train \(Items\)\[0\]: the image is complex128 \(complex numbers\)"):
+        own_data((dataset, test))
+    # 16-bit integer pixels are read (torch has no min or max for uint16), and held to 0..255 as other integers
+    assert own_data(((images.astype(np.uint16), labels), test)).train_images.dtype == torch.uint8
+    with pytest.raises(DataError, match=r"pixels 0..255, got 0..4095"):
+        own_data(((np.full_like(images, 4095, dtype=np.uint16) * (labels[:, None, None, None] > 0), labels), test))
