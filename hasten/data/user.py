@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from hasten.data.datasets import ImageDataset
-from hasten.errors import DataError
+from hasten.errors import DataError, their_error
 from hasten.progress import say
 
 STATS_SAMPLE = 1000  # streamed items read to estimate the per-channel mean and std
@@ -206,7 +206,11 @@ class DatasetBatches(torch.utils.data.Dataset):
     """`batches[list of indices]` -> (images (B, C, H, W), int64 labels), or the error message as a str: the batch
     source `ImageFolderLoader` streams through its DataLoader workers, here over any Dataset's (image, label)
     items. `indices` maps positions to the Dataset's own indices (a subset or a holdout split); labels are checked
-    against `num_classes` when it is known."""
+    against `num_classes` when it is known.
+
+    An exception the Dataset raises is the user's: it comes back as the message naming the item and where in
+    their code it was raised (hasten.errors.their_error), as text because a worker's exception would reach the main
+    process wrapped in a traceback of DataLoader's internals, without the item."""
 
     def __init__(self, dataset: Any, indices: Tensor, name: str, num_classes: int | None = None):
         self.dataset, self.indices, self.name, self.num_classes = dataset, indices, name, num_classes
@@ -219,7 +223,10 @@ class DatasetBatches(torch.utils.data.Dataset):
         try:
             for position in positions:
                 index = int(self.indices[position])
-                item = self.dataset[index]
+                try:
+                    item = self.dataset[index]
+                except Exception as error:  # noqa: BLE001 - whatever their __getitem__ raises is theirs to see
+                    return f"{self.name}: your Dataset's item {index} raised {their_error(error)}"
                 where = f"{self.name}[{index}]"
                 if not isinstance(item, (tuple, list)) or len(item) < 2:
                     raise DataError(f"{where}: an item must be (image, label), got {type(item).__name__}")
@@ -292,7 +299,10 @@ def dataset_labels(dataset: Any, name: str, workers: int, num_classes: int | Non
     `labels` when it has them as numbers at its length, else one pass over its items in DataLoader workers (which
     reads the images too)."""
     for attribute in ("targets", "labels"):
-        values = getattr(dataset, attribute, None)
+        try:
+            values = getattr(dataset, attribute, None)
+        except Exception as error:  # noqa: BLE001 - a property of theirs that raises
+            raise DataError(f"{name}: reading your Dataset's .{attribute} raised {their_error(error)}") from None
         if values is None or callable(values):
             continue
         try:
@@ -379,6 +389,8 @@ def _part(value: Any, where: str, workers: int, num_classes: int | None) -> tupl
             count = len(value)
         except (TypeError, ValueError, OverflowError) as error:  # len() above sys.maxsize, or not an int
             raise DataError(f"{name}: len() fails: {error}") from None
+        except Exception as error:  # noqa: BLE001 - whatever their __len__ raises
+            raise DataError(f"{name}: your Dataset's len() raised {their_error(error)}") from None
         if count == 0:
             raise DataError(f"{name}: the Dataset is empty")
         if count > MAX_ITEMS:

@@ -508,3 +508,77 @@ def test_complex_images_are_refused_naming_the_dtype():
     assert own_data(((images.astype(np.uint16), labels), test)).train_images.dtype == torch.uint8
     with pytest.raises(DataError, match=r"pixels 0..255, got 0..4095"):
         own_data(((np.full_like(images, 4095, dtype=np.uint16) * (labels[:, None, None, None] > 0), labels), test))
+
+
+class Raises(Items):
+    """A user's Dataset whose item 17 raises, in every process, or only in DataLoader worker processes."""
+
+    def __init__(self, n: int, in_workers_only: bool = False, targets: bool = False):
+        super().__init__(n, targets=targets)
+        self.in_workers_only = in_workers_only
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, object]:
+        if index == 17 and (torch.utils.data.get_worker_info() is not None or not self.in_workers_only):
+            raise ValueError(f"cannot decode scan {index}")
+        return super().__getitem__(index)
+
+
+class FailingForward(TinyNet):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("the user's forward fails")
+
+
+def test_the_users_own_code_that_raises_is_reported_as_theirs_naming_the_item_and_call(tmp_path, monkeypatch):
+    from hasten.data.user import own_data
+
+    test = quadrants(8, 1)
+    theirs = r"ValueError: cannot decode scan 17 \(at .*test_user.py:\d+, in __getitem__\); HASTEN_DEBUG=1 shows"
+    for workers in (0, 2):  # the labels' pass over the items: in this process, then in DataLoader workers
+        with pytest.raises(DataError, match=r"data: train \(Raises\): your Dataset's item 17 raised " + theirs) as e:
+            own_data((Raises(40), test), workers=workers)
+        assert "Traceback" not in str(e.value)
+    # in training, raised inside a worker: the item is still named
+    overrides = [*QUIET, "train.epochs=1", "precision=fp32", "data.workers=2", f"run.dir={tmp_path / 'r'}"]
+    with pytest.raises(DataError, match=r"your Dataset's item 17 raised " + theirs):
+        hasten.train(None, overrides, model=TinyNet(), data=(Raises(40, in_workers_only=True, targets=True), test))
+    with pytest.raises(RecipeError, match=r"model FailingForward: given a batch of 2 images of shape \(3, 12, 12\) "
+                                          r"\(C, H, W\), its forward raised ValueError: the user's forward fails \(at "
+                                          r".*test_user.py:\d+, in forward\)"):  # fmt: skip
+        hasten.train(None, [*QUIET, f"run.dir={tmp_path / 'm'}"], model=FailingForward(), data=(test, test))
+
+    monkeypatch.setenv("HASTEN_DEBUG", "1")  # their whole traceback, in the message, from a worker process too
+    with pytest.raises(DataError) as e:
+        own_data((Raises(40), test), workers=1)
+    said = str(e.value)
+    assert "Traceback (most recent call last)" in said and 'raise ValueError(f"cannot decode scan' in said
+
+
+def raising_data(n: int = 48) -> tuple:
+    """A data target whose code fails."""
+    raise FileNotFoundError(f"/data/scans/index.csv (n={n})")
+
+
+class RaisingNet(TinyNet):
+    def __init__(self, num_classes: int = 4, in_channels: int = 3):
+        super().__init__(num_classes, in_channels)
+        raise KeyError("width")
+
+
+def test_targets_that_raise_exit_2_naming_the_key_and_their_code(tmp_path, capsys):
+    args = ["train", "fashion-fast", *QUIET, f"run.dir={tmp_path / 'r'}"]
+    data = ["data.name=import", f"data.target={__name__}:quadrant_split", "data.args={n: 48}"]
+    for extra, needles in (
+        (["data.name=import", f"data.target={__name__}:raising_data"],
+         ["data.target: calling raising_data raised FileNotFoundError: /data/scans/index.csv (n=48) (at ",
+          "test_user.py:", "in raising_data)"]),
+        ([*data, "model.name=import", f"model.target={__name__}:RaisingNet"],
+         ["model.target=tests.run.test_user:RaisingNet: calling RaisingNet raised KeyError: 'width' (at ",
+          "in __init__)"]),
+        ([*data, "model.name=import", f"model.target={__name__}:FailingForward"],
+         ["model FailingForward: given a batch of 2 images", "forward raised ValueError: the user's forward fails"]),
+    ):  # fmt: skip
+        assert main([*args, *extra]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err, err
+        for needle in needles:
+            assert needle in " ".join(err.split()), (needle, err)
