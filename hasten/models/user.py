@@ -56,10 +56,11 @@ def has_lazy_parameters(model: nn.Module) -> bool:
 
 
 def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int, device: torch.device) -> None:
-    """Before training: the model maps a batch of 2 images of `image_shape` to (2, num_classes) logits; a
-    RecipeError naming what it returned (or raised, and where in the user's code) otherwise. Runs in eval mode
-    without gradients, on zeros (no RNG drawn, no batch-norm statistics changed); lazy modules take their shapes
-    from it."""
+    """Before training: the model maps a batch of 2 images of `image_shape` to (2, num_classes) floating-point
+    logits; a RecipeError naming what it returned (or raised, and where in the user's code) otherwise. Runs in eval
+    mode without gradients, on zeros (no RNG drawn, no batch-norm statistics changed); lazy modules take their
+    shapes from it. Integer logits are refused here rather than at the first backward pass, where torch would say
+    only that a tensor "does not require grad"."""
     name = type(model).__name__
     was_training = model.training
     model.eval()
@@ -73,6 +74,12 @@ def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int
         ) from None
     finally:
         model.train(was_training)
+    if isinstance(out, torch.Tensor) and tuple(out.shape) == (2, num_classes) and not out.dtype.is_floating_point:
+        raise RecipeError(
+            f"model {name}: returns {str(out.dtype).removeprefix('torch.')} logits of shape (2, {num_classes}) for "
+            f"a batch of 2 images of shape {tuple(image_shape)}; it must return floating-point class logits "
+            "(float32, bf16, ...): training differentiates them, and integers have no gradient"
+        )
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise RecipeError(

@@ -582,3 +582,39 @@ def test_targets_that_raise_exit_2_naming_the_key_and_their_code(tmp_path, capsy
         assert "Traceback" not in err, err
         for needle in needles:
             assert needle in " ".join(err.split()), (needle, err)
+
+
+class IntegerLogits(TinyNet):
+    """A user's model whose forward rounds its logits to integers (no gradient can flow through them)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x).round().long()
+
+
+def test_integer_logits_and_a_loss_that_is_not_one_number_are_refused_naming_what_was_returned(tmp_path):
+    from hasten.engine.loss import UserLoss
+
+    data = (quadrants(32, 0), quadrants(16, 1))
+    overrides = [*QUIET, "train.epochs=1", "precision=fp32"]
+    with pytest.raises(RecipeError, match=r"model IntegerLogits: returns int64 logits of shape \(2, 4\) .*must "
+                                          "return floating-point class logits"):  # fmt: skip
+        hasten.train(None, [*overrides, f"run.dir={tmp_path / 'a'}"], model=IntegerLogits(), data=data)
+
+    def per_example(logits: torch.Tensor, soft_targets: torch.Tensor) -> torch.Tensor:
+        return (logits - soft_targets).square().sum(1)  # not reduced over the batch
+
+    with pytest.raises(RecipeError, match=r"loss: your loss .*per_example\(logits of shape \(16, 4\), soft targets of "
+                                          r"shape \(16, 4\)\) returned a float32 tensor of shape \(16,\); it must "
+                                          "return one number"):  # fmt: skip
+        hasten.train(None, [*overrides, f"run.dir={tmp_path / 'b'}"], model=TinyNet(), data=data, loss=per_example)
+
+    logits, targets = torch.randn(3, 4, requires_grad=True), torch.eye(4)[:3]
+    for loss, needle in (
+        (lambda x, y: 0.5, r"returned float; it must return a tensor of one number"),
+        (lambda x, y: (x - y).abs().sum().long(), r"returned a int64 tensor of shape \(\); it must be floating-point"),
+        (lambda x, y: (x - y).abs().sum().detach(), r"returned a float32 tensor of shape \(\); it has no gradient"),
+        (lambda x, y: x[:, 7].mean(), r"raised IndexError: index 7 is out of bounds .*\(at .*test_user.py:\d+, in"),
+    ):
+        with pytest.raises(RecipeError, match=needle):
+            UserLoss(loss)(logits, targets)
+    assert UserLoss(lambda x, y: (x - y).square().mean().reshape(1))(logits, targets).shape == ()  # one number
