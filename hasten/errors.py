@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 import os
-import sysconfig
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +44,22 @@ def debugging() -> bool:
     return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
 
 
-_LIBRARIES = tuple(
-    str(Path(path).resolve()) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib")
-    if (path := sysconfig.get_paths().get(key))
-)  # fmt: skip
-_HASTEN = str(Path(__file__).resolve().parent) + os.sep
+@functools.cache
+def _not_theirs() -> tuple[str, ...]:
+    """The folders of code that is not the user's: hasten's, Python's and installed libraries' (torch, numpy, PIL).
+    Read when first needed: every command imports this module, few ever meet the user's exception."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    found = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(key)]
+    return tuple(str(Path(path).resolve()) + os.sep for path in [str(Path(__file__).parent), *found])
 
 
 def _theirs(filename: str) -> bool:
-    """A frame of the user's code: neither hasten's nor an installed library's (torch, numpy, PIL) nor Python's."""
-    path = str(Path(filename).resolve()) if not filename.startswith("<") else filename
-    return not path.startswith((_HASTEN, *_LIBRARIES)) and not filename.startswith("<frozen")
+    """Whether a traceback frame's file is the user's code."""
+    if filename.startswith("<"):  # <frozen importlib>: Python's; <stdin>, <string>, a notebook's cell: theirs
+        return not filename.startswith("<frozen")
+    return not str(Path(filename).resolve()).startswith(_not_theirs())
 
 
 def their_error(error: BaseException) -> str:
@@ -65,6 +69,8 @@ def their_error(error: BaseException) -> str:
     prints (the error is theirs to fix, and hasten's internals around it are noise); with HASTEN_DEBUG=1 their
     whole traceback follows it, for the failure the one line does not explain. Text, not an exception chain, so it
     also crosses from a DataLoader worker process."""
+    import traceback  # here: a few milliseconds every command would pay at start-up for a path few take
+
     lines = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines() or [type(error).__name__]
     said = lines[0] if len(lines[0]) <= 300 else lines[0][:297] + "..."
     frame = next((f for f in reversed(traceback.extract_tb(error.__traceback__)) if _theirs(f.filename)), None)
