@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import os
+from pathlib import Path
 from typing import Any
 
 from hasten.text import printable
+
+DEBUG_ENV = "HASTEN_DEBUG"  # set (to anything but 0 or empty): a failure in the user's code carries its traceback
 
 
 class HastenError(Exception):
@@ -39,3 +44,45 @@ def schema_problems(error: Any, prefix: str = "") -> str:
         shown = repr(item.get("input"))
         items.append(f"{field}: {message}" + (f" (got {shown[:60]})" if item["type"] != "value_error" else ""))
     return "; ".join(items)
+
+
+def debugging() -> bool:
+    """Whether HASTEN_DEBUG asks for the user's own tracebacks (1, true, yes: anything but empty or 0)."""
+    return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
+
+
+@functools.cache
+def _not_theirs() -> tuple[str, ...]:
+    """The folders of code that is not the user's: hasten's, Python's and installed libraries' (torch, numpy, PIL).
+    Read when first needed: every command imports this module, few ever meet the user's exception."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    found = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(key)]
+    return tuple(str(Path(path).resolve()) + os.sep for path in [str(Path(__file__).parent), *found])
+
+
+def _theirs(filename: str) -> bool:
+    """Whether a traceback frame's file is the user's code."""
+    if filename.startswith("<"):  # <frozen importlib>: Python's; <stdin>, <string>, a notebook's cell: theirs
+        return not filename.startswith("<frozen")
+    return not str(Path(filename).resolve()).startswith(_not_theirs())
+
+
+def their_error(error: BaseException) -> str:
+    """An exception raised in the user's own code (a Dataset's item, a model's forward, a loss, a model or data
+    target function) as a line that says what it was and where in their code: `ValueError: bad file (at
+    my_data.py:41, in __getitem__)`, at the deepest frame of theirs. The one line is what a run
+    prints (the error is theirs to fix, and hasten's internals around it are noise); with HASTEN_DEBUG=1 their
+    whole traceback follows it, for the failure the one line does not explain. Text, not an exception chain, so it
+    also crosses from a DataLoader worker process."""
+    import traceback  # here: a few milliseconds every command would pay at start-up for a path few take
+
+    lines = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines() or [type(error).__name__]
+    said = lines[0] if len(lines[0]) <= 300 else lines[0][:297] + "..."
+    frame = next((f for f in reversed(traceback.extract_tb(error.__traceback__)) if _theirs(f.filename)), None)
+    if frame is not None:  # else raised where no frame is theirs (in C, or a library): hasten's would mislead
+        said += f" (at {frame.filename}:{frame.lineno}, in {frame.name})"
+    if debugging():
+        return said + "\n" + "".join(traceback.format_exception(type(error), error, error.__traceback__)).rstrip()
+    return said + f"; {DEBUG_ENV}=1 shows its traceback"

@@ -18,8 +18,8 @@ one of its length (torchvision's datasets do), else from one pass over its items
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from hasten.data.datasets import ImageDataset
-from hasten.errors import DataError
+from hasten.errors import DataError, their_error
 from hasten.progress import say
 
 STATS_SAMPLE = 1000  # streamed items read to estimate the per-channel mean and std
@@ -66,37 +66,80 @@ def _channels_first(array: Tensor, where: str) -> Tensor:
     return array.permute(0, 3, 1, 2) if array.shape[3] < array.shape[1] else array
 
 
+def _numbers(values: Any, where: str, what: str) -> Tensor:
+    """`values` as a CPU tensor; a DataError naming `where` and the type when torch cannot hold it (strings, Python
+    objects: numpy's `object_` arrays)."""
+    if isinstance(values, Tensor):
+        return values.detach().cpu()
+    try:
+        return torch.as_tensor(values)
+    except (TypeError, ValueError, RuntimeError):
+        dtype = getattr(values, "dtype", None)
+        kind = f"{type(values).__name__} of {dtype}" if dtype is not None else type(values).__name__
+        raise DataError(f"{where}: the {what} ({kind}) are not numbers torch can hold") from None
+
+
 def as_images(images: Any, where: str) -> Tensor:
     """(N, C, H, W) images from a tensor or numpy array in any of the layouts above: uint8 for the in-memory path
     (integer types holding 0..255 are converted); floating-point images stay float32, which the loader streams
-    (normalised by their own statistics, whatever their scale)."""
-    array = torch.as_tensor(images) if not isinstance(images, Tensor) else images.detach().cpu()
+    (normalised by their own statistics, whatever their scale). Complex numbers are no pixels: refused, since
+    keeping their real part (what a cast to float does) would silently drop half of what the user has."""
+    array = _numbers(images, where, "images")
+    if array.dtype.is_complex:
+        raise DataError(f"{where}: images are {str(array.dtype).removeprefix('torch.')} (complex numbers); give "
+                        "real pixels, uint8 0..255 or floats (e.g. their magnitude, .abs())")  # fmt: skip
     if array.dtype.is_floating_point:
         _check_finite(array, where)
         return _channels_first(array, where).float().contiguous()
     if array.dtype == torch.bool:
         raise DataError(f"{where}: images are bool; give uint8 pixels 0..255 or floats")
     if array.dtype != torch.uint8:
-        if len(array) and (int(array.min()) < 0 or int(array.max()) > 255):
-            low, high = int(array.min()), int(array.max())
+        pixels = array.numpy()  # numpy's min and max: torch has none for uint16, uint32, uint64
+        if len(array) and (int(pixels.min()) < 0 or int(pixels.max()) > 255):
+            low, high = int(pixels.min()), int(pixels.max())
             raise DataError(f"{where}: integer images must hold pixels 0..255, got {low}..{high}")
         array = array.to(torch.uint8)
     return _channels_first(array, where).contiguous()
 
 
-def as_labels(labels: Any, count: int, where: str) -> Tensor:
-    """int64 labels (N,) from a tensor, array or list of integers; negative ones or a wrong count are errors."""
-    values = torch.as_tensor(labels) if not isinstance(labels, Tensor) else labels.detach().cpu()
-    if values.dtype.is_floating_point and len(values) and not torch.equal(values, values.round()):
-        raise DataError(f"{where}: labels must be class indices 0..K-1, got fractional values")
-    values = values.reshape(-1).to(torch.int64) if values.ndim <= 1 or values.shape[1:] == (1,) else None
-    if values is None:
+def as_labels(labels: Any, count: int, where: str, num_classes: int | None = None) -> Tensor:
+    """int64 labels (N,) from a tensor, array or list of integers; each must be a class index in [0, num_classes)
+    ([0, inf) when the class count is not known), else a DataError naming `where`, the first bad index and its
+    value. Whole-number floats (3.0) are taken as the integers they are: label arrays come as floats from pandas,
+    MATLAB files and float tensors, and nothing is lost; a fraction (2.5), NaN or inf is refused, since making it
+    an integer would move the example to another class without a word."""
+    values = _numbers(labels, where, "labels")
+    if values.dtype.is_complex:
+        raise DataError(f"{where}: labels are {str(values.dtype).removeprefix('torch.')}; they must be class "
+                        "indices, integers 0..K-1")  # fmt: skip
+    if values.ndim > 1 and values.shape[1:] != (1,):
         raise DataError(f"{where}: labels must be one class index per image (N,), not one-hot or soft targets")
+    values = values.reshape(-1)
     if len(values) != count:
         raise DataError(f"{where}: {count} images but {len(values)} labels")
-    if len(values) and int(values.min()) < 0:
-        raise DataError(f"{where}: labels outside [0, classes): found {int(values.min())}")
+    if values.dtype.is_floating_point:
+        fractional = ~torch.isfinite(values) | (values != values.round())
+        if bool(fractional.any()):
+            first = int(fractional.nonzero()[0])
+            raise DataError(
+                f"{where}: labels must be class indices, whole numbers 0..K-1: found {float(values[first])!r} at "
+                f"index {first} ({int(fractional.sum()):,} label(s) are not whole numbers)"
+            )
+    values = values.to(torch.int64)
+    check_label_range(values, where, num_classes)
     return values
+
+
+def check_label_range(labels: Tensor, where: str, num_classes: int | None) -> None:
+    """DataError naming `where`, the first label outside [0, num_classes) (or below 0 when the class count is not
+    known), at its index, and how many there are."""
+    bad = labels < 0 if num_classes is None else (labels < 0) | (labels >= num_classes)
+    if not bool(bad.any()):
+        return
+    first = int(bad.nonzero()[0])
+    bounds = f"[0, {num_classes}) (the {num_classes} class names)" if num_classes is not None else "[0, classes)"
+    raise DataError(f"{where}: labels outside {bounds}: found {int(labels[first])} at index {first} "
+                    f"({int(bad.sum()):,} such label(s))")  # fmt: skip
 
 
 def _check_finite(pixels: Tensor, where: str) -> None:
@@ -125,6 +168,9 @@ def _sample_to_tensor(image: Any, where: str) -> Tensor:
             raise DataError(f"{where}: cannot read the image ({type(image).__name__}): {error}") from None
         pixels = torch.from_numpy(numpy.array(array))  # a copy: PIL's arrays are read-only
         pixels = pixels[None] if pixels.ndim == 2 else pixels.permute(2, 0, 1) if pixels.ndim == 3 else pixels
+    if pixels.dtype.is_complex:
+        raise DataError(f"{where}: the image is {str(pixels.dtype).removeprefix('torch.')} (complex numbers); "
+                        "give real pixels, uint8 0..255 or floats (e.g. their magnitude, .abs())")  # fmt: skip
     if pixels.ndim != 3:
         raise DataError(f"{where}: an image must be H x W, H x W x C (arrays, PIL) or C x H x W (tensors), got "
                         f"{tuple(pixels.shape)}")  # fmt: skip
@@ -133,20 +179,41 @@ def _sample_to_tensor(image: Any, where: str) -> Tensor:
     return pixels if pixels.dtype == torch.uint8 else pixels.float()
 
 
-def _label_of(label: Any, where: str) -> int:
-    try:
-        return int(label)
-    except (TypeError, ValueError):
-        raise DataError(f"{where}: a label must be a class index (int), got {type(label).__name__}") from None
+def _label_of(label: Any, where: str, num_classes: int | None = None) -> int:
+    """One item's label as a class index: an int, a numpy integer or a one-element integer tensor; a whole-number
+    float as its integer (as `as_labels` takes them). `int()` is not used to convert: it truncates 2.5 to 2 and
+    reads the string "3", moving an example to a class its author did not give it without a word."""
+    value = label
+    if isinstance(label, (Tensor, numpy.ndarray)):
+        if (label.size if isinstance(label, numpy.ndarray) else label.numel()) != 1:
+            raise DataError(f"{where}: a label must be one class index, got a {type(label).__name__} of shape "
+                            f"{tuple(label.shape)}")  # fmt: skip
+        value = label.item()
+    elif isinstance(label, numpy.generic):
+        value = label.item()
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int):
+        raise DataError(f"{where}: the label {value!r} ({type(label).__name__}) is not a class index, an integer "
+                        "0..K-1")  # fmt: skip
+    if value < 0 or (num_classes is not None and value >= num_classes):
+        bounds = f"[0, {num_classes})" if num_classes is not None else "[0, classes)"
+        raise DataError(f"{where}: the label {value} is outside {bounds}")
+    return int(value)
 
 
 class DatasetBatches(torch.utils.data.Dataset):
     """`batches[list of indices]` -> (images (B, C, H, W), int64 labels), or the error message as a str: the batch
     source `ImageFolderLoader` streams through its DataLoader workers, here over any Dataset's (image, label)
-    items. `indices` maps positions to the Dataset's own indices (a subset or a holdout split)."""
+    items. `indices` maps positions to the Dataset's own indices (a subset or a holdout split); labels are checked
+    against `num_classes` when it is known.
 
-    def __init__(self, dataset: Any, indices: Tensor, name: str):
-        self.dataset, self.indices, self.name = dataset, indices, name
+    An exception the Dataset raises is the user's: it comes back as the message naming the item and where in
+    their code it was raised (hasten.errors.their_error), as text because a worker's exception would reach the main
+    process wrapped in a traceback of DataLoader's internals, without the item."""
+
+    def __init__(self, dataset: Any, indices: Tensor, name: str, num_classes: int | None = None):
+        self.dataset, self.indices, self.name, self.num_classes = dataset, indices, name, num_classes
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -156,12 +223,15 @@ class DatasetBatches(torch.utils.data.Dataset):
         try:
             for position in positions:
                 index = int(self.indices[position])
-                item = self.dataset[index]
+                try:
+                    item = self.dataset[index]
+                except Exception as error:  # noqa: BLE001 - whatever their __getitem__ raises is theirs to see
+                    return f"{self.name}: your Dataset's item {index} raised {their_error(error)}"
                 where = f"{self.name}[{index}]"
                 if not isinstance(item, (tuple, list)) or len(item) < 2:
                     raise DataError(f"{where}: an item must be (image, label), got {type(item).__name__}")
                 images.append(_sample_to_tensor(item[0], where))
-                labels.append(_label_of(item[1], where))
+                labels.append(_label_of(item[1], where, self.num_classes))
                 if images[-1].shape != images[0].shape:
                     raise DataError(
                         f"{where}: image of shape {tuple(images[-1].shape)} but an earlier one is "
@@ -173,20 +243,22 @@ class DatasetBatches(torch.utils.data.Dataset):
         return stacked, torch.tensor(labels, dtype=torch.int64)
 
 
-@dataclass
+@dataclasses.dataclass
 class StreamSplit:
-    """A split of a Dataset: which of its items (`indices`) and their labels."""
+    """A split of a Dataset: which of its items (`indices`) and their labels; `num_classes` when known, which every
+    label an item gives in training is checked against."""
 
     dataset: Any
     indices: Tensor
     labels: Tensor
     name: str
+    num_classes: int | None = None
 
     def take(self, positions: Tensor) -> StreamSplit:
-        return StreamSplit(self.dataset, self.indices[positions], self.labels[positions], self.name)
+        return StreamSplit(self.dataset, self.indices[positions], self.labels[positions], self.name, self.num_classes)
 
     def batches(self) -> DatasetBatches:
-        return DatasetBatches(self.dataset, self.indices, self.name)
+        return DatasetBatches(self.dataset, self.indices, self.name, self.num_classes)
 
 
 class _TensorItems(torch.utils.data.Dataset):
@@ -202,7 +274,7 @@ class _TensorItems(torch.utils.data.Dataset):
         return self.images[index], int(self.labels[index])
 
 
-@dataclass
+@dataclasses.dataclass
 class StreamedData:
     """The user's data when a part is a Dataset: both splits streamed, the class names, the image shape."""
 
@@ -222,18 +294,25 @@ def _whole_batch(item: object) -> object:
     return item
 
 
-def dataset_labels(dataset: Any, name: str, workers: int) -> Tensor:
-    """Every item's label: the Dataset's `targets` or `labels` when it has them at its length, else one pass over
-    its items in DataLoader workers (which reads the images too)."""
+def dataset_labels(dataset: Any, name: str, workers: int, num_classes: int | None = None) -> Tensor:
+    """Every item's label, each a class index below `num_classes` when that is known: the Dataset's `targets` or
+    `labels` when it has them as numbers at its length, else one pass over its items in DataLoader workers (which
+    reads the images too)."""
     for attribute in ("targets", "labels"):
-        values = getattr(dataset, attribute, None)
-        if values is not None and not callable(values):
-            try:
-                if len(values) == len(dataset):
-                    return as_labels(values, len(dataset), f"{name}.{attribute}")
-            except TypeError:
-                pass
-    batches = DatasetBatches(dataset, torch.arange(len(dataset)), name)
+        try:
+            values = getattr(dataset, attribute, None)
+        except Exception as error:  # noqa: BLE001 - a property of theirs that raises
+            raise DataError(f"{name}: reading your Dataset's .{attribute} raised {their_error(error)}") from None
+        if values is None or callable(values):
+            continue
+        try:
+            sized = len(values) == len(dataset)
+            numbers = values if isinstance(values, Tensor) else torch.as_tensor(values)
+        except (TypeError, ValueError, RuntimeError):  # not one number per item (class names, a dict): ask the items
+            continue
+        if sized:
+            return as_labels(numbers, len(dataset), f"{name}.{attribute}", num_classes)
+    batches = DatasetBatches(dataset, torch.arange(len(dataset)), name, num_classes)
     plan = [list(range(i, min(i + 256, len(dataset)))) for i in range(0, len(dataset), 256)]
     loader = torch.utils.data.DataLoader(batches, batch_size=None, sampler=plan, collate_fn=_whole_batch,
                                          num_workers=workers)  # fmt: skip
@@ -289,7 +368,9 @@ def split_parts(data: Any) -> tuple[Any, Any | None, list[str] | None]:
     )
 
 
-def _part(value: Any, where: str, workers: int) -> tuple[Tensor, Tensor] | StreamSplit:
+def _part(value: Any, where: str, workers: int, num_classes: int | None) -> tuple[Tensor, Tensor] | StreamSplit:
+    """One part of the data (a split), its labels checked: class indices, below `num_classes` when it is known
+    (class names given), so a bad one is named at the user's own index, before any holdout or subset moves it."""
     value = unwrap_loader(value)
     if isinstance(value, torch.utils.data.IterableDataset):
         raise DataError(
@@ -298,7 +379,7 @@ def _part(value: Any, where: str, workers: int) -> tuple[Tensor, Tensor] | Strea
         )
     if is_pair(value):
         images = as_images(value[0], f"{where} images")
-        labels = as_labels(value[1], len(images), f"{where} labels")
+        labels = as_labels(value[1], len(images), f"{where} labels", num_classes)
         if images.dtype != torch.uint8:  # floats keep their precision: streamed from memory, not sliced as uint8
             return StreamSplit(_TensorItems(images, labels), torch.arange(len(labels)), labels, f"{where} (floats)")
         return images, labels
@@ -308,11 +389,14 @@ def _part(value: Any, where: str, workers: int) -> tuple[Tensor, Tensor] | Strea
             count = len(value)
         except (TypeError, ValueError, OverflowError) as error:  # len() above sys.maxsize, or not an int
             raise DataError(f"{name}: len() fails: {error}") from None
+        except Exception as error:  # noqa: BLE001 - whatever their __len__ raises
+            raise DataError(f"{name}: your Dataset's len() raised {their_error(error)}") from None
         if count == 0:
             raise DataError(f"{name}: the Dataset is empty")
         if count > MAX_ITEMS:
             raise DataError(f"{name}: len() is {count:,}; hasten indexes at most {MAX_ITEMS:,} items of a Dataset")
-        return StreamSplit(value, torch.arange(len(value)), dataset_labels(value, name, workers), name)
+        labels = dataset_labels(value, name, workers, num_classes)
+        return StreamSplit(value, torch.arange(count), labels, name, num_classes)
     raise DataError(
         f"{where}: expected an (images, labels) pair of arrays or a Dataset of (image, label), "
         f"got {type(value).__name__}"
@@ -356,9 +440,10 @@ def own_data(
             "the two"
         )
     names = names or (list(classes) if classes else None)
-    train = _part(train_value, "data: train", workers)
+    count = len(names) if names is not None else None
+    train = _part(train_value, "data: train", workers, count)
     if test_value is not None and not val_fraction:
-        test = _part(test_value, "data: test", workers)
+        test = _part(test_value, "data: test", workers, count)
     elif val_fraction:
         if test_value is not None:
             print("data.val_fraction: evaluating on the held-out part of train; the given test part is not used")
@@ -375,16 +460,17 @@ def own_data(
         test = _take(test, torch.arange(min(test_subset, len(_labels(test)))))
     if len(_labels(train)) == 0 or len(_labels(test)) == 0:
         raise DataError(f"data: the {'training' if len(_labels(train)) == 0 else 'evaluation'} split is empty")
-    largest = max(int(_labels(train).max()), int(_labels(test).max()))
-    if names is not None and largest >= len(names):
-        raise DataError(f"data: labels outside [0, {len(names)}) (the {len(names)} class names): found {largest}")
+    largest = max(int(_labels(train).max()), int(_labels(test).max()))  # each part checked against the names
     names = names or [str(i) for i in range(largest + 1)]
     if isinstance(train, tuple) and isinstance(test, tuple):
         if train[0].shape[1:] != test[0].shape[1:]:
             raise DataError(f"data: train images are {tuple(train[0].shape[1:])} (C, H, W), test images "
                             f"{tuple(test[0].shape[1:])}")  # fmt: skip
         return ImageDataset(name, train[0], train[1], test[0], test[1], names)
-    train_split, test_split = _stream(train, "data: train"), _stream(test, "data: test")
+    train_split, test_split = (
+        dataclasses.replace(_stream(part, f"data: {split}"), num_classes=len(names))
+        for part, split in ((train, "train"), (test, "test"))
+    )
     first = train_split.batches()[[0]]
     if isinstance(first, str):
         raise DataError(first)

@@ -23,7 +23,7 @@ from torch import nn
 
 from hasten.engine.norms import is_batch_norm
 from hasten.errors import RecipeError
-from hasten.machine import Machine, auto_device, process_backend, threads_per_process
+from hasten.machine import ENV, Machine, auto_device, process_backend, threads_per_process
 from hasten.machine import current as current_machine
 from hasten.progress import say
 
@@ -83,12 +83,31 @@ def resolve_device(name: str, machine: Machine | None = None) -> torch.device:
         requested = name
     device = torch.device(requested)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RecipeError(f"device: {requested} asked for, but this PyTorch build sees no CUDA device (use device=cpu)")
+        why = ["this PyTorch build has no CUDA support"] if torch.version.cuda is None else []
+        if machine.accelerator is not None and machine.accelerator.kind == "cuda":
+            why.append(f"{ENV}={machine.profile} describes one, but a profile replaces facts, not hardware")
+        said = f" ({'; '.join(why)})" if why else ""
+        raise RecipeError(f"device: {requested} asked for, but this machine has no CUDA device{said}; available "
+                          f"here: {available_devices()}")  # fmt: skip
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise RecipeError(f"device: {requested}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        raise RecipeError(f"device: {requested}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                          f"available here: {available_devices()}")  # fmt: skip
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise RecipeError(f"device: {requested} asked for, but MPS is not available here (use device=cpu)")
+        raise RecipeError(f"device: {requested} asked for, but MPS is not available here; available here: "
+                          f"{available_devices()}")  # fmt: skip
     return device
+
+
+def available_devices() -> str:
+    """The `device` values this process can run on, for an error that refuses another: auto, cpu, and each CUDA
+    device (cuda: each process its own, by local rank) or mps where there is one."""
+    names = ["auto", "cpu"]
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count:
+        names += ["cuda", *(f"cuda:{i}" for i in range(count))] if count <= 8 else ["cuda", f"cuda:0..cuda:{count - 1}"]
+    if torch.backends.mps.is_available():
+        names.append("mps")
+    return ", ".join(names)
 
 
 def device_for(env: DistEnv, requested: str, machine: Machine | None = None) -> torch.device:

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from hasten.engine.distributed import agree, no_sync
-from hasten.engine.loss import one_hot, soft_cross_entropy
+from hasten.engine.loss import UserLoss, one_hot, soft_cross_entropy
 from hasten.engine.precision import Precision
 
 BatchHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -65,7 +65,7 @@ class TrainStep:
         loss: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy,  # (logits, soft targets) -> mean loss
     ):
         self.model, self.optimizer, self.precision, self.num_classes = model, optimizer, precision, num_classes
-        self.loss = loss
+        self.loss = loss if loss is soft_cross_entropy else UserLoss(loss)  # a loss of the user's is checked
         self.on_batch, self.clip_grad_norm = on_batch, clip_grad_norm or None  # 0: off
         self.device = next(model.parameters()).device
 

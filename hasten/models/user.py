@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hasten.errors import RecipeError
+from hasten.errors import RecipeError, their_error
 from hasten.progress import say
 from hasten.recipe.schema import ModelConfig
 from hasten.recipe.trust import call_target, import_target
@@ -56,22 +56,30 @@ def has_lazy_parameters(model: nn.Module) -> bool:
 
 
 def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int, device: torch.device) -> None:
-    """Before training: the model maps a batch of 2 images of `image_shape` to (2, num_classes) logits; a
-    RecipeError naming the shapes otherwise. Runs in eval mode without gradients, on zeros (no RNG drawn, no
-    batch-norm statistics changed); lazy modules take their shapes from it."""
+    """Before training: the model maps a batch of 2 images of `image_shape` to (2, num_classes) floating-point
+    logits; a RecipeError naming what it returned (or raised, and where in the user's code) otherwise. Runs in eval
+    mode without gradients, on zeros (no RNG drawn, no batch-norm statistics changed); lazy modules take their
+    shapes from it. Integer logits are refused here rather than at the first backward pass, where torch would say
+    only that a tensor "does not require grad"."""
     name = type(model).__name__
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             out = model(torch.zeros(2, *image_shape, device=device))
-    except Exception as error:  # any failure of the user's forward: say what it was given
+    except Exception as error:  # noqa: BLE001 - any failure of the user's forward: theirs, with what it was given
         raise RecipeError(
-            f"model {name}: its forward fails on a batch of 2 images of shape {tuple(image_shape)} (C, H, W): "
-            f"{type(error).__name__}: {error}"
+            f"model {name}: given a batch of 2 images of shape {tuple(image_shape)} (C, H, W), its forward raised "
+            f"{their_error(error)}"
         ) from None
     finally:
         model.train(was_training)
+    if isinstance(out, torch.Tensor) and tuple(out.shape) == (2, num_classes) and not out.dtype.is_floating_point:
+        raise RecipeError(
+            f"model {name}: returns {str(out.dtype).removeprefix('torch.')} logits of shape (2, {num_classes}) for "
+            f"a batch of 2 images of shape {tuple(image_shape)}; it must return floating-point class logits "
+            "(float32, bf16, ...): training differentiates them, and integers have no gradient"
+        )
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise RecipeError(

@@ -11,13 +11,14 @@ import contextlib
 import importlib
 import inspect
 import sys
+import traceback
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hasten.errors import HastenError, RecipeError
+from hasten.errors import HastenError, RecipeError, their_error
 
 USER_SOURCES = ("import", "object")  # model.name / data.name values that stand for the user's own objects
 
@@ -94,7 +95,8 @@ def import_target(path: str, key: str) -> Any:
 
 def call_target(target: Any, args: dict[str, Any], key: str, **shape: Any) -> Any:
     """`target(**args)`, adding each of `shape` that its signature takes and `args` lacks (what the data says a model
-    must take in and put out: num_classes, in_channels, image_size)."""
+    must take in and put out: num_classes, in_channels, image_size). What the call raises is the user's: a
+    RecipeError naming `key`, the callable, and where in their code it was raised (hasten.errors.their_error)."""
     if not callable(target):
         raise RecipeError(f"{key}: {target!r} is not callable")
     try:
@@ -102,10 +104,17 @@ def call_target(target: Any, args: dict[str, Any], key: str, **shape: Any) -> An
     except (TypeError, ValueError):  # a builtin without a signature: pass args alone
         parameters = {}
     extra = {name: value for name, value in shape.items() if name in parameters and name not in args}
+    called = getattr(target, "__qualname__", None) or type(target).__name__
     try:
         return target(**args, **extra)
-    except TypeError as error:  # wrong or missing arguments: name the key the user can fix
-        raise RecipeError(f"{key}: calling {getattr(target, '__qualname__', target)} failed: {error}") from None
+    except HastenError:
+        raise
+    except TypeError as error:
+        if len(traceback.extract_tb(error.__traceback__)) == 1:  # raised by the call itself: wrong or missing arguments
+            raise RecipeError(f"{key}: calling {called} failed: {error}") from None
+        raise RecipeError(f"{key}: calling {called} raised {their_error(error)}") from None
+    except Exception as error:  # noqa: BLE001 - whatever their function raises is theirs to see
+        raise RecipeError(f"{key}: calling {called} raised {their_error(error)}") from None
 
 
 def describe_class(obj: object) -> str:

@@ -27,6 +27,7 @@ from PIL import Image
 
 import hasten
 import hasten.files
+import hasten.machine
 import hasten.run.build
 import hasten.runfolder.checkpoint
 from hasten.cli import main
@@ -319,8 +320,21 @@ def unusable_devices(c: Ctx) -> None:
     code, err = c.hasten("train", *TINY, "device=cuda:abc")
     expect_refusal(code, err, "device: 'cuda:abc'")
     if not torch.cuda.is_available():
+        for device in ("cuda", "cuda:99"):
+            code, err = c.hasten("train", *TINY, f"device={device}", f"run.dir={c.tmp / 'never'}")
+            expect_refusal(code, err, f"device: {device} asked for", "no CUDA", "available here: auto, cpu")
+        c.monkeypatch.setenv("HASTEN_MACHINE", "cuda")  # a profile's GPU is described, not made
         code, err = c.hasten("train", *TINY, "device=cuda", f"run.dir={c.tmp / 'never'}")
-        expect_refusal(code, err, "device: cuda", "no CUDA")
+        expect_refusal(code, err, "no CUDA device", "HASTEN_MACHINE=cuda describes one", "available here: auto, cpu")
+        c.monkeypatch.delenv("HASTEN_MACHINE")
+        hasten.machine.current()  # gathered (and cached) while torch still says there is no GPU
+        c.monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a machine with two GPUs, as far as
+        c.monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # the device check can tell
+    count = torch.cuda.device_count()
+    code, err = c.hasten("train", *TINY, f"device=cuda:{count}", f"run.dir={c.tmp / 'never'}")
+    expect_refusal(code, err, f"device: cuda:{count}: this machine has {count} CUDA device(s)",
+                   "available here: auto, cpu, cuda, cuda:0")  # fmt: skip
+    assert not (c.tmp / "never" / "recipe.yaml").exists()
 
 
 def unreadable_data_folder(c: Ctx) -> None:

@@ -369,7 +369,7 @@ def test_bad_inputs_exit_2_naming_the_problem(tmp_path, capsys):
     assert not (tmp_path / "r").exists(), "nothing was written before the checks"
 
     images, labels = quadrants(32, 0)
-    with pytest.raises(DataError, match=r"labels outside \[0, 4\).*found 9"):
+    with pytest.raises(DataError, match=r"data: test labels: labels outside \[0, 4\).*found 8 at index 0"):
         hasten.train("fashion-fast", QUIET, model=TinyNet(), data=((images, labels), (images, labels + 6), CLASSES))
     with pytest.raises(DataError, match="labels outside"):
         hasten.train("fashion-fast", QUIET, model=TinyNet(), data=((images, labels - 1), (images, labels)))
@@ -432,3 +432,189 @@ def test_every_technique_applies_to_the_users_model(tmp_path, technique):
         for part in key.split("."):
             node = node[part]
         assert node == yaml.safe_load(value), item
+
+
+# ----- what the user passes in Python: refused naming the item, key or call, never a traceback -----
+
+
+class Items(torch.utils.data.Dataset):
+    """A user's Dataset of the quadrant images whose item `bad` gives `label` as its label; with `targets`, the labels
+    come from that attribute (no pass over the items)."""
+
+    def __init__(self, n: int, bad: int = -1, label: object = 0, targets: bool = False):
+        self.images, self.labels_ = quadrants(n, 0)
+        self.bad, self.label = bad, label
+        if targets:
+            self.targets = [label if i == bad else int(y) for i, y in enumerate(self.labels_)]
+
+    def __len__(self) -> int:
+        return len(self.labels_)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, object]:
+        return self.images[index], self.label if index == self.bad else int(self.labels_[index])
+
+
+def test_labels_that_are_not_class_indices_are_refused_naming_the_split_index_and_value():
+    from hasten.data.user import own_data
+
+    images, labels = quadrants(40, 0)
+    test = quadrants(8, 1)
+    for given, needle in (
+        (labels - 1, r"data: train labels: labels outside \[0, classes\): found -1 at index \d+"),
+        (labels + 0.5, r"data: train labels: .*whole numbers 0..K-1: found \d.5 at index 0 \(40 label"),
+        (np.where(np.arange(40) == 5, np.nan, labels), r"found nan at index 5"),
+        (np.array([str(v) for v in labels]), r"data: train labels: the labels \(ndarray of <U1\) are not numbers"),
+    ):
+        with pytest.raises(DataError, match=needle):
+            own_data(((images, given), test))
+    bad = labels.copy()
+    bad[9] = 4  # one past the 4 class names
+    with pytest.raises(DataError, match=r"data: test labels: labels outside \[0, 4\) \(the 4 class names\): found 4 "
+                                        r"at index 9 \(1 such"):  # fmt: skip
+        own_data((test, (images, bad), CLASSES))
+    # whole-number floats are the integers they hold (float label columns are common: pandas, MATLAB files)
+    assert torch.equal(own_data(((images, labels.astype(np.float32)), test)).train_labels, torch.from_numpy(labels))
+
+    # a Dataset's labels, item by item (int() would truncate 2.5 to 2 and read "3" as 3) and from its targets
+    for label, needle in (
+        (2.5, r"data: train \(Items\)\[17\]: the label 2.5 \(float\) is not a class index"),
+        (np.float32(0.5), r"\[17\]: the label 0.5 \(float32\) is not a class index"),
+        ("3", r"\[17\]: the label '3' \(str\) is not a class index"),
+        (-1, r"\[17\]: the label -1 is outside \[0, classes\)"),
+        (torch.tensor([1, 2]), r"\[17\]: a label must be one class index, got a Tensor of shape \(2,\)"),
+    ):
+        with pytest.raises(DataError, match=needle):
+            own_data((Items(40, 17, label), test))
+    with pytest.raises(DataError, match=r"\(Items\)\[17\]: the label 4 is outside \[0, 4\)"):
+        own_data((Items(40, 17, 4), test, CLASSES))
+    with pytest.raises(DataError, match=r"\(Items\).targets: .*found 0.5 at index 17"):
+        own_data((Items(40, 17, 0.5, targets=True), test))
+    assert own_data((Items(40, 17, 3.0), test)).train.labels[17] == 3
+
+
+def test_complex_images_are_refused_naming_the_dtype():
+    from hasten.data.user import own_data
+
+    images, labels = quadrants(40, 0)
+    test = quadrants(8, 1)
+    for complex_images in (images.astype(np.complex64), torch.from_numpy(images).to(torch.complex64)):
+        with pytest.raises(DataError, match=r"data: train images: images are complex64 \(complex numbers\)"):
+            own_data(((complex_images, labels), test))
+    dataset = Items(40)
+    dataset.images = dataset.images.astype(np.complex128)
+    with pytest.raises(DataError, match=r"data: train \(Items\)\[0\]: the image is complex128 \(complex numbers\)"):
+        own_data((dataset, test))
+    # 16-bit integer pixels are read (torch has no min or max for uint16), and held to 0..255 as other integers
+    assert own_data(((images.astype(np.uint16), labels), test)).train_images.dtype == torch.uint8
+    with pytest.raises(DataError, match=r"pixels 0..255, got 0..4095"):
+        own_data(((np.full_like(images, 4095, dtype=np.uint16) * (labels[:, None, None, None] > 0), labels), test))
+
+
+class Raises(Items):
+    """A user's Dataset whose item 17 raises, in every process, or only in DataLoader worker processes."""
+
+    def __init__(self, n: int, in_workers_only: bool = False, targets: bool = False):
+        super().__init__(n, targets=targets)
+        self.in_workers_only = in_workers_only
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, object]:
+        if index == 17 and (torch.utils.data.get_worker_info() is not None or not self.in_workers_only):
+            raise ValueError(f"cannot decode scan {index}")
+        return super().__getitem__(index)
+
+
+class FailingForward(TinyNet):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("the user's forward fails")
+
+
+def test_the_users_own_code_that_raises_is_reported_as_theirs_naming_the_item_and_call(tmp_path, monkeypatch):
+    from hasten.data.user import own_data
+
+    test = quadrants(8, 1)
+    theirs = r"ValueError: cannot decode scan 17 \(at .*test_user.py:\d+, in __getitem__\); HASTEN_DEBUG=1 shows"
+    for workers in (0, 2):  # the labels' pass over the items: in this process, then in DataLoader workers
+        with pytest.raises(DataError, match=r"data: train \(Raises\): your Dataset's item 17 raised " + theirs) as e:
+            own_data((Raises(40), test), workers=workers)
+        assert "Traceback" not in str(e.value)
+    # in training, raised inside a worker: the item is still named
+    overrides = [*QUIET, "train.epochs=1", "precision=fp32", "data.workers=2", f"run.dir={tmp_path / 'r'}"]
+    with pytest.raises(DataError, match=r"your Dataset's item 17 raised " + theirs):
+        hasten.train(None, overrides, model=TinyNet(), data=(Raises(40, in_workers_only=True, targets=True), test))
+    with pytest.raises(RecipeError, match=r"model FailingForward: given a batch of 2 images of shape \(3, 12, 12\) "
+                                          r"\(C, H, W\), its forward raised ValueError: the user's forward fails \(at "
+                                          r".*test_user.py:\d+, in forward\)"):  # fmt: skip
+        hasten.train(None, [*QUIET, f"run.dir={tmp_path / 'm'}"], model=FailingForward(), data=(test, test))
+
+    monkeypatch.setenv("HASTEN_DEBUG", "1")  # their whole traceback, in the message, from a worker process too
+    with pytest.raises(DataError) as e:
+        own_data((Raises(40), test), workers=1)
+    said = str(e.value)
+    assert "Traceback (most recent call last)" in said and 'raise ValueError(f"cannot decode scan' in said
+
+
+def raising_data(n: int = 48) -> tuple:
+    """A data target whose code fails."""
+    raise FileNotFoundError(f"/data/scans/index.csv (n={n})")
+
+
+class RaisingNet(TinyNet):
+    def __init__(self, num_classes: int = 4, in_channels: int = 3):
+        super().__init__(num_classes, in_channels)
+        raise KeyError("width")
+
+
+def test_targets_that_raise_exit_2_naming_the_key_and_their_code(tmp_path, capsys):
+    args = ["train", "fashion-fast", *QUIET, f"run.dir={tmp_path / 'r'}"]
+    data = ["data.name=import", f"data.target={__name__}:quadrant_split", "data.args={n: 48}"]
+    for extra, needles in (
+        (["data.name=import", f"data.target={__name__}:raising_data"],
+         ["data.target: calling raising_data raised FileNotFoundError: /data/scans/index.csv (n=48) (at ",
+          "test_user.py:", "in raising_data)"]),
+        ([*data, "model.name=import", f"model.target={__name__}:RaisingNet"],
+         ["model.target=tests.run.test_user:RaisingNet: calling RaisingNet raised KeyError: 'width' (at ",
+          "in __init__)"]),
+        ([*data, "model.name=import", f"model.target={__name__}:FailingForward"],
+         ["model FailingForward: given a batch of 2 images", "forward raised ValueError: the user's forward fails"]),
+    ):  # fmt: skip
+        assert main([*args, *extra]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err, err
+        for needle in needles:
+            assert needle in " ".join(err.split()), (needle, err)
+
+
+class IntegerLogits(TinyNet):
+    """A user's model whose forward rounds its logits to integers (no gradient can flow through them)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x).round().long()
+
+
+def test_integer_logits_and_a_loss_that_is_not_one_number_are_refused_naming_what_was_returned(tmp_path):
+    from hasten.engine.loss import UserLoss
+
+    data = (quadrants(32, 0), quadrants(16, 1))
+    overrides = [*QUIET, "train.epochs=1", "precision=fp32"]
+    with pytest.raises(RecipeError, match=r"model IntegerLogits: returns int64 logits of shape \(2, 4\) .*must "
+                                          "return floating-point class logits"):  # fmt: skip
+        hasten.train(None, [*overrides, f"run.dir={tmp_path / 'a'}"], model=IntegerLogits(), data=data)
+
+    def per_example(logits: torch.Tensor, soft_targets: torch.Tensor) -> torch.Tensor:
+        return (logits - soft_targets).square().sum(1)  # not reduced over the batch
+
+    with pytest.raises(RecipeError, match=r"loss: your loss .*per_example\(logits of shape \(16, 4\), soft targets of "
+                                          r"shape \(16, 4\)\) returned a float32 tensor of shape \(16,\); it must "
+                                          "return one number"):  # fmt: skip
+        hasten.train(None, [*overrides, f"run.dir={tmp_path / 'b'}"], model=TinyNet(), data=data, loss=per_example)
+
+    logits, targets = torch.randn(3, 4, requires_grad=True), torch.eye(4)[:3]
+    for loss, needle in (
+        (lambda x, y: 0.5, r"returned float; it must return a tensor of one number"),
+        (lambda x, y: (x - y).abs().sum().long(), r"returned a int64 tensor of shape \(\); it must be floating-point"),
+        (lambda x, y: (x - y).abs().sum().detach(), r"returned a float32 tensor of shape \(\); it has no gradient"),
+        (lambda x, y: x[:, 7].mean(), r"raised IndexError: index 7 is out of bounds .*\(at .*test_user.py:\d+, in"),
+    ):
+        with pytest.raises(RecipeError, match=needle):
+            UserLoss(loss)(logits, targets)
+    assert UserLoss(lambda x, y: (x - y).square().mean().reshape(1))(logits, targets).shape == ()  # one number
