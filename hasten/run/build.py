@@ -47,6 +47,7 @@ from hasten.runfolder.folder import (
     RunLock,
     check_resume_recipe,
     claim_fresh,
+    forget_unfinished_start,
     recipe_changes,
     refuse_links,
     refuse_taken,
@@ -337,6 +338,12 @@ def train(
                 summary["wall_seconds"] = round(trainer.wall_seconds(), 3)  # everything, from the command's start
                 log.summary(summary)
                 distributed.barrier()  # the ranks end together, once rank 0 has written everything
+        except HastenError:
+            log.close()
+            fresh = parts.checkpoint is None and not int(os.environ.get(RESTARTS, "0"))
+            if fresh and log.enabled and forget_unfinished_start(folder):  # a step-1 failure leaves no debris
+                say(f"run folder: {folder} left as it was (the run ended before its first checkpoint)")
+            raise
         finally:
             log.close()
         return summary

@@ -296,6 +296,30 @@ def claim_fresh(folder: str | Path, overwrite: bool, resuming: bool = False) -> 
     return aside
 
 
+def forget_unfinished_start(folder: str | Path) -> bool:
+    """After a fresh run (one that found no other run's files in `folder`) ended in an error before it saved any
+    checkpoint: remove what it wrote there (recipe.yaml, metrics.csv, its TensorBoard events, an empty
+    checkpoints/), so that the folder is as it was and the same command runs again without run.overwrite. Returns
+    whether anything was removed; a folder with a checkpoint is kept whole (a run that saved one is resumable)."""
+    folder = Path(folder)
+    checkpoints = folder / "checkpoints"
+    if checkpoints.is_symlink() or (checkpoints.is_dir() and any(checkpoints.iterdir())):
+        return False
+    removed = False
+    for name in ("recipe.yaml", "metrics.csv", "summary.json"):
+        path = folder / name
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
+            removed = True
+    board = folder / "tensorboard"
+    if board.is_dir() and not board.is_symlink():
+        shutil.rmtree(board, ignore_errors=True)
+        removed = True
+    if checkpoints.is_dir():
+        checkpoints.rmdir()
+    return removed
+
+
 RUN_MARKERS = ("recipe.yaml", "summary.json", "metrics.csv", "checkpoints", LOCK_NAME)  # a run folder holds one
 
 

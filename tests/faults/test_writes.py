@@ -129,3 +129,21 @@ def test_class_names_that_look_like_markup_print_as_they_are(tmp_path, capsys):
     assert main(["evaluate", str(run), "--out", str(tmp_path / "ev")]) == 0
     out = capsys.readouterr().out
     assert "[red]a" in out and "[bold]b" in out
+
+
+def test_a_run_that_fails_before_its_first_checkpoint_leaves_the_folder_as_it_was(tiny_overrides, tmp_path):
+    """A fresh run that ends in an error at its first step (here a loss that is not one number) removes what it
+    wrote, so the same command runs again without run.overwrite; a folder that held a checkpoint is kept whole."""
+    import hasten
+    from hasten.errors import HastenError
+
+    folder = tmp_path / "run"
+    overrides = [*tiny_overrides, f"run.dir={folder}", "train.epochs=1", "run.tensorboard=true"]
+    with pytest.raises(HastenError, match="one number"):
+        hasten.train(None, overrides, loss=lambda logits, targets: (logits - targets).pow(2).sum(1))
+    assert not folder.exists() or sorted(p.name for p in folder.iterdir()) == []
+    assert hasten.train(None, overrides)["epochs"] == 1  # the same command again, no run.overwrite needed
+    kept = sorted(p.name for p in folder.iterdir())
+    with pytest.raises(HastenError, match="one number"):  # resumed: its checkpoint and files stay
+        hasten.train(None, [*overrides, "train.epochs=2", "resume=auto"], loss=lambda lo, ta: (lo - ta).sum(1))
+    assert {"checkpoints", "recipe.yaml", "metrics.csv"} <= set(kept) <= {p.name for p in folder.iterdir()}
