@@ -69,6 +69,14 @@ def _theirs(filename: str) -> bool:
     return not str(Path(filename).resolve()).startswith(_not_theirs())
 
 
+def raised_in_their_code(error: BaseException) -> bool:
+    """Whether any frame of `error`'s traceback is the user's code (their model's forward, a hook of theirs):
+    the failure is theirs to see as one line (`their_error`), not as hasten's traceback."""
+    import traceback
+
+    return any(_theirs(frame.filename) for frame in traceback.extract_tb(error.__traceback__))
+
+
 def their_error(error: BaseException) -> str:
     """An exception raised in the user's own code (a Dataset's item, a model's forward, a loss, a model or data
     target function) as a line that says what it was and where in their code: `ValueError: bad file (at

@@ -29,7 +29,7 @@ from hasten.engine.distributed import DistEnv, world_size
 from hasten.engine.memory import available_memory_bytes
 from hasten.engine.precision import check_precision
 from hasten.engine.schedules import asked_rise_steps, rise_steps
-from hasten.errors import CheckpointError, DataError, HastenError, RecipeError
+from hasten.errors import CheckpointError, DataError, HastenError, RecipeError, raised_in_their_code, their_error
 from hasten.machine import current as current_machine
 from hasten.models import build_model
 from hasten.models.pretrained import save_weights  # Freeze registers here
@@ -338,12 +338,18 @@ def train(
                 summary["wall_seconds"] = round(trainer.wall_seconds(), 3)  # everything, from the command's start
                 log.summary(summary)
                 distributed.barrier()  # the ranks end together, once rank 0 has written everything
-        except HastenError:
+        except Exception as error:
+            theirs = recipe.model.name in USER_SOURCES and not isinstance(error, MemoryError | torch.OutOfMemoryError)
+            if not isinstance(error, HastenError) and not (theirs and raised_in_their_code(error)):
+                raise  # hasten's own failure: its traceback is the report
             log.close()
             fresh = parts.checkpoint is None and not int(os.environ.get(RESTARTS, "0"))
             if fresh and log.enabled and forget_unfinished_start(folder):  # a step-1 failure leaves no debris
                 say(f"run folder: {folder} left as it was (the run ended before its first checkpoint)")
-            raise
+            if isinstance(error, HastenError):
+                raise
+            # their model's forward or backward in training (the start-up check runs it in evaluation mode only)
+            raise RecipeError(f"model: training your model raised {their_error(error)}") from None
         finally:
             log.close()
         return summary

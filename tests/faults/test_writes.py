@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from torch import nn
 
 from hasten.cli import main
 from hasten.runfolder.checkpoint import checkpoints_in
@@ -147,3 +148,27 @@ def test_a_run_that_fails_before_its_first_checkpoint_leaves_the_folder_as_it_wa
     with pytest.raises(HastenError, match="one number"):  # resumed: its checkpoint and files stay
         hasten.train(None, [*overrides, "train.epochs=2", "resume=auto"], loss=lambda lo, ta: (lo - ta).sum(1))
     assert {"checkpoints", "recipe.yaml", "metrics.csv"} <= set(kept) <= {p.name for p in folder.iterdir()}
+
+
+class FailsInTraining(nn.Module):
+    """A user's model whose forward fails only in training mode: the start-up check (evaluation mode) passes."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.head = nn.Sequential(nn.Flatten(), nn.LazyLinear(num_classes))
+
+    def forward(self, x):
+        if self.training:
+            raise ValueError("dropout mask has the wrong shape")
+        return self.head(x)
+
+
+def test_a_users_model_that_fails_in_training_is_reported_as_theirs(tiny_overrides, tmp_path, capsys):
+    import hasten
+    from hasten.errors import RecipeError
+
+    folder = tmp_path / "run"
+    with pytest.raises(RecipeError, match="training your model raised ValueError: dropout mask") as raised:
+        hasten.train(None, [*tiny_overrides, f"run.dir={folder}", "train.epochs=1"], model=FailsInTraining)
+    assert "test_writes.py" in str(raised.value) and "in forward" in str(raised.value)  # where in their code
+    assert not folder.exists() or list(folder.iterdir()) == []  # and the folder as it was
