@@ -932,6 +932,62 @@ def checkpoint_that_unpacks_to_more_than_it_holds(c: Ctx) -> None:
     expect_refusal(code, err, "bomb.pt", "unpack to")
 
 
+def onnx_with_a_constant_bomb(export: Path, out: Path, op: str) -> Path:
+    """`export` with a tensor of 60000 x 60000 computed from its constants alone (14.4 GB as floats) and added, times
+    zero, to its logits: it runs, answering as the export does, once that memory is found."""
+    import numpy
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    proto = onnx.load(str(export))
+    graph = proto.graph
+    logits = graph.output[0].name
+    for node in graph.node:
+        node.output[:] = ["clean" if name == logits else name for name in node.output]
+    graph.initializer.extend([numpy_helper.from_array(numpy.array([60000, 60000], dtype=numpy.int64), "side"),
+                              numpy_helper.from_array(numpy.array([1.0], dtype=numpy.float32), "one")])  # fmt: skip
+    one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
+    made = {
+        "ConstantOfShape": [helper.make_node("ConstantOfShape", ["side"], ["bomb"], value=one)],
+        "Expand": [helper.make_node("Expand", ["one", "side"], ["bomb"])],
+        "RandomNormal": [helper.make_node("RandomNormal", [], ["bomb"], shape=[60000, 60000])],
+        # a shape that ONNX's inference cannot follow (Abs has no data propagation): not sized, so refused
+        "Abs": [helper.make_node("Abs", ["side"], ["unsized"]),
+                helper.make_node("ConstantOfShape", ["unsized"], ["bomb"], value=one)],
+    }[op]  # fmt: skip
+    graph.node.extend([*made, helper.make_node("ReduceSum", ["bomb"], ["total"], keepdims=0),
+                       helper.make_node("Mul", ["total", "one"], ["scaled"]),
+                       helper.make_node("Sub", ["scaled", "scaled"], ["nil"]),
+                       helper.make_node("Add", ["clean", "nil"], [logits])])  # fmt: skip
+    onnx.save(proto, str(out))
+    return out
+
+
+def onnx_graphs_that_compute_gigabytes_from_constants(c: Ctx) -> None:
+    import onnxruntime
+
+    export = c.tmp / "model.onnx"
+    code, err = c.hasten("export", str(c.finished), str(export))
+    assert code == 0, err
+
+    class NoSession:
+        def __init__(self, path: str, *args: object, **kwargs: object) -> None:
+            raise AssertionError(f"onnxruntime was given {path}, a graph that takes 14.4 GB before any input")
+
+    c.monkeypatch.setattr(onnxruntime, "InferenceSession", NoSession)
+    for op, needle in (("ConstantOfShape", "ConstantOfShape 'bomb' of shape [60000, 60000]"),
+                       ("Expand", "Expand 'bomb' of shape [60000, 60000]"),
+                       ("RandomNormal", "RandomNormal 'bomb' of shape [60000, 60000]"),
+                       ("Abs", "a size shape inference cannot tell")):  # fmt: skip
+        bomb = onnx_with_a_constant_bomb(export, c.tmp / f"{op}.onnx", op)
+        assert bomb.stat().st_size < 1_000_000
+        code, err = c.hasten("predict", str(bomb), str(picture(c)))
+        expect_refusal(code, err, f"{op}.onnx", needle, "from its constants alone")
+        assert len(err.strip().splitlines()) == 1, err
+        with pytest.raises(CheckpointError, match="from its constants alone"):
+            hasten.load(bomb)
+
+
 class Server:
     """A local HTTP server that misbehaves: /endless never stops sending, /trickle sends a byte every 2 s,
     /huge announces a terabyte."""
@@ -1074,6 +1130,7 @@ RESOURCES: list[Callable[[Ctx], None]] = [
     sizes_in_summary_json_are_checked,
     stride_zero_tensor_in_a_checkpoint,
     checkpoint_that_unpacks_to_more_than_it_holds,
+    onnx_graphs_that_compute_gigabytes_from_constants,
     downloads_are_capped_in_size_and_time,
     decompression_bomb_images,
     sizes_in_the_recipe_are_bounded,
