@@ -1083,6 +1083,43 @@ def decompression_bomb_images(c: Ctx) -> None:
     expect_refusal(code, err, "0.png", "decompression-bomb")
 
 
+def a_fifo_named_like_an_image(c: Ctx) -> None:
+    import threading
+
+    root = c.tmp / "folder"
+    for split, cls in (("train", "a"), ("train", "b"), ("val", "a"), ("val", "b")):
+        (root / split / cls).mkdir(parents=True)
+        for i in range(3):
+            Image.new("L", (8, 8), 60 * i + (100 if cls == "b" else 0)).save(root / split / cls / f"{i}.png")
+    fifos = [root / "train" / "a" / "x.png", root / "val" / "b" / "x.png"]
+
+    def feed(fifo: Path) -> None:  # were it read, the read gets bytes that are no image, not a wait for ever
+        with open(fifo, "wb") as writer:
+            writer.write(b"not an image")
+
+    feeders = []
+    for fifo in fifos:
+        os.mkfifo(fifo)
+        feeders.append(threading.Thread(target=feed, args=(fifo,), daemon=True))
+        feeders[-1].start()
+    try:
+        run = c.tmp / "r"
+        code, err = c.hasten("train", *QUICK, "data.name=imagefolder", f"data.root={root}", "data.workers=0",
+                             "train.min_steps_per_epoch=0", f"run.dir={run}")  # fmt: skip
+        assert code == 0, err
+        assert "skipped 2 entries named like an image but not a regular file" in err, err
+        assert "train/a/x.png (a FIFO)" in err, err
+        code, err = c.hasten("evaluate", str(run))
+        assert code == 0 and "Traceback" not in err, err
+        assert "train/a/x.png (a FIFO)" in err, err
+    finally:
+        readers = [os.open(fifo, os.O_RDONLY | os.O_NONBLOCK) for fifo in fifos]  # each feeder can now finish
+        for feeder in feeders:
+            feeder.join(timeout=10)
+        for reader in readers:
+            os.close(reader)
+
+
 def sizes_in_the_recipe_are_bounded(c: Ctx) -> None:
     for override, needle in (("data.size=100000", "data.size"), ("data.synthetic_size=10000000000", "synthetic_size"),
                              ("data.size=-5", "data.size")):  # fmt: skip
@@ -1133,6 +1170,7 @@ RESOURCES: list[Callable[[Ctx], None]] = [
     onnx_graphs_that_compute_gigabytes_from_constants,
     downloads_are_capped_in_size_and_time,
     decompression_bomb_images,
+    a_fifo_named_like_an_image,
     sizes_in_the_recipe_are_bounded,
     a_dataset_of_a_trillion_items,
     a_model_larger_than_the_machine,
