@@ -1128,6 +1128,46 @@ def sizes_in_the_recipe_are_bounded(c: Ctx) -> None:
     assert not (c.tmp / "never").exists()
 
 
+def counts_have_ceilings(c: Ctx) -> None:
+    from hasten.errors import HastenError, RecipeError
+    from hasten.experiments.bench import grid_variants, run_grid
+    from hasten.recipe.gan import load_gan_recipe
+
+    # each is refused by the schema first (without the ceiling, training a million epochs on 99,999,999 threads would
+    # be what the command line below does), then through the command line, exit 2 naming the key
+    at_most = "less than or equal to"
+    for override, key, needle in (("model.width=70000", "model.width", "65536"),
+                                  ("model.widths=[8,70000,8]", "model.widths", "65536"),
+                                  ("model.blocks=[1,100000]", "model.blocks", "1000"),
+                                  (f"model.blocks={[1] * 17}", "model.blocks", "at most 16 items"),
+                                  ("train.threads=99999999", "train.threads", "1024"),
+                                  ("train.epochs=1000000", "train.epochs", "100000"),
+                                  ("data.workers=5000", "data.workers", "1024")):  # fmt: skip
+        with pytest.raises(RecipeError, match=re.escape(key)):
+            load_recipe(None, [override])
+        code, err = c.train(c.tmp / "never", override)
+        expect_refusal(code, err, key, needle)
+        assert at_most in err or "at most" in err, err
+    for override in ("train.epochs=1000000", "train.threads=99999999", "model.width=70000"):
+        with pytest.raises(RecipeError, match=re.escape(override.split("=")[0])):
+            load_gan_recipe(None, [override])
+    assert not (c.tmp / "never").exists()
+    recipe = load_recipe(None, TINY)
+    with pytest.raises(HastenError, match="--repeats 1,000,000: from 1 to 1,000"):
+        run_grid(recipe, [], 1_000_000, c.tmp / "grid", warmup=False, measure_peak=False)
+    code, err = c.hasten("bench", *TINY, "--repeats", "1000000", "--no-naive", "--out", str(c.tmp / "bench"))
+    expect_refusal(code, err, "--repeats 1,000,000", "1,000")
+    seeds, epochs = ",".join(map(str, range(101))), ",".join(map(str, range(1, 101)))
+    with pytest.raises(RecipeError, match=r"101 \(seed\) x 100 \(train.epochs\) = 10,100 runs"):
+        grid_variants([("seed", seeds.split(",")), ("train.epochs", epochs.split(","))])
+    for command in ("sweep", "bench"):
+        out = c.tmp / command
+        code, err = c.hasten(command, *TINY, "--vary", f"seed={seeds}", "--vary", f"train.epochs={epochs}",
+                             "--out", str(out))  # fmt: skip
+        expect_refusal(code, err, "--vary", "10,100 runs", "10,000")
+        assert not out.exists()
+
+
 def a_dataset_of_a_trillion_items(c: Ctx) -> None:
     from hasten.errors import DataError
 
@@ -1172,6 +1212,7 @@ RESOURCES: list[Callable[[Ctx], None]] = [
     decompression_bomb_images,
     a_fifo_named_like_an_image,
     sizes_in_the_recipe_are_bounded,
+    counts_have_ceilings,
     a_dataset_of_a_trillion_items,
     a_model_larger_than_the_machine,
     memory_that_cannot_be_had,
