@@ -1184,7 +1184,7 @@ def a_dataset_of_a_trillion_items(c: Ctx) -> None:
 
 
 def a_model_larger_than_the_machine(c: Ctx) -> None:
-    for override in ("model.width=1000000", "model.layers=[flatten, {dense: 10000000000}, {dense: classes}]"):
+    for override in ("model.width=65536", "model.layers=[flatten, {dense: 10000000000}, {dense: classes}]"):
         extra = ["model.name=sequential"] if "layers" in override else []
         code, err = c.train(c.tmp / "never", *extra, override)
         expect_refusal(code, err, "parameters", "more than", "this machine has free")
@@ -1197,7 +1197,7 @@ def memory_that_cannot_be_had(c: Ctx) -> None:
                            "tried to allocate 720000000000 bytes. Error code 12 (Cannot allocate memory)")  # fmt: skip
 
     c.monkeypatch.setattr(hasten.run.build, "build_model", refused)
-    code, err = c.train(c.tmp / "r", "model.width=300000")
+    code, err = c.train(c.tmp / "r", "model.width=60000")
     expect_refusal(code, err, "out of memory", "720000000000 bytes", "model.width")
 
 
