@@ -23,6 +23,7 @@ from hasten.errors import CheckpointError
 # computes shapes and scalars only, some KB
 MAX_CONSTANT_BYTES = 256 << 20
 CONSTANT_FILE_FACTOR = 4
+SHAPE_BYTES = 1 << 16  # an initializer larger is a weight, not a shape: inference reads only its type and dims
 
 
 def check_onnx_graph(path: Path) -> None:
@@ -58,19 +59,25 @@ def check_onnx_graph(path: Path) -> None:
 
 def constant_bytes(proto: Any) -> tuple[float, tuple[str, str, list[int] | None]]:
     """The bytes of every node output of `proto`'s main graph that depends on no graph input (infinite where shape
-    inference cannot size one), and the largest such output as (operator, name, shape or None). The file's own
-    `value_info` is set aside: shapes come from inference over the initializers, not from what the file says."""
-    import onnx
+    inference cannot size one), and the largest such output as (operator, name, shape or None).
+
+    `proto` is changed in place, as it is read for nothing else: its `value_info` is dropped (shapes come from
+    inference over the initializers, not from what the file says) and so are the values of initializers above
+    SHAPE_BYTES (weights: their shapes and types stay, which is all inference reads of them; a shape of more than
+    8,192 dimensions, were one there, is then not followed, and what it sizes counts as unsized), so inference, which
+    copies the model, copies no weights."""
     from onnx import helper, shape_inference
 
     graph = proto.graph
-    bare = onnx.ModelProto()
-    bare.CopyFrom(proto)
-    del bare.graph.value_info[:]
+    del graph.value_info[:]
+    for tensor in graph.initializer:
+        if tensor.ByteSize() > SHAPE_BYTES:
+            for values in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+                tensor.ClearField(values)
     try:
-        inferred = shape_inference.infer_shapes(bare, data_prop=True).graph
+        inferred = shape_inference.infer_shapes(proto, data_prop=True).graph
     except Exception:  # inference stops on a graph it finds inconsistent: then nothing is sized
-        inferred = bare.graph
+        inferred = graph
     shapes: dict[str, tuple[list[int] | None, int]] = {}
     for value in (*inferred.value_info, *inferred.output):
         tensor = value.type.tensor_type
