@@ -5,6 +5,9 @@ The batches are Python pickles. Unpickling can run arbitrary code, so they are r
 resolves only the numpy globals an ndarray needs and refuses everything else. When only the official
 tar.gz is present, the batch files are extracted next to it once (tarfile's "data" filter, and only the
 expected members); where that folder is read-only (a system copy), they are read from the archive in memory.
+Each member's size is read from its tar header and checked against what a batch of the format can hold before a
+byte of it is extracted or read, and so is each extracted batch file's: a small archive may hold a member of
+gigabytes of zeros.
 """
 
 from __future__ import annotations
@@ -73,6 +76,12 @@ def load_batch(data: bytes, source: str) -> dict:
     return loaded
 
 
+# bytes a batch file may take per image it holds: 3,072 pixel bytes, its labels and its file name, pickled (the official
+# files take about 3,105); the class names (batches.meta, meta) take a few KB at most
+BATCH_BYTES_PER_IMAGE = 3_300
+MAX_META_BYTES = 1 << 20
+
+
 @dataclass(frozen=True)
 class CifarLayout:
     """Where one CIFAR variant keeps its batches and which keys hold labels and class names."""
@@ -84,10 +93,18 @@ class CifarLayout:
     meta: str
     label_key: bytes
     names_key: bytes
+    train_images: int  # images in each of `train`'s files
+    test_images: int
 
     @property
     def files(self) -> tuple[str, ...]:
         return (*self.train, self.test, self.meta)
+
+    def max_bytes(self, name: str) -> int:
+        """The largest file `name` (one of `files`) may be: what its images take at most, pickled."""
+        if name == self.meta:
+            return MAX_META_BYTES
+        return BATCH_BYTES_PER_IMAGE * (self.test_images if name == self.test else self.train_images)
 
 
 LAYOUTS: dict[str, CifarLayout] = {
@@ -99,6 +116,8 @@ LAYOUTS: dict[str, CifarLayout] = {
         "batches.meta",
         b"labels",
         b"label_names",
+        10_000,
+        10_000,
     ),
     # fine labels: the 100-class task; the 20 coarse superclasses are not used
     "cifar100": CifarLayout(
@@ -109,6 +128,8 @@ LAYOUTS: dict[str, CifarLayout] = {
         "meta",
         b"fine_labels",
         b"fine_label_names",
+        50_000,
+        10_000,
     ),
 }
 
@@ -138,6 +159,15 @@ def _wanted_members(layout: CifarLayout) -> dict[str, str]:
     return {f"{layout.folder}/{name}": name for name in layout.files}
 
 
+def _check_size(source: str, size: int, layout: CifarLayout, name: str) -> None:
+    """DataError naming `source` when batch file `name` is `size` bytes, more than the format's batch can be."""
+    if size > layout.max_bytes(name):
+        raise DataError(
+            f"{source}: {size:,} bytes, more than a CIFAR {name} file can hold ({layout.max_bytes(name):,}); is it the "
+            f"official {layout.archive}?"
+        )
+
+
 def _extract(archive: Path, folder: Path, layout: CifarLayout) -> Path | None:
     """Extract the batch files beside the archive; None when `folder` is not writable."""
     try:
@@ -152,7 +182,8 @@ def _extract(archive: Path, folder: Path, layout: CifarLayout) -> Path | None:
             for member in tar:
                 name = member.name.removeprefix("./")
                 if name in wanted and member.isfile():
-                    tar.extract(member, staging, **_DATA_FILTER)
+                    _check_size(f"{archive} (member {name})", member.size, layout, wanted[name])
+                    tar.extract(member, staging, **_DATA_FILTER)  # copies member.size bytes, no more
                     found.add(name)
         missing = sorted(set(wanted) - found)
         if missing:
@@ -182,6 +213,7 @@ def _read_from_archive(archive: Path, layout: CifarLayout) -> dict[str, bytes]:
             for member in tar:
                 name = member.name.removeprefix("./")
                 if name in wanted and member.isfile():
+                    _check_size(f"{archive} (member {name})", member.size, layout, wanted[name])
                     blobs[wanted[name]] = tar.extractfile(member).read()
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
         raise DataError(f"{archive}: cannot read ({exc}); delete it and fetch it again") from exc
@@ -228,9 +260,13 @@ def read_cifar(folder: Path, variant: str) -> CifarArrays:
             return load_batch(blobs[name], f"{batches} (member {layout.folder}/{name})"), f"{batches}:{name}"
         path = batches / name
         try:
-            return load_batch(path.read_bytes(), str(path)), str(path)
+            with open(path, "rb") as f:
+                _check_size(str(path), os.fstat(f.fileno()).st_size, layout, name)
+                data = f.read(layout.max_bytes(name) + 1)  # a file that grows while it is read stops at the bound
         except OSError as exc:
             raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        _check_size(str(path), len(data), layout, name)
+        return load_batch(data, str(path)), str(path)
 
     train_parts = [_images_and_labels(*load(name), label_key=layout.label_key) for name in layout.train]
     test_images, test_labels = _images_and_labels(*load(layout.test), label_key=layout.label_key)

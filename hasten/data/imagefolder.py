@@ -10,11 +10,17 @@ then augments and normalises whole batches exactly as `InMemoryLoader` does, wit
 
 Classes are the sorted names of the folders under `train/`, so label i is the i-th name; `hasten data
 make-folder` (makefolder.py) prefixes them with their label index to keep a dataset's own label order.
+
+Only regular files are images: a FIFO named `x.png` would block the first read of it for ever, and a device could
+read without end, so the scan looks at what each name is (following symlinks, opening nothing) and skips, with a
+note, what is not a regular file. A symlink to an image is read as the image; a broken one is kept, to be named
+when it is read.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -67,7 +73,8 @@ class ImageFolder:
     size: tuple[int, int]  # (width, height) in pixels every image is brought to
     resize: bool  # False: images of another size are an error rather than resized
     name: str = "imagefolder"
-    notes: tuple[str, ...] = ()  # what opening it decided about the image size and channels: the run says each
+    # what opening it decided about the image size and channels, and what it skipped: the run says each
+    notes: tuple[str, ...] = ()
 
     @property
     def num_classes(self) -> int:
@@ -79,8 +86,35 @@ class ImageFolder:
         return (3 if self.mode == "RGB" else 1, self.size[1], self.size[0])
 
 
-def _images_in(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
+def _kind(path: Path) -> str | None:
+    """None for a regular file, or a symlink to one, or a name that cannot be looked at (the read names it); else
+    what it is ("a FIFO", "a folder", ...), from its inode alone: nothing is opened."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+
+
+def _images_in(folder: Path, skipped: list[tuple[Path, str]]) -> list[Path]:
+    """The image files in `folder`; entries named like images that are not regular files go to `skipped`."""
+    images = []
+    named = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
+    for path in named:
+        kind = _kind(path)
+        if kind is None:
+            images.append(path)
+        else:
+            skipped.append((path, kind))
+    return images
 
 
 def _class_folders(split: Path) -> list[Path]:
@@ -94,8 +128,10 @@ def class_name(folder: Path) -> str:
     return printable(os.fsencode(folder.name).decode("utf-8", "backslashreplace"))
 
 
-def scan_split(split: Path, classes: list[str]) -> FolderSplit:
-    """The images under `split/<class>/`; a class folder that is not in `classes` is an error naming it."""
+def scan_split(split: Path, classes: list[str], skipped: list[tuple[Path, str]] | None = None) -> FolderSplit:
+    """The images under `split/<class>/`; a class folder that is not in `classes` is an error naming it. Entries
+    named like images that are not regular files are left out, and appended to `skipped` with what they are."""
+    skipped = [] if skipped is None else skipped
     index = {name: i for i, name in enumerate(classes)}
     paths: list[str] = []
     labels: list[int] = []
@@ -103,7 +139,7 @@ def scan_split(split: Path, classes: list[str]) -> FolderSplit:
         name = class_name(folder)
         if name not in index:
             raise DataError(f"{split / name}: class {name!r} is not among the training classes (train/ folders)")
-        files = _images_in(folder)
+        files = _images_in(folder, skipped)
         paths += [str(p) for p in files]
         labels += [index[name]] * len(files)
     return FolderSplit(paths, torch.tensor(labels, dtype=torch.int64))
@@ -295,7 +331,8 @@ def open_image_folder(
         raise DataError(f"{train_dir}: no class folders (expected train/<class>/*.png)")
     if len(set(classes)) < len(classes):
         raise DataError(f"{train_dir}: two class folders have the same name once shown as text: {classes}")
-    train = scan_split(train_dir, classes)
+    skipped: list[tuple[Path, str]] = []
+    train = scan_split(train_dir, classes, skipped)
     empty = [name for i, name in enumerate(classes) if not bool((train.labels == i).any())]
     if empty and len(empty) < len(classes):
         print(f"warning: data.root={root}: train/{', train/'.join(empty)} hold(s) no images; kept as class(es) "
@@ -307,7 +344,7 @@ def open_image_folder(
         kept, held = stratified_holdout(train.labels, val_fraction, seed)
         train, test = train.take(kept), train.take(held)
     else:
-        test = scan_split(test_dir, classes)
+        test = scan_split(test_dir, classes, skipped)
     if not train.paths:
         raise DataError(f"{train_dir}: no image files ({', '.join(IMAGE_SUFFIXES)}) in its class folders")
     if subset is not None:
@@ -327,7 +364,7 @@ def open_image_folder(
     spread = numpy.linspace(0, len(train.paths) - 1, count).round().astype(int)
     sampled = [_header(train.paths[i]) for i in sorted(set(spread.tolist()))]
     first_size = sampled[0][0]
-    notes = []
+    notes = [skipped_note(root, skipped)] if skipped else []
     if size is None:
         size, note = mixed_sizes_side([first_size, *(found for found, _ in held_out + sampled)])
         notes += [note] * bool(note)
@@ -338,6 +375,14 @@ def open_image_folder(
         mode = "RGB" if rgb else "L"
     shape = (size, size) if size else first_size
     return ImageFolder(root, classes, train, test, mode, shape, size is not None, notes=tuple(notes))
+
+
+def skipped_note(root: Path, skipped: list[tuple[Path, str]]) -> str:
+    """One line on the entries the scan left out: how many, and the first of them with what it is."""
+    first, kind = skipped[0]
+    count = f"{len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'}"
+    return (f"data.root={root}: skipped {count} named like an image but not a regular file (FIFOs, sockets, "
+            f"devices, folders), e.g. {first.relative_to(root)} ({kind})")  # fmt: skip
 
 
 def folder_mode(modes: list[str]) -> tuple[str, str]:

@@ -53,7 +53,7 @@ from hasten.experiments.variants import (  # re-exported: the sweep and transfer
 from hasten.machine import current as current_machine
 from hasten.models import build_model
 from hasten.progress import say
-from hasten.recipe.schema import Recipe, apply_overrides, validate
+from hasten.recipe.schema import MAX_EPOCHS, Recipe, apply_overrides, validate
 from hasten.run.build import dataset
 from hasten.runfolder.folder import owned_output
 from hasten.runfolder.log import environment, write_atomic
@@ -76,6 +76,9 @@ __all__ = [
     "variant_recipe",
     "write_results",
 ]
+
+# runs of each variant: a benchmark wants the median and spread of a few; 1,000 of even a seconds-long run is hours
+MAX_REPEATS = 1_000
 
 METRICS = ("test_accuracy", "train_seconds", "wall_seconds", "images_per_second", "peak_memory_bytes")
 OPTIONAL_METRICS = ("peak_step_memory_bytes", "startup_seconds", "eval_seconds")  # not in every summary
@@ -266,8 +269,10 @@ def run_grid(
     """Train every variant `repeats` times (after one warm-up run), interleaved, and return the results
     (what results.json holds). Run folders go to `out/runs/<variant>/r<k>`. Every variant's recipe is
     validated before anything runs. A failed run is recorded with its error and the rest go on."""
-    if repeats < 1:
-        raise HastenError("--repeats must be at least 1")
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise HastenError(f"--repeats {repeats:,}: from 1 to {MAX_REPEATS:,} (the spread of a few runs is the point)")
+    if naive_epochs is not None and not 1 <= naive_epochs <= MAX_EPOCHS:
+        raise HastenError(f"--naive-epochs {naive_epochs:,}: from 1 to {MAX_EPOCHS:,}, as train.epochs")
     out = Path(out or Path("bench") / recipe.name)
     folders = {v: out / "runs" / f"{i:02d}-{slug(v.name)}" for i, v in enumerate(variants, 1)}
     recipes = {v: variant_recipe(recipe, v) for v in variants}  # all validated before anything runs

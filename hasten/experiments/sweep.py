@@ -190,9 +190,9 @@ def sweep(
     if not items:
         raise RecipeError("sweep: nothing to vary; give --vary KEY=V1,V2 (or sweep.vary in the recipe)")
     parsed = parse_vary(items)
+    variants = grid_variants(parsed)  # a grid beyond MAX_GRID_POINTS is refused before the folder is touched
     out = Path(out or run_dir(recipe))
     with owned_output(out, recipe.run.overwrite, "sweep"):  # locked, and never a training run's folder
-        variants = grid_variants(parsed)
         results = run_grid(
             recipe, variants, 1, out, warmup=False, isolate=isolate, measure_peak=False, command=command, log=log
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,9 @@ from hasten.recipe.schema import Recipe, apply_overrides, dotted, load_recipe, p
 from hasten.techniques.registry import SWITCHES
 
 NAIVE = "naive"
+# grid points of one `--vary` grid (bench, sweep), each a training run: a 100 x 100 sweep is far beyond any study's;
+# the count is checked before the grid is listed, as a few --vary items of many values multiply into astronomy
+MAX_GRID_POINTS = 10_000
 
 # `--ablate` without `--vary`: each technique the recipe switches on, switched off alone (KEY, OFF), in the order
 # of the registry of techniques, which every technique is listed in
@@ -72,7 +76,14 @@ def lookup(recipe: Recipe, key: str) -> Any:
 
 
 def grid_variants(vary: Sequence[tuple[str, list[str]]]) -> list[Variant]:
-    """Every combination of the varied values, one variant each."""
+    """Every combination of the varied values, one variant each; more than MAX_GRID_POINTS is a RecipeError."""
+    points = math.prod(len(values) for _, values in vary)
+    if points > MAX_GRID_POINTS:
+        sizes = " x ".join(f"{len(values):,} ({key})" for key, values in vary)
+        raise RecipeError(
+            f"--vary: a grid of {sizes} = {points:,} runs, more than the {MAX_GRID_POINTS:,} one grid may have; "
+            "vary fewer values at once"
+        )
     labels = _labels([key for key, _ in vary])
     variants = []
     for combination in itertools.product(*(values for _, values in vary)):

@@ -18,7 +18,10 @@ from hasten.errors import RecipeError
 from hasten.recipe.loading import read_recipe_yaml
 from hasten.recipe.schema import (
     DEFAULT_RECIPE,
+    MAX_EPOCHS,
     MAX_SYNTHETIC,
+    MAX_THREADS,
+    MAX_WIDTH,
     DataConfig,
     Fp32WeightsPrecision,
     Fraction,
@@ -56,7 +59,7 @@ class GanData(Section):
 
 class GanModel(Section):
     latent: Annotated[int, Field(ge=1)] = Field(100, description="Length of the noise vector z.")
-    width: Annotated[int, Field(ge=1)] = Field(
+    width: Annotated[int, Field(ge=1, le=MAX_WIDTH)] = Field(
         64, description="Channels of D's first and G's last hidden layer; the others 2x and 4x that."
     )
 
@@ -70,11 +73,11 @@ class GanOptim(Section):
 
 
 class GanTrain(Section):
-    epochs: Annotated[int, Field(ge=1)] = Field(5, description="Passes over the training images.")
+    epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS)] = Field(5, description="Passes over the training images.")
     batch_size: Annotated[int, Field(ge=2)] = Field(
         128, description="Real images per step (batch norm needs 2 or more)."
     )
-    threads: Annotated[int, Field(ge=1)] | None = Field(
+    threads: Annotated[int, Field(ge=1, le=MAX_THREADS)] | None = Field(
         None, description="torch intra-op threads; null: torch's default."
     )
     # one-sided label smoothing (Salimans et al., "Improved Techniques for Training GANs", 2016) keeps D from

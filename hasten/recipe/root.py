@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from hasten.recipe.sections import (
+    MAX_EPOCHS,
+    MAX_THREADS,
     DataConfig,
     ModelConfig,
     OptimConfig,
@@ -23,7 +25,7 @@ from hasten.text import printable
 
 
 class TrainConfig(Section):
-    epochs: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+    epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS)] | Literal["auto"] = Field(
         "auto",
         description="Passes over the training data. auto: enough optimizer steps for the data (hasten/tune/rules.py), "
         "decided at start and recorded.",
@@ -99,7 +101,7 @@ class TrainConfig(Section):
         description="On small datasets the batch is halved (down to 16) until an epoch has at least this many "
         "optimizer steps, the LR following by optim.scaling; 0: train.batch_size as given.",
     )
-    threads: Annotated[int, Field(ge=1)] | None = Field(
+    threads: Annotated[int, Field(ge=1, le=MAX_THREADS)] | None = Field(
         None, description="torch intra-op threads; null: torch's default."
     )
     freeze_epochs: Annotated[int, Field(ge=0)] = Field(

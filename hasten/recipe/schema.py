@@ -49,7 +49,13 @@ from hasten.recipe.root import (  # noqa: F401
     unsafe_folder,
 )
 from hasten.recipe.sections import (  # noqa: F401
+    MAX_BLOCKS,
+    MAX_EPOCHS,
+    MAX_STAGES,
     MAX_SYNTHETIC,
+    MAX_THREADS,
+    MAX_WIDTH,
+    MAX_WORKERS,
     PRECISION_MODES,
     AugmentConfig,
     BaseModelT,

@@ -15,6 +15,15 @@ from hasten.data.registry import DATASETS
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 MAX_SYNTHETIC = 1_000_000  # images of the synthetic set: each is drawn one by one (a million take ~1 GB)
+# Ceilings of the counts that size a run before anything checks what they cost: each far above any honest use, so
+# that a typo (model.width=1000000000, train.threads=99999999) is a recipe error naming the key, not hours spent
+# building a model, a million threads or worker processes started, or a loop that never ends.
+MAX_WIDTH = 65_536  # channels of one layer: the widest ResNets of the literature have 4,096
+MAX_BLOCKS = 1_000  # residual blocks in one stage: ResNet-1202 has 200 per stage
+MAX_STAGES = 16  # ResNet stages: each doubles the channels and halves the image; 4 or 5 is usual
+MAX_THREADS = 1_024  # torch threads, and loader worker processes: the largest machines have a few hundred cores
+MAX_WORKERS = 1_024
+MAX_EPOCHS = 100_000  # passes over the data: the longest published schedules take a few thousand
 Fraction = Annotated[float, Field(ge=0, lt=1)]
 
 # The numeric precision modes, named here once: hasten/engine/precision.py implements each, the recipes take them,
@@ -116,7 +125,7 @@ class DataConfig(Section):
         description="true: 3 channels (grey repeated); false: 1 channel (luma); null: as stored (an image folder "
         "of grey and colour images: 3 channels).",
     )
-    workers: Annotated[int, Field(ge=0)] | None = Field(
+    workers: Annotated[int, Field(ge=0, le=MAX_WORKERS)] | None = Field(
         None,
         description="imagefolder: DataLoader worker processes; null: one per CPU core but one, at most 4.",
     )
@@ -165,10 +174,12 @@ class ModelConfig(Section):
         description="resnet: hasten's ResNet; sequential: built from model.layers; import: model.target's callable "
         "returns the nn.Module; object: given in Python (hasten.train(model=...)).",
     )
-    width: Annotated[int, Field(ge=1)] = Field(
+    width: Annotated[int, Field(ge=1, le=MAX_WIDTH)] = Field(
         16, description="Channels of the first ResNet stage; each later stage doubles them."
     )
-    blocks: list[Annotated[int, Field(ge=0)]] = Field([1, 1, 1], description="Residual blocks per ResNet stage.")
+    blocks: Annotated[list[Annotated[int, Field(ge=0, le=MAX_BLOCKS)]], Field(max_length=MAX_STAGES)] = Field(
+        [1, 1, 1], description=f"Residual blocks per ResNet stage; at most {MAX_STAGES} stages."
+    )
     layers: list[str | dict[str, Any]] | None = Field(
         None,
         description="The layer list of a sequential model, e.g. [{conv: 32}, relu, {maxpool: 2}, flatten, "
@@ -177,7 +188,7 @@ class ModelConfig(Section):
     zero_init_residual: bool = Field(
         False, description="Start each residual branch's last BN scale (gamma) at 0 (Goyal et al., 2017)."
     )
-    widths: list[Annotated[int, Field(ge=1)]] | None = Field(
+    widths: list[Annotated[int, Field(ge=1, le=MAX_WIDTH)]] | None = Field(
         None,
         description="ResNet: channels of each stage (one per model.blocks entry) in place of width x 2**stage; "
         "null: from model.width.",

@@ -49,6 +49,7 @@ from hasten.runfolder.checkpoint import latest_usable, load_checkpoint, load_mod
 from hasten.techniques.tta import black_fill, tta_logits
 from hasten.text import printable
 from hasten.tune import rules
+from hasten.use.onnx_graph import check_onnx_graph
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # AveragedModel / DDP and torch.compile prefix every key
 
@@ -452,25 +453,6 @@ def export_record(meta: dict[str, str], path: Path) -> tuple[dict[str, Any], Exp
         raise CheckpointError(f"{path}: its hasten metadata does not fit: {schema_problems(error)}") from None
 
 
-def _refuse_external_data(path: Path) -> None:
-    """An ONNX file may keep its weights in other files it names by path; hasten's exports never do, and a file
-    from elsewhere is data: one that names another file is refused before onnxruntime would read it."""
-    try:
-        import onnx
-    except ImportError:
-        return
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception as error:  # onnx's own error types for files that are not ONNX
-        raise CheckpointError(f"{path} is not a readable ONNX model: {str(error).splitlines()[0]}") from None
-    named = [t.name for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    if named:
-        raise CheckpointError(
-            f"{path}: its tensors {', '.join(named[:3])} live in other files it names; hasten reads no file an export "
-            "names (a hasten export holds everything itself)"
-        )
-
-
 class OnnxPredictor(Predicts):
     """An ONNX export run by onnxruntime: its graph takes uint8 (N, C, H, W) and does the normalisation (and
     the flip TTA where the run used it); the metadata gives the classes and the conversion of image files."""
@@ -480,7 +462,7 @@ class OnnxPredictor(Predicts):
             import onnxruntime
         except ImportError:
             raise HastenError("predicting with an .onnx file needs onnxruntime: pip install 'hasten[onnx]'") from None
-        _refuse_external_data(path)
+        check_onnx_graph(path)  # no file it names is read, nothing it computes from constants alone is huge
         try:
             self.session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         except Exception as error:  # onnxruntime raises its own types for files that are not ONNX

@@ -8,6 +8,7 @@ import pickle
 import sys
 import tarfile
 import tempfile
+import tracemalloc
 from pathlib import Path
 
 import numpy
@@ -195,6 +196,68 @@ def test_cifar10_incomplete_extracted_folder_is_named(tmp_path: Path) -> None:
         load_dataset("cifar10", root, download=False)
     assert str(root / "cifar-10-batches-py") in str(error.value)
     assert not [p for p in root.iterdir() if p.name.startswith(".")]  # no staging folder left behind
+
+
+class Zeros:
+    """A file object of `size` zero bytes, read without holding them."""
+
+    def __init__(self, size: int):
+        self.left = size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left)
+        self.left -= n
+        return bytes(n)
+
+
+def cifar10_archive_with_a_large_member(source: Path, archive: Path, size: int = 64 << 20) -> None:
+    """The official layout, its data_batch_1 `size` zero bytes (64 MiB: about 300 KB of gzip)."""
+    fake_cifar10(source)
+    with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
+        for path in sorted((source / "cifar-10-batches-py").iterdir()):
+            info = tar.gettarinfo(path, arcname=f"cifar-10-batches-py/{path.name}")
+            if path.name == "data_batch_1":
+                info.size = size
+                tar.addfile(info, Zeros(size))
+            else:
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+
+
+@pytest.mark.parametrize("writable", [True, False])
+def test_a_cifar_archive_member_larger_than_a_batch_is_refused_unread(tmp_path, monkeypatch, writable) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    archive = root / "cifar-10-python.tar.gz"
+    cifar10_archive_with_a_large_member(tmp_path / "source", archive)
+    assert archive.stat().st_size < 2 << 20
+    if not writable:  # read from the archive in memory, as in a read-only system folder
+
+        def unwritable(*args: object, **kwargs: object) -> str:
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(tempfile, "mkdtemp", unwritable)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError) as error:
+            read_cifar(root, "cifar10")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    message = str(error.value)
+    assert str(archive) in message and "member cifar-10-batches-py/data_batch_1" in message, message
+    assert "67,108,864 bytes, more than a CIFAR data_batch_1 file can hold (33,000,000)" in message, message
+    assert peak < 16 << 20, peak  # the member was neither extracted nor read
+    assert sorted(p.name for p in root.iterdir()) == ["cifar-10-python.tar.gz"]  # no staging folder left
+
+
+def test_an_extracted_batch_larger_than_a_batch_is_refused_unread(tmp_path) -> None:
+    fake_cifar10(tmp_path)
+    sparse = tmp_path / "cifar-10-batches-py" / "data_batch_2"
+    os.truncate(sparse, 2 << 30)  # 2 GiB that take no disk
+    with pytest.raises(DataError, match="2,147,483,648 bytes, more than a CIFAR data_batch_2 file") as error:
+        read_cifar(tmp_path, "cifar10")
+    assert str(sparse) in str(error.value)
 
 
 def test_cifar100(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import tracemalloc
+import zlib
 from pathlib import Path
 
 import numpy
@@ -170,10 +172,10 @@ def test_gunzipped_once_then_read_from_the_cache(tmp_path: Path, images: numpy.n
     (copy,) = decoded_copies()
     assert copy.name.endswith("-train-images-idx3-ubyte") and copy.read_bytes() == idx_bytes(images)
 
-    def no_gunzip(data: bytes) -> bytes:
+    def no_gunzip(reader: object, path: Path) -> bytes:
         raise AssertionError("gunzipped again although the cache holds a matching copy")
 
-    monkeypatch.setattr("hasten.data.idx.gzip.decompress", no_gunzip)
+    monkeypatch.setattr("hasten.data.idx._gunzip", no_gunzip)
     read = read_idx(path)
     numpy.testing.assert_array_equal(read, images)
     assert read.flags.writeable
@@ -236,3 +238,51 @@ def test_dimensions_whose_product_overflows_64_bits_are_a_truncation_not_a_trace
     header = bytes([0, 0, 0x08, 3]) + (2**31).to_bytes(4, "big") * 2 + (4).to_bytes(4, "big")  # 2**64 bytes
     with pytest.raises(DataError, match="truncated: expected 18446744073709551616 bytes"):
         parse_idx(header + b"\0" * 16, tmp_path / "x-idx3-ubyte")
+
+
+def gzip_of(header: bytes, zeros: int) -> bytes:
+    """A gzip file of `header` and then `zeros` zero bytes, compressed a MiB at a time (never held whole)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # wbits 31: a gzip header and trailer
+    parts = [packer.compress(header)]
+    for start in range(0, zeros, 1 << 20):
+        parts.append(packer.compress(bytes(min(1 << 20, zeros - start))))
+    return b"".join(parts) + packer.flush()
+
+
+def test_gunzipping_stops_at_the_size_the_header_gives(tmp_path: Path) -> None:
+    # a header of 7x5x4 bytes, then 256 MiB of zeros in 256 KB of gzip: refused after 140 bytes of data, and never
+    # held (gzip.decompress took 256 MiB first)
+    path = tmp_path / "bomb-idx3-ubyte.gz"
+    header = bytes([0, 0, 0x08, 3]) + numpy.asarray([7, 5, 4], dtype=">u4").tobytes()
+    path.write_bytes(gzip_of(header, 256 << 20))
+    assert path.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=r"more than the 140 bytes its IDX header gives for shape \(7, 5, 4\)"):
+            read_idx(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak
+    assert decoded_copies() == []
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_a_header_beyond_the_bound_is_refused_before_reading(tmp_path: Path, gz: bool) -> None:
+    header = bytes([0, 0, 0x08, 3]) + numpy.asarray([60000, 28, 28 * 1000], dtype=">u4").tobytes()  # 47 GB
+    path = tmp_path / "huge-idx3-ubyte"
+    path.write_bytes(gzip_of(header, 4 << 20) if gz else header + bytes(4 << 20))
+    with pytest.raises(DataError, match=r"gives shape \(60000, 28, 28000\), 47,040,000,016 bytes, more than the "
+                       "1,073,741,824") as error:  # fmt: skip
+        read_idx(path)
+    assert str(path) in str(error.value)
+
+
+def test_a_header_that_claims_more_than_the_gzip_holds_takes_what_it_holds(tmp_path: Path) -> None:
+    # 512 MiB claimed (within the bound), 1 MiB there: a truncation, named as for an uncompressed file
+    header = bytes([0, 0, 0x08, 3]) + numpy.asarray([1 << 19, 32, 32], dtype=">u4").tobytes()
+    path = tmp_path / "short-idx3-ubyte.gz"
+    path.write_bytes(gzip_of(header, 1 << 20))
+    with pytest.raises(DataError, match="truncated: expected 536870912 bytes of data") as error:
+        read_idx(path)
+    assert str(path) in str(error.value)

@@ -20,6 +20,7 @@ from hasten.data.imagefolder import (
     image_folder_loaders,
     open_image_folder,
     read_into_memory,
+    scan_split,
 )
 from hasten.data.loader import Augment, InMemoryLoader
 from hasten.data.makefolder import folder_name
@@ -49,6 +50,33 @@ def write_folder(root: Path, per_class: int = 5, size: int = 6, val_per_class: i
                 count += 1
     (root / "train" / "cat" / "notes.txt").write_text("not an image, ignored")
     return values
+
+
+def test_entries_that_are_not_regular_files_are_skipped_unopened(tmp_path: Path) -> None:
+    import os
+    import socket
+
+    write_folder(tmp_path)
+    os.mkfifo(tmp_path / "train" / "cat" / "fifo.png")  # opening it would wait for a writer for ever
+    os.mkfifo(tmp_path / "val" / "dog" / "fifo.png")
+    (tmp_path / "train" / "dog" / "folder.png").mkdir()
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(os.path.relpath(tmp_path / "train" / "emu" / "socket.png"))  # a relative path: AF_UNIX's 108 bytes
+    finally:
+        server.close()
+    (tmp_path / "train" / "emu" / "linked.png").symlink_to(tmp_path / "train" / "emu" / "000.png")  # read as today
+    skipped: list = []
+    val = scan_split(tmp_path / "val", CLASSES, skipped)  # first, as scanning opens nothing: no wait without the skip
+    assert len(val.paths) == 6 and skipped == [(tmp_path / "val" / "dog" / "fifo.png", "a FIFO")]
+    data = open_image_folder(tmp_path)
+    assert len(data.train.paths) == 16 and len(data.test.paths) == 6
+    assert str(tmp_path / "train" / "emu" / "linked.png") in data.train.paths
+    assert not [p for p in data.train.paths + data.test.paths if "fifo" in p or "folder" in p or "socket" in p]
+    assert data.notes == (
+        f"data.root={tmp_path}: skipped 4 entries named like an image but not a regular file (FIFOs, sockets, devices, "
+        "folders), e.g. train/cat/fifo.png (a FIFO)",
+    )
 
 
 def test_scan_classes_labels_and_shape(tmp_path: Path) -> None:

@@ -954,6 +954,62 @@ def checkpoint_that_unpacks_to_more_than_it_holds(c: Ctx) -> None:
     expect_refusal(code, err, "bomb.pt", "unpack to")
 
 
+def onnx_with_a_constant_bomb(export: Path, out: Path, op: str) -> Path:
+    """`export` with a tensor of 60000 x 60000 computed from its constants alone (14.4 GB as floats) and added, times
+    zero, to its logits: it runs, answering as the export does, once that memory is found."""
+    import numpy
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    proto = onnx.load(str(export))
+    graph = proto.graph
+    logits = graph.output[0].name
+    for node in graph.node:
+        node.output[:] = ["clean" if name == logits else name for name in node.output]
+    graph.initializer.extend([numpy_helper.from_array(numpy.array([60000, 60000], dtype=numpy.int64), "side"),
+                              numpy_helper.from_array(numpy.array([1.0], dtype=numpy.float32), "one")])  # fmt: skip
+    one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
+    made = {
+        "ConstantOfShape": [helper.make_node("ConstantOfShape", ["side"], ["bomb"], value=one)],
+        "Expand": [helper.make_node("Expand", ["one", "side"], ["bomb"])],
+        "RandomNormal": [helper.make_node("RandomNormal", [], ["bomb"], shape=[60000, 60000])],
+        # a shape that ONNX's inference cannot follow (Abs has no data propagation): not sized, so refused
+        "Abs": [helper.make_node("Abs", ["side"], ["unsized"]),
+                helper.make_node("ConstantOfShape", ["unsized"], ["bomb"], value=one)],
+    }[op]  # fmt: skip
+    graph.node.extend([*made, helper.make_node("ReduceSum", ["bomb"], ["total"], keepdims=0),
+                       helper.make_node("Mul", ["total", "one"], ["scaled"]),
+                       helper.make_node("Sub", ["scaled", "scaled"], ["nil"]),
+                       helper.make_node("Add", ["clean", "nil"], [logits])])  # fmt: skip
+    onnx.save(proto, str(out))
+    return out
+
+
+def onnx_graphs_that_compute_gigabytes_from_constants(c: Ctx) -> None:
+    import onnxruntime
+
+    export = c.tmp / "model.onnx"
+    code, err = c.hasten("export", str(c.finished), str(export))
+    assert code == 0, err
+
+    class NoSession:
+        def __init__(self, path: str, *args: object, **kwargs: object) -> None:
+            raise AssertionError(f"onnxruntime was given {path}, a graph that takes 14.4 GB before any input")
+
+    c.monkeypatch.setattr(onnxruntime, "InferenceSession", NoSession)
+    for op, needle in (("ConstantOfShape", "ConstantOfShape 'bomb' of shape [60000, 60000]"),
+                       ("Expand", "Expand 'bomb' of shape [60000, 60000]"),
+                       ("RandomNormal", "RandomNormal 'bomb' of shape [60000, 60000]"),
+                       ("Abs", "a size shape inference cannot tell")):  # fmt: skip
+        bomb = onnx_with_a_constant_bomb(export, c.tmp / f"{op}.onnx", op)
+        assert bomb.stat().st_size < 1_000_000
+        code, err = c.hasten("predict", str(bomb), str(picture(c)))
+        expect_refusal(code, err, f"{op}.onnx", needle, "from its constants alone")
+        assert len(err.strip().splitlines()) == 1, err
+        with pytest.raises(CheckpointError, match="from its constants alone"):
+            hasten.load(bomb)
+
+
 class Server:
     """A local HTTP server that misbehaves: /endless never stops sending, /trickle sends a byte every 2 s,
     /huge announces a terabyte."""
@@ -1049,12 +1105,89 @@ def decompression_bomb_images(c: Ctx) -> None:
     expect_refusal(code, err, "0.png", "decompression-bomb")
 
 
+def a_fifo_named_like_an_image(c: Ctx) -> None:
+    import threading
+
+    root = c.tmp / "folder"
+    for split, cls in (("train", "a"), ("train", "b"), ("val", "a"), ("val", "b")):
+        (root / split / cls).mkdir(parents=True)
+        for i in range(3):
+            Image.new("L", (8, 8), 60 * i + (100 if cls == "b" else 0)).save(root / split / cls / f"{i}.png")
+    fifos = [root / "train" / "a" / "x.png", root / "val" / "b" / "x.png"]
+
+    def feed(fifo: Path) -> None:  # were it read, the read gets bytes that are no image, not a wait for ever
+        with open(fifo, "wb") as writer:
+            writer.write(b"not an image")
+
+    feeders = []
+    for fifo in fifos:
+        os.mkfifo(fifo)
+        feeders.append(threading.Thread(target=feed, args=(fifo,), daemon=True))
+        feeders[-1].start()
+    try:
+        run = c.tmp / "r"
+        code, err = c.hasten("train", *QUICK, "data.name=imagefolder", f"data.root={root}", "data.workers=0",
+                             "train.min_steps_per_epoch=0", f"run.dir={run}")  # fmt: skip
+        assert code == 0, err
+        assert "skipped 2 entries named like an image but not a regular file" in err, err
+        assert "train/a/x.png (a FIFO)" in err, err
+        code, err = c.hasten("evaluate", str(run))
+        assert code == 0 and "Traceback" not in err, err
+        assert "train/a/x.png (a FIFO)" in err, err
+    finally:
+        readers = [os.open(fifo, os.O_RDONLY | os.O_NONBLOCK) for fifo in fifos]  # each feeder can now finish
+        for feeder in feeders:
+            feeder.join(timeout=10)
+        for reader in readers:
+            os.close(reader)
+
+
 def sizes_in_the_recipe_are_bounded(c: Ctx) -> None:
     for override, needle in (("data.size=100000", "data.size"), ("data.synthetic_size=10000000000", "synthetic_size"),
                              ("data.size=-5", "data.size")):  # fmt: skip
         code, err = c.train(c.tmp / "never", override)
         expect_refusal(code, err, needle)
     assert not (c.tmp / "never").exists()
+
+
+def counts_have_ceilings(c: Ctx) -> None:
+    from hasten.errors import HastenError, RecipeError
+    from hasten.experiments.bench import grid_variants, run_grid
+    from hasten.recipe.gan import load_gan_recipe
+
+    # each is refused by the schema first (without the ceiling, training a million epochs on 99,999,999 threads would
+    # be what the command line below does), then through the command line, exit 2 naming the key
+    at_most = "less than or equal to"
+    for override, key, needle in (("model.width=70000", "model.width", "65536"),
+                                  ("model.widths=[8,70000,8]", "model.widths", "65536"),
+                                  ("model.blocks=[1,100000]", "model.blocks", "1000"),
+                                  (f"model.blocks={[1] * 17}", "model.blocks", "at most 16 items"),
+                                  ("train.threads=99999999", "train.threads", "1024"),
+                                  ("train.epochs=1000000", "train.epochs", "100000"),
+                                  ("data.workers=5000", "data.workers", "1024")):  # fmt: skip
+        with pytest.raises(RecipeError, match=re.escape(key)):
+            load_recipe(None, [override])
+        code, err = c.train(c.tmp / "never", override)
+        expect_refusal(code, err, key, needle)
+        assert at_most in err or "at most" in err, err
+    for override in ("train.epochs=1000000", "train.threads=99999999", "model.width=70000"):
+        with pytest.raises(RecipeError, match=re.escape(override.split("=")[0])):
+            load_gan_recipe(None, [override])
+    assert not (c.tmp / "never").exists()
+    recipe = load_recipe(None, TINY)
+    with pytest.raises(HastenError, match="--repeats 1,000,000: from 1 to 1,000"):
+        run_grid(recipe, [], 1_000_000, c.tmp / "grid", warmup=False, measure_peak=False)
+    code, err = c.hasten("bench", *TINY, "--repeats", "1000000", "--no-naive", "--out", str(c.tmp / "bench"))
+    expect_refusal(code, err, "--repeats 1,000,000", "1,000")
+    seeds, epochs = ",".join(map(str, range(101))), ",".join(map(str, range(1, 101)))
+    with pytest.raises(RecipeError, match=r"101 \(seed\) x 100 \(train.epochs\) = 10,100 runs"):
+        grid_variants([("seed", seeds.split(",")), ("train.epochs", epochs.split(","))])
+    for command in ("sweep", "bench"):
+        out = c.tmp / command
+        code, err = c.hasten(command, *TINY, "--vary", f"seed={seeds}", "--vary", f"train.epochs={epochs}",
+                             "--out", str(out))  # fmt: skip
+        expect_refusal(code, err, "--vary", "10,100 runs", "10,000")
+        assert not out.exists()
 
 
 def a_dataset_of_a_trillion_items(c: Ctx) -> None:
@@ -1073,7 +1206,7 @@ def a_dataset_of_a_trillion_items(c: Ctx) -> None:
 
 
 def a_model_larger_than_the_machine(c: Ctx) -> None:
-    for override in ("model.width=1000000", "model.layers=[flatten, {dense: 10000000000}, {dense: classes}]"):
+    for override in ("model.width=65536", "model.layers=[flatten, {dense: 10000000000}, {dense: classes}]"):
         extra = ["model.name=sequential"] if "layers" in override else []
         code, err = c.train(c.tmp / "never", *extra, override)
         expect_refusal(code, err, "parameters", "more than", "this machine has free")
@@ -1086,7 +1219,7 @@ def memory_that_cannot_be_had(c: Ctx) -> None:
                            "tried to allocate 720000000000 bytes. Error code 12 (Cannot allocate memory)")  # fmt: skip
 
     c.monkeypatch.setattr(hasten.run.build, "build_model", refused)
-    code, err = c.train(c.tmp / "r", "model.width=300000")
+    code, err = c.train(c.tmp / "r", "model.width=60000")
     expect_refusal(code, err, "out of memory", "720000000000 bytes", "model.width")
 
 
@@ -1096,9 +1229,12 @@ RESOURCES: list[Callable[[Ctx], None]] = [
     sizes_in_summary_json_are_checked,
     stride_zero_tensor_in_a_checkpoint,
     checkpoint_that_unpacks_to_more_than_it_holds,
+    onnx_graphs_that_compute_gigabytes_from_constants,
     downloads_are_capped_in_size_and_time,
     decompression_bomb_images,
+    a_fifo_named_like_an_image,
     sizes_in_the_recipe_are_bounded,
+    counts_have_ceilings,
     a_dataset_of_a_trillion_items,
     a_model_larger_than_the_machine,
     memory_that_cannot_be_had,
