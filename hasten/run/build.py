@@ -111,7 +111,7 @@ BYTES_PER_PARAMETER = 8  # the least any training keeps per parameter: its fp32 
 
 
 def check_model_size(recipe: Recipe, image_shape: tuple[int, ...], num_classes: int, device: torch.device) -> None:
-    """A built-in model whose parameters would not fit in this machine's memory (`model.width=100000`) is refused
+    """A built-in model whose parameters would not fit in this machine's memory (`model.width=60000`) is refused
     before any of it is allocated: it is first built on the meta device, which holds shapes and no data."""
     if recipe.model.name not in ("resnet", "sequential"):
         return
