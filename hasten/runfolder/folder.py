@@ -271,15 +271,24 @@ def refuse_taken(folder: str | Path, resuming: bool = False) -> None:
     )
 
 
+# what a run writes before its first checkpoint: `resume=auto` on a folder holding only these (a run killed before it
+# saved one) starts afresh, the files moved aside as run.overwrite moves them, never deleted
+UNFINISHED_START = frozenset({"recipe.yaml", "metrics.csv", "tensorboard", "samples"})
+
+
 def claim_fresh(folder: str | Path, overwrite: bool, resuming: bool = False) -> Path | None:
     """Make `folder` ready for a new run: refuse when it holds another run's results, or with `overwrite` move
-    them into a dated subfolder (returned). Call with the lock held."""
+    them into a dated subfolder (returned); with `resuming` (resume=auto that found no checkpoint), the files of a
+    start that never saved one are moved aside the same way. Call with the lock held."""
     folder = Path(folder)
     found = run_files(folder)
     if not found:
         return None
     names = ", ".join(p.name for p in found)
-    if not overwrite:
+    unfinished = resuming and {p.name for p in found} <= UNFINISHED_START
+    if unfinished and not overwrite:  # a run killed before its first checkpoint (SIGKILL, the OOM killer)
+        say(f"resume=auto: {folder} holds only the start of a run that saved no checkpoint ({names}): starting afresh")
+    elif not overwrite:
         refuse_taken(folder, resuming)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     aside = folder / f"replaced-{stamp}"
@@ -292,7 +301,8 @@ def claim_fresh(folder: str | Path, overwrite: bool, resuming: bool = False) -> 
             shutil.move(str(path), str(aside / path.name))
     except OSError as error:
         raise RunFolderError(f"run.overwrite: cannot move the old files into {aside}: {error}") from None
-    say(f"run.overwrite: the earlier run's files ({names}) moved into {aside}")
+    key = "run.overwrite" if overwrite else "resume=auto"
+    say(f"{key}: the earlier run's files ({names}) moved into {aside}")
     return aside
 
 

@@ -172,3 +172,23 @@ def test_a_users_model_that_fails_in_training_is_reported_as_theirs(tiny_overrid
         hasten.train(None, [*tiny_overrides, f"run.dir={folder}", "train.epochs=1"], model=FailsInTraining)
     assert "test_writes.py" in str(raised.value) and "in forward" in str(raised.value)  # where in their code
     assert not folder.exists() or list(folder.iterdir()) == []  # and the folder as it was
+
+
+def test_resume_auto_starts_afresh_where_a_killed_run_saved_no_checkpoint(tiny_overrides, tmp_path, capsys):
+    """A run killed outright (SIGKILL, the OOM killer) before its first checkpoint leaves its recipe.yaml and
+    metrics.csv: resume=auto starts afresh there, moving them aside (never deleted); a finished run's folder is
+    still refused."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "recipe.yaml").write_text("name: default\n")
+    (folder / "metrics.csv").write_text("epoch,step\n")
+    resume = ["train", *tiny_overrides, f"run.dir={folder}", "train.epochs=1", "resume=auto"]
+    assert main(resume) == 0
+    said = "".join(capsys.readouterr())
+    assert "saved no checkpoint" in said and "starting afresh" in said
+    (aside,) = folder.glob("replaced-*")
+    assert (aside / "metrics.csv").read_text() == "epoch,step\n"  # kept, aside
+    done = tmp_path / "done"
+    done.mkdir()
+    (done / "summary.json").write_text("{}\n")
+    assert main(["train", *tiny_overrides, f"run.dir={done}", "resume=auto"]) == 2
