@@ -126,6 +126,13 @@ class DataConfig(Section):
         "the decoded images take at most a quarter of the memory available (and 4 GiB); false: decode each epoch, "
         "in workers.",
     )
+    cache: bool | Literal["auto"] = Field(
+        "auto",
+        description="imagefolder: decode each split once, at the run's size and mode, into a file in hasten's cache "
+        "folder (folders/) that later epochs and runs memory-map instead of decoding the files; it is decoded again "
+        "when a file is added, removed or changed. auto: for a folder not read into memory; true: also fills the "
+        "in-memory copy; without the disk space for it, decoded each epoch as with false.",
+    )
     per_class: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Keep at most the first N training images of each class."
     )

@@ -15,9 +15,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hasten.data.imagefolder import ImageFolder, default_workers, open_image_folder
+from hasten.data import foldercache
+from hasten.data.imagefolder import ImageFolder, default_workers, fits_in_memory, open_image_folder
 from hasten.data.loader import Augment
 from hasten.engine import distributed
+from hasten.engine.memory import available_memory_bytes, format_bytes
 from hasten.progress import say
 from hasten.recipe.schema import Recipe
 from hasten.tune import rules
@@ -33,6 +35,60 @@ def open_folder(recipe: Recipe, root: str | Path) -> ImageFolder:
     if distributed.is_main():
         for note in folder.notes:
             say(note)
+    if cfg.cache is True or (cfg.cache == "auto" and not reads_into_memory(recipe, folder)):
+        folder = with_decode_cache(folder, loader_workers(recipe))
+    return folder
+
+
+def reads_into_memory(recipe: Recipe, folder: ImageFolder) -> bool:
+    """Whether the run decodes `folder` into memory (data.in_memory; `auto`: when it fits), as hasten/run/build.py
+    decides it."""
+    cfg = recipe.data
+    return cfg.in_memory is True or (cfg.in_memory == "auto" and fits_in_memory(folder, available_memory_bytes()))
+
+
+def with_decode_cache(folder: ImageFolder, workers: int) -> ImageFolder:
+    """`folder` reading its images from the decode cache (hasten/data/foldercache.py), each split decoded into it
+    now (by `workers` DataLoader workers) when no earlier run has; said in one line. Where the disk has not the
+    room, or the cache cannot be written, said in one line too, and `folder` as it was: decoded each epoch.
+
+    Under torchrun the main process decodes first and the others then read what it wrote (or, where the cache
+    folder is not shared with it, decode their own)."""
+    several = distributed.world_size() > 1
+    if several and not distributed.is_main():
+        distributed.barrier()  # the main process's cache is written once it passes its barrier below
+    try:
+        return _with_decode_cache(folder, workers, distributed.is_main())
+    finally:
+        if several and distributed.is_main():
+            distributed.barrier()
+
+
+def _with_decode_cache(folder: ImageFolder, workers: int, speak: bool) -> ImageFolder:
+    plans = foldercache.plan_cache(folder)
+    where, count = foldercache.cache_dir(), sum(plan.shape[0] for plan in plans)
+    need = foldercache.missing_bytes(plans)
+    try:
+        free = foldercache.free_bytes() if need else 0
+    except OSError as error:
+        return _streamed(folder, f"cannot read {where}: {error.strerror or error}", speak)
+    if need and not foldercache.fits_on_disk(plans, free):
+        room = f"{format_bytes(need)} (and {format_bytes(foldercache.DISK_HEADROOM)} to spare)"
+        return _streamed(folder, f"decoding the folder needs {room} in {where}, {format_bytes(free)} free", speak)
+    if speak and need:
+        say(f"data.cache: decoding {count:,} images once into {where} ({format_bytes(need)}); later epochs and runs "
+            "read them from there")  # fmt: skip
+    elif speak:
+        say(f"data.cache: reading the {count:,} images decoded earlier from {where}")
+    try:
+        return foldercache.fill_cache(folder, plans, workers)
+    except OSError as error:
+        return _streamed(folder, f"cannot write {error.filename or where}: {error.strerror or error}", speak)
+
+
+def _streamed(folder: ImageFolder, why: str, speak: bool) -> ImageFolder:
+    if speak:
+        say(f"data.cache: {why}; the images are decoded from the files each epoch instead")
     return folder
 
 

@@ -1,5 +1,6 @@
 """The decode cache of image folders: batches read from it are bitwise those decoded from the files, a second open
-decodes nothing, a changed, added or removed file is decoded again, a failed or killed write leaves no cache."""
+decodes nothing, a changed, added or removed file is decoded again, a failed or killed write leaves no cache, a
+disk without room streams as before, and a run records whether it read the cache."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from pathlib import Path
 import numpy
 import pytest
 import torch
+import yaml
 from PIL import Image
 
+import hasten
 from hasten.data import foldercache, imagefolder
 from hasten.data.imagefolder import ImageFolder, image_folder_loaders, open_image_folder, read_into_memory
 from hasten.data.loader import Augment
 from hasten.errors import DataError
+from hasten.run import loading
 
 CLASSES = ("ant", "bee", "cow")
 
@@ -151,3 +155,47 @@ def test_the_map_pickles_as_its_path_not_its_pixels(tmp_path: Path) -> None:
     sent = pickle.dumps(mapped)  # what a worker started by spawn receives
     assert len(sent) < 1000 < mapped.array.nbytes
     assert numpy.array_equal(pickle.loads(sent).rows([5, 0, 5]), mapped.rows([5, 0, 5]))
+
+
+def test_without_room_on_the_disk_the_folder_streams_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_mixed_folder(tmp_path)
+    data = open_image_folder(tmp_path, size=12)
+    monkeypatch.setattr(foldercache, "free_bytes", lambda: foldercache.DISK_HEADROOM)
+    streamed = loading.with_decode_cache(data, 0)
+    assert streamed.train.cached is None and streamed.test.cached is None and cache_files() == []
+    said = capsys.readouterr().err
+    assert "data.cache: decoding the folder needs" in said and "decoded from the files each epoch" in said
+
+
+def test_a_run_decodes_once_and_records_its_choice(
+    tmp_path: Path, tiny_overrides: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "folder"
+    write_mixed_folder(folder, per_class=12, val_per_class=4)
+    overrides = [o for o in tiny_overrides if not o.startswith(("data.", "model.width"))]
+    overrides += [f"data.root={folder}", "data.size=12", "data.workers=0", "train.epochs=2"]
+
+    def recorded(run: str) -> dict:
+        return yaml.safe_load((tmp_path / run / "recipe.yaml").read_text())["data"]
+
+    hasten.train("seed-cnn-32", [*overrides, "data.in_memory=false", f"run.dir={tmp_path / 'first'}"])
+    said = capsys.readouterr().err
+    assert "data.cache: decoding 48 images once into" in said and recorded("first")["cache"] is True
+    decoded = []
+    decode = imagefolder.decode
+
+    def counted(path: str, mode: str, size: tuple[int, int], resize: bool) -> numpy.ndarray:
+        decoded.append(path)
+        return decode(path, mode, size, resize)
+
+    monkeypatch.setattr(imagefolder, "decode", counted)
+    hasten.train("seed-cnn-32", [*overrides, "data.in_memory=false", f"run.dir={tmp_path / 'second'}"])
+    assert "data.cache: reading the 48 images decoded earlier" in capsys.readouterr().err and decoded == []
+    hasten.train("seed-cnn-32", [*overrides, "data.in_memory=false", "data.cache=false", f"run.dir={tmp_path / 'off'}"])
+    assert "data.cache" not in capsys.readouterr().err and recorded("off")["cache"] is False
+    hasten.train("seed-cnn-32", [*overrides, f"run.dir={tmp_path / 'memory'}"])  # fits in memory: no cache
+    assert recorded("memory")["in_memory"] is True and recorded("memory")["cache"] is False
+    a, b, c = (yaml.safe_load((tmp_path / run / "summary.json").read_text()) for run in ("first", "second", "off"))
+    assert a["test_accuracy"] == b["test_accuracy"] == c["test_accuracy"]  # the same pixels, the same run
