@@ -166,4 +166,3 @@ def _alive(pid: int) -> bool:
     except OSError:  # another user's process: alive
         return True
     return True
-

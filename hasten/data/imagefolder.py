@@ -2,11 +2,13 @@
 in torch DataLoader worker processes, resized to the recipe's `data.size`, scaled to [0, 1] and normalised.
 
 This is the path for image sets that do not fit in memory, and the input of the worked example (a small CNN
-on a folder of 32x32 colour images). It is not the fast path: every epoch decodes every file again, which
-the in-memory loader never does (benchmarks/imagefolder.py measures the difference). To keep Python out of
-the per-image work where it can, each worker decodes a whole batch into one uint8 tensor; the main process
-then augments and normalises whole batches exactly as `InMemoryLoader` does, with the same seeded order
-(`loader.shard_indices`) and augmentation seeds, so one seed gives the same batches on both paths.
+on a folder of 32x32 colour images). Decoded from the files, it is not the fast path: every epoch decodes every
+file again, which the in-memory loader never does (benchmarks/imagefolder.py measures the difference); a split
+with a decode cache (foldercache.py) is decoded once and read from a memory map after that
+(benchmarks/folder_cache.py). To keep Python out of the per-image work where it can, each worker decodes (or
+copies) a whole batch into one uint8 tensor; the main process then augments and normalises whole batches exactly
+as `InMemoryLoader` does, with the same seeded order (`loader.shard_indices`) and augmentation seeds, so one seed
+gives the same batches on every path.
 
 Classes are the sorted names of the folders under `train/`, so label i is the i-th name; `hasten data
 make-folder` (makefolder.py) prefixes them with their label index to keep a dataset's own label order.

@@ -118,7 +118,9 @@ class DataConfig(Section):
     )
     workers: Annotated[int, Field(ge=0)] | None = Field(
         None,
-        description="imagefolder: DataLoader worker processes; null: one per CPU core but one, at most 4.",
+        description="imagefolder: DataLoader worker processes; null: one per CPU core but one, at most 4 (none for a "
+        "folder read from its decode cache that fits in half the memory available: its rows are copied in the main "
+        "process).",
     )
     in_memory: bool | Literal["auto"] = Field(
         "auto",

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from hasten.data import foldercache
-from hasten.data.imagefolder import ImageFolder, default_workers, fits_in_memory, open_image_folder
+from hasten.data.imagefolder import ImageFolder, decoded_bytes, default_workers, fits_in_memory, open_image_folder
 from hasten.data.loader import Augment
 from hasten.engine import distributed
 from hasten.engine.memory import available_memory_bytes, format_bytes
@@ -52,21 +52,12 @@ def with_decode_cache(folder: ImageFolder, workers: int) -> ImageFolder:
     now (by `workers` DataLoader workers) when no earlier run has; said in one line. Where the disk has not the
     room, or the cache cannot be written, said in one line too, and `folder` as it was: decoded each epoch.
 
-    Under torchrun the main process decodes first and the others then read what it wrote (or, where the cache
-    folder is not shared with it, decode their own)."""
-    several = distributed.world_size() > 1
-    if several and not distributed.is_main():
-        distributed.barrier()  # the main process's cache is written once it passes its barrier below
-    try:
-        return _with_decode_cache(folder, workers, distributed.is_main())
-    finally:
-        if several and distributed.is_main():
-            distributed.barrier()
-
-
-def _with_decode_cache(folder: ImageFolder, workers: int, speak: bool) -> ImageFolder:
+    Under torchrun each rank that finds no cache decodes its own (they write the same file name, and the last
+    rename wins): making the others wait for the main process would hold them in a collective past its timeout
+    while a large folder decodes."""
+    speak = distributed.is_main()
     plans = foldercache.plan_cache(folder)
-    where, count = foldercache.cache_dir(), sum(plan.shape[0] for plan in plans)
+    where = foldercache.cache_dir()
     need = foldercache.missing_bytes(plans)
     try:
         free = foldercache.free_bytes() if need else 0
@@ -76,10 +67,11 @@ def _with_decode_cache(folder: ImageFolder, workers: int, speak: bool) -> ImageF
         room = f"{format_bytes(need)} (and {format_bytes(foldercache.DISK_HEADROOM)} to spare)"
         return _streamed(folder, f"decoding the folder needs {room} in {where}, {format_bytes(free)} free", speak)
     if speak and need:
+        count = sum(plan.shape[0] for plan in plans if plan.found is None)
         say(f"data.cache: decoding {count:,} images once into {where} ({format_bytes(need)}); later epochs and runs "
             "read them from there")  # fmt: skip
     elif speak:
-        say(f"data.cache: reading the {count:,} images decoded earlier from {where}")
+        say(f"data.cache: reading the {sum(plan.shape[0] for plan in plans):,} images decoded earlier from {where}")
     try:
         return foldercache.fill_cache(folder, plans, workers)
     except OSError as error:
@@ -121,3 +113,17 @@ def loader_options(
 def loader_workers(recipe: Recipe) -> int:
     """DataLoader workers for the data paths that decode or fetch in workers: data.workers, else the default."""
     return default_workers() if recipe.data.workers is None else recipe.data.workers
+
+
+MAPPED_SHARE = 0.5  # a decode cache of at most this share of the memory available stays in the page cache
+
+
+def placed_workers(recipe: Recipe, data: Any) -> int:
+    """data.workers as a run decides it: as given; unset, none for a folder read from its decode cache that the
+    page cache can hold (its batches are copies of rows of the map, cheaper in the main process than sent from a
+    worker: 4x less time an epoch without a model, benchmarks/folder_cache.py), else the machine's default. A
+    larger cache keeps the workers, whose reads from the disk then overlap the training."""
+    if recipe.data.workers is None and isinstance(data, ImageFolder) and data.train.cached is not None:
+        if decoded_bytes(data) <= MAPPED_SHARE * available_memory_bytes():
+            return 0
+    return loader_workers(recipe)

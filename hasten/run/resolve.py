@@ -30,7 +30,7 @@ from hasten.progress import say
 from hasten.recipe.schema import PRECISION_MODES, Recipe, dotted, replaced
 from hasten.recipe.trust import USER_SOURCES
 from hasten.run.assemble import assemble, check_batch_norm_batch, loaders, lr_scale, train_size
-from hasten.run.loading import eval_batch_size, loader_workers
+from hasten.run.loading import eval_batch_size, placed_workers
 from hasten.run.user import recorded, user_objects
 from hasten.runfolder.checkpoint import checkpoints_in, latest_usable, load_checkpoint
 from hasten.tune import autotune, choices, rules
@@ -193,7 +193,7 @@ def resolve_placement(recipe: Recipe, data: Any, device: torch.device) -> tuple[
     if recipe.data.cache == "auto":
         changes["data.cache"] = cached
     if recipe.data.workers is None:
-        changes["data.workers"] = loader_workers(recipe)
+        changes["data.workers"] = placed_workers(recipe, data)
     if recipe.train.threads is None:
         changes["train.threads"] = torch.get_num_threads()
     if recipe.data.name not in USER_SOURCES and recipe.data.name != "object":

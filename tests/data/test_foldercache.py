@@ -19,6 +19,7 @@ from hasten.data import foldercache, imagefolder
 from hasten.data.imagefolder import ImageFolder, image_folder_loaders, open_image_folder, read_into_memory
 from hasten.data.loader import Augment
 from hasten.errors import DataError
+from hasten.recipe.schema import load_recipe
 from hasten.run import loading
 
 CLASSES = ("ant", "bee", "cow")
@@ -175,7 +176,7 @@ def test_a_run_decodes_once_and_records_its_choice(
     folder = tmp_path / "folder"
     write_mixed_folder(folder, per_class=12, val_per_class=4)
     overrides = [o for o in tiny_overrides if not o.startswith(("data.", "model.width"))]
-    overrides += [f"data.root={folder}", "data.size=12", "data.workers=0", "train.epochs=2"]
+    overrides += [f"data.root={folder}", "data.size=12", "train.epochs=2"]
 
     def recorded(run: str) -> dict:
         return yaml.safe_load((tmp_path / run / "recipe.yaml").read_text())["data"]
@@ -183,6 +184,7 @@ def test_a_run_decodes_once_and_records_its_choice(
     hasten.train("seed-cnn-32", [*overrides, "data.in_memory=false", f"run.dir={tmp_path / 'first'}"])
     said = capsys.readouterr().err
     assert "data.cache: decoding 48 images once into" in said and recorded("first")["cache"] is True
+    assert recorded("first")["workers"] == 0  # rows of a map the page cache holds: copied in the main process
     decoded = []
     decode = imagefolder.decode
 
@@ -193,9 +195,22 @@ def test_a_run_decodes_once_and_records_its_choice(
     monkeypatch.setattr(imagefolder, "decode", counted)
     hasten.train("seed-cnn-32", [*overrides, "data.in_memory=false", f"run.dir={tmp_path / 'second'}"])
     assert "data.cache: reading the 48 images decoded earlier" in capsys.readouterr().err and decoded == []
-    hasten.train("seed-cnn-32", [*overrides, "data.in_memory=false", "data.cache=false", f"run.dir={tmp_path / 'off'}"])
+    off = ["data.in_memory=false", "data.cache=false", "data.workers=0", f"run.dir={tmp_path / 'off'}"]
+    hasten.train("seed-cnn-32", [*overrides, *off])
     assert "data.cache" not in capsys.readouterr().err and recorded("off")["cache"] is False
-    hasten.train("seed-cnn-32", [*overrides, f"run.dir={tmp_path / 'memory'}"])  # fits in memory: no cache
+    hasten.train("seed-cnn-32", [*overrides, "data.workers=0", f"run.dir={tmp_path / 'memory'}"])  # fits in memory
     assert recorded("memory")["in_memory"] is True and recorded("memory")["cache"] is False
     a, b, c = (yaml.safe_load((tmp_path / run / "summary.json").read_text()) for run in ("first", "second", "off"))
     assert a["test_accuracy"] == b["test_accuracy"] == c["test_accuracy"]  # the same pixels, the same run
+
+
+def test_a_cache_larger_than_the_page_cache_keeps_the_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_mixed_folder(tmp_path)
+    recipe = load_recipe("seed-cnn-32", [f"data.root={tmp_path}", "data.size=12", "data.in_memory=false"])
+    data = cached(open_image_folder(tmp_path, size=12))
+    assert loading.placed_workers(recipe, data) == 0
+    assert loading.placed_workers(recipe, open_image_folder(tmp_path, size=12)) == loading.default_workers()
+    monkeypatch.setattr(loading, "available_memory_bytes", lambda: imagefolder.decoded_bytes(data))
+    assert loading.placed_workers(recipe, data) == loading.default_workers()
+    given = load_recipe("seed-cnn-32", [f"data.root={tmp_path}", "data.workers=3"])
+    assert loading.placed_workers(given, data) == 3
