@@ -2,11 +2,13 @@
 in torch DataLoader worker processes, resized to the recipe's `data.size`, scaled to [0, 1] and normalised.
 
 This is the path for image sets that do not fit in memory, and the input of the worked example (a small CNN
-on a folder of 32x32 colour images). It is not the fast path: every epoch decodes every file again, which
-the in-memory loader never does (benchmarks/imagefolder.py measures the difference). To keep Python out of
-the per-image work where it can, each worker decodes a whole batch into one uint8 tensor; the main process
-then augments and normalises whole batches exactly as `InMemoryLoader` does, with the same seeded order
-(`loader.shard_indices`) and augmentation seeds, so one seed gives the same batches on both paths.
+on a folder of 32x32 colour images). Decoded from the files, it is not the fast path: every epoch decodes every
+file again, which the in-memory loader never does (benchmarks/imagefolder.py measures the difference); a split
+with a decode cache (foldercache.py) is decoded once and read from a memory map after that
+(benchmarks/folder_cache.py). To keep Python out of the per-image work where it can, each worker decodes (or
+copies) a whole batch into one uint8 tensor; the main process then augments and normalises whole batches exactly
+as `InMemoryLoader` does, with the same seeded order (`loader.shard_indices`) and augmentation seeds, so one seed
+gives the same batches on every path.
 
 Classes are the sorted names of the folders under `train/`, so label i is the i-th name; `hasten data
 make-folder` (makefolder.py) prefixes them with their label index to keep a dataset's own label order.
@@ -52,13 +54,56 @@ SIZE_SAMPLE = 512
 
 @dataclass
 class FolderSplit:
-    """One split of an image folder: file paths and their int64 labels."""
+    """One split of an image folder: file paths and their int64 labels; `cached`: the split's images already
+    decoded, memory-mapped from hasten's cache (hasten/data/foldercache.py), which its decoder then reads instead
+    of the files."""
 
     paths: list[str]
     labels: Tensor
+    cached: MappedImages | None = None
 
     def take(self, indices: Tensor) -> FolderSplit:
+        """The files at `indices`: another set of files, so without the cache of this one."""
         return FolderSplit([self.paths[i] for i in indices.tolist()], self.labels[indices])
+
+
+class MappedImages:
+    """Decoded images, uint8 (N, C, H, W), memory-mapped from a `.npy` file: `rows(indices)` copies the rows a
+    batch needs out of the page cache (or from the disk), so a split larger than memory is never held in it.
+
+    Pickled (a DataLoader worker started by spawn rather than fork) as its path, and mapped again there: a memmap
+    pickles as a copy of all its pixels."""
+
+    def __init__(self, path: Path, array: numpy.ndarray):
+        self.path, self.array = path, array
+
+    @classmethod
+    def open(cls, path: Path, shape: tuple[int, ...]) -> MappedImages | None:
+        """The images at `path` when it holds uint8 images of `shape`, else None (missing, or not what it should
+        be: a file in the cache that fails its checks is never trusted)."""
+        try:
+            array = numpy.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, EOFError):
+            return None
+        if array.dtype != numpy.uint8 or array.shape != tuple(shape):
+            return None
+        return cls(path, array)
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def rows(self, indices: list[int]) -> numpy.ndarray:
+        """The images at `indices`, in that order, as a new (writable) array."""
+        return self.array[numpy.asarray(indices, dtype=numpy.int64)]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "shape": self.array.shape}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path = state["path"]
+        self.array = numpy.load(self.path, mmap_mode="r", allow_pickle=False)
+        if self.array.shape != state["shape"]:  # replaced since: what this process was given is gone
+            raise DataError(f"{self.path}: the decode cache changed while the run read it; run again")
 
 
 @dataclass
@@ -175,7 +220,7 @@ class BatchDecoder(torch.utils.data.Dataset):
     """
 
     def __init__(self, split: FolderSplit, mode: str, size: tuple[int, int], resize: bool):
-        self.paths, self.labels = split.paths, split.labels
+        self.paths, self.labels, self.cached = split.paths, split.labels, split.cached
         self.mode, self.size, self.resize = mode, size, resize
         self.shape = (3 if mode == "RGB" else 1, size[1], size[0])
 
@@ -183,6 +228,8 @@ class BatchDecoder(torch.utils.data.Dataset):
         return len(self.paths)
 
     def __getitem__(self, indices: list[int]) -> tuple[Tensor, Tensor] | str:
+        if self.cached is not None:  # decoded once already: the rows of the map, the same pixels as decode's
+            return torch.from_numpy(self.cached.rows(indices)), self.labels[indices]
         images = numpy.empty((len(indices), *self.shape), dtype=numpy.uint8)
         try:
             for row, i in enumerate(indices):
@@ -425,29 +472,40 @@ def folder_stats(data: ImageFolder, sample: int = STATS_SAMPLE, seed: int = 0) -
     return channel_stats(images[0])
 
 
-DECODE_CHUNK = 256  # files a worker decodes into one tensor when a folder is read into memory
+DECODE_CHUNK = 256  # files a worker decodes into one tensor when a folder is read into memory or into its cache
+
+
+def decoded_chunks(split: FolderSplit, mode: str, size: tuple[int, int], resize: bool,
+                   workers: int = 0) -> Iterator[Tensor]:  # fmt: skip
+    """Every image of `split` decoded, in file order, as uint8 (B, C, H, W) chunks of DECODE_CHUNK images (one,
+    empty, for an empty split): what `read_into_memory` and the decode cache are filled from. With `workers`, the
+    chunks are decoded in that many DataLoader worker processes, still yielded in order. A file that cannot be
+    decoded is a DataError naming it."""
+    decoder = BatchDecoder(split, mode, size, resize)
+    count = len(split.paths)
+    chunks = [list(range(i, min(i + DECODE_CHUNK, count))) for i in range(0, count, DECODE_CHUNK)]
+    if not chunks:  # an empty split: no files to decode
+        yield torch.empty((0, *decoder.shape), dtype=torch.uint8)
+        return
+    if workers and len(chunks) > 1 and split.cached is None:  # a cached split is only copied: no work to share
+        parts: Any = torch.utils.data.DataLoader(decoder, batch_size=None, sampler=chunks, num_workers=workers,
+                                                 collate_fn=_whole_batch)  # fmt: skip
+    else:
+        parts = (decoder[chunk] for chunk in chunks)
+    for part in parts:
+        if isinstance(part, str):
+            raise DataError(part)
+        yield part[0]
 
 
 def read_into_memory(data: ImageFolder, workers: int = 0) -> ImageDataset:
     """Every image of the folder decoded once into an in-memory `ImageDataset`: what `data.in_memory` trains
     from, the naive baseline loop and the in-memory side of benchmarks/imagefolder.py. With `workers`, chunks of
-    files are decoded in that many DataLoader worker processes."""
+    files are decoded in that many DataLoader worker processes. A split with a decode cache is copied from it."""
     splits = []
     for split in (data.train, data.test):
-        decoder = BatchDecoder(split, data.mode, data.size, data.resize)
-        count = len(split.paths)
-        chunks = [list(range(i, min(i + DECODE_CHUNK, count))) for i in range(0, count, DECODE_CHUNK)]
-        if workers and len(chunks) > 1:
-            parts = list(torch.utils.data.DataLoader(decoder, batch_size=None, sampler=chunks, num_workers=workers,
-                                                     collate_fn=_whole_batch))  # fmt: skip
-        else:
-            parts = [decoder[chunk] for chunk in chunks]
-        failed = next((part for part in parts if isinstance(part, str)), None)
-        if failed is not None:
-            raise DataError(failed)
-        if not parts:  # an empty split: no files to decode
-            parts = [(torch.empty((0, *decoder.shape), dtype=torch.uint8), split.labels[:0])]
-        splits += [torch.cat([part[0] for part in parts]), torch.cat([part[1] for part in parts])]
+        images = torch.cat(list(decoded_chunks(split, data.mode, data.size, data.resize, workers)))
+        splits += [images, split.labels]
     return ImageDataset(data.name, *splits, list(data.classes), root=str(data.root))
 
 

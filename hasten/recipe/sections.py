@@ -127,13 +127,22 @@ class DataConfig(Section):
     )
     workers: Annotated[int, Field(ge=0, le=MAX_WORKERS)] | None = Field(
         None,
-        description="imagefolder: DataLoader worker processes; null: one per CPU core but one, at most 4.",
+        description="imagefolder: DataLoader worker processes; null: one per CPU core but one, at most 4 (none for a "
+        "folder read from its decode cache that fits in half the memory available: its rows are copied in the main "
+        "process).",
     )
     in_memory: bool | Literal["auto"] = Field(
         "auto",
         description="imagefolder: decode every image once and train from memory (no decoding per epoch). auto: when "
         "the decoded images take at most a quarter of the memory available (and 4 GiB); false: decode each epoch, "
         "in workers.",
+    )
+    cache: bool | Literal["auto"] = Field(
+        "auto",
+        description="imagefolder: decode each split once, at the run's size and mode, into a file in hasten's cache "
+        "folder (folders/) that later epochs and runs memory-map instead of decoding the files; it is decoded again "
+        "when a file is added, removed or changed. auto: for a folder not read into memory; true: also fills the "
+        "in-memory copy; without the disk space for it, decoded each epoch as with false.",
     )
     per_class: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Keep at most the first N training images of each class."

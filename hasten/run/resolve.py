@@ -30,7 +30,7 @@ from hasten.progress import say
 from hasten.recipe.schema import PRECISION_MODES, Recipe, dotted, replaced
 from hasten.recipe.trust import USER_SOURCES
 from hasten.run.assemble import assemble, check_batch_norm_batch, loaders, lr_scale, train_size
-from hasten.run.loading import eval_batch_size, loader_workers
+from hasten.run.loading import eval_batch_size, placed_workers
 from hasten.run.user import recorded, user_objects
 from hasten.runfolder.checkpoint import checkpoints_in, latest_usable, load_checkpoint
 from hasten.tune import autotune, choices, rules
@@ -174,7 +174,8 @@ def resolve(
 
 def resolve_placement(recipe: Recipe, data: Any, device: torch.device) -> tuple[Recipe, list[str], tuple[str, ...]]:
     """Where and how the run goes, recorded: `device: auto` as the device chosen, `data.in_memory: auto` as the
-    data was read (decoded into memory or streamed from files), `data.workers` and `train.threads` unset as the
+    data was read (decoded into memory or streamed from files), `data.cache: auto` as whether a folder is read from
+    its decode cache, `data.workers` and `train.threads` unset as the
     counts the machine's rules gave, and for a registered dataset or an image folder `data.size` and `data.rgb`
     unset as the images come (a folder of mixed sizes: the square side it is resized to). Returns the recipe, the
     lines to say, and the keys decided here that a resume on another machine may decide otherwise."""
@@ -182,13 +183,17 @@ def resolve_placement(recipe: Recipe, data: Any, device: torch.device) -> tuple[
     notes: list[str] = []
     if recipe.device == "auto":
         changes["device"] = device.type
+    cached = isinstance(data, ImageFolder) and data.train.cached is not None  # hasten/data/foldercache.py
     if recipe.data.in_memory == "auto":
         changes["data.in_memory"] = not isinstance(data, ImageFolder | StreamedData)
         if recipe.data.name == "imagefolder":
-            how = "decoded once into memory" if changes["data.in_memory"] else "decoded from its files each epoch"
+            streamed = "read from its decode cache each epoch" if cached else "decoded from its files each epoch"
+            how = "decoded once into memory" if changes["data.in_memory"] else streamed
             notes.append(f"data.in_memory=auto -> {str(changes['data.in_memory']).lower()}: the folder is {how}")
+    if recipe.data.cache == "auto":
+        changes["data.cache"] = cached
     if recipe.data.workers is None:
-        changes["data.workers"] = loader_workers(recipe)
+        changes["data.workers"] = placed_workers(recipe, data)
     if recipe.train.threads is None:
         changes["train.threads"] = torch.get_num_threads()
     if recipe.data.name not in USER_SOURCES and recipe.data.name != "object":

@@ -65,6 +65,7 @@ EXECUTION_KEYS = (
     "data.download",
     "data.workers",
     "data.in_memory",
+    "data.cache",
     "optim.fused",
     "model.parameters",  # recorded, never read back: it follows from the keys that size the model
 )
