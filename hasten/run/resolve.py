@@ -175,10 +175,10 @@ def resolve(
 def resolve_placement(recipe: Recipe, data: Any, device: torch.device) -> tuple[Recipe, list[str], tuple[str, ...]]:
     """Where and how the run goes, recorded: `device: auto` as the device chosen, `data.in_memory: auto` as the
     data was read (decoded into memory or streamed from files), `data.cache: auto` as whether a folder is read from
-    its decode cache, `data.workers` and `train.threads` unset as the
-    counts the machine's rules gave, and for a registered dataset or an image folder `data.size` and `data.rgb`
-    unset as the images come (a folder of mixed sizes: the square side it is resized to). Returns the recipe, the
-    lines to say, and the keys decided here that a resume on another machine may decide otherwise."""
+    its decode cache, `data.workers` and `train.threads` unset as the counts the machine's rules gave, and for a
+    registered dataset or an image folder `data.size` and `data.rgb` unset as the images come (a folder of mixed
+    sizes: the square side it is resized to). Returns the recipe, the lines to say, and the keys decided here that a
+    resume on another machine may decide otherwise."""
     changes: dict[str, Any] = {}
     notes: list[str] = []
     if recipe.device == "auto":
