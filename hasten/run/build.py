@@ -31,7 +31,7 @@ from hasten.engine.precision import check_precision
 from hasten.engine.schedules import asked_rise_steps, rise_steps
 from hasten.errors import CheckpointError, DataError, HastenError, RecipeError, raised_in_their_code, their_error
 from hasten.machine import current as current_machine
-from hasten.models import build_model
+from hasten.models import build_model, meta_parameter_count
 from hasten.models.pretrained import save_weights  # Freeze registers here
 from hasten.models.user import own_model
 from hasten.progress import say
@@ -113,16 +113,9 @@ BYTES_PER_PARAMETER = 8  # the least any training keeps per parameter: its fp32 
 def check_model_size(recipe: Recipe, image_shape: tuple[int, ...], num_classes: int, device: torch.device) -> None:
     """A built-in model whose parameters would not fit in this machine's memory (`model.width=60000`) is refused
     before any of it is allocated: it is first built on the meta device, which holds shapes and no data."""
-    if recipe.model.name not in ("resnet", "sequential"):
+    count = meta_parameter_count(recipe.model, image_shape, num_classes, build_model)
+    if count is None:
         return
-    try:
-        with torch.device("meta"):
-            probe = build_model(recipe.model, image_shape, num_classes)
-    except HastenError:
-        raise
-    except Exception:  # noqa: BLE001 - whatever fails here fails in the real build too, which says it
-        return
-    count = sum(p.numel() for p in probe.parameters())
     if device.type == "cuda":
         have = torch.cuda.get_device_properties(device).total_memory
     else:
