@@ -116,13 +116,27 @@ REGISTERED = {
     "synthetic": {"data.name": "synthetic"},
 }
 DATASETS = (*generated.REGISTRY, *REGISTERED)
+# the model suite (`--models`): models written the way users write them (examples/models/), not hasten's own
+MODELS = {
+    "gn-cnn": "examples.models.groupnorm_cnn:GroupNormCNN",
+    "plain-cnn": "examples.models.plain_cnn:PlainCNN",
+    "vit": "examples.models.vit:TinyViT",
+    "mlp": "examples.models.mlp:MLP",
+    "mobilenet": "examples.models.mobilenet:MobileNetLike",
+    "timm-resnet": "examples.models.timm_resnet:ResNet.for_images",
+}
+MODEL_MARK = "@"  # a cell of the model suite is named DATASET@MODEL
 QUICK = ["model.width=4", "model.blocks=[1]", "data.subset=256", "data.test_subset=200"]
 
 
 def dataset_overrides(name: str, out: Path, folders: dict[str, str] | None = None) -> dict[str, str]:
     """The data.* overrides that swap the recipe's data for dataset `name`; `folders` maps the names of the user's
     own image folders (--folder) to their paths. Small folders are decoded in the main process (data.workers=0):
-    no worker start-up."""
+    no worker start-up. A model-suite cell, DATASET@MODEL, adds the overrides that train that model (MODELS)."""
+    name, _, model = name.partition(MODEL_MARK)
+    if model:
+        own = {"model.name": "import", "model.target": MODELS[model]}
+        return dataset_overrides(name, out, folders) | own
     if folders and name in folders:
         return DATA_RESET | {"data.name": "imagefolder", "data.root": folders[name]}
     if name in generated.REGISTRY:
@@ -206,17 +220,25 @@ class Suite:
         self.data_digest: dict[str, str | None] = {}
         self.tasks: list[Task] = []
         self.made: dict[str, dict[str, Any]] = {}  # key -> record of the runs made by this suite
-        for name in args.only:
+        for cell in args.cells:
+            name = cell.partition(MODEL_MARK)[0]
             if name in generated.REGISTRY:
-                self.data_digest[name] = generated.ensure(name, out / "data" / name)["sha256"]
+                self.data_digest[cell] = generated.ensure(name, out / "data" / name)["sha256"]
             elif name in args.folders:
-                self.data_digest[name] = folder_fingerprint(Path(args.folders[name]))
+                self.data_digest[cell] = folder_fingerprint(Path(args.folders[name]))
             else:
-                self.data_digest[name] = None  # hasten's registered datasets: files pinned by their SHA-256
+                self.data_digest[cell] = None  # hasten's registered datasets: files pinned by their SHA-256
+            if MODEL_MARK in cell:  # the user's model is code: its source is part of what the run is
+                model_file = Path(__file__).resolve().parents[1] / (
+                    MODELS[cell.partition(MODEL_MARK)[2]].partition(":")[0].replace(".", "/") + ".py"
+                )
+                self.data_digest[cell] = (
+                    f"{self.data_digest[cell]}:{hashlib.sha256(model_file.read_bytes()).hexdigest()}"
+                )
             for budget in args.budgets:
                 for seed in args.seeds:
                     for arm in arm_order(seed, budget):
-                        self.tasks.append(Task(name, budget, seed, arm, None if budget == "recipe" else int(budget)))
+                        self.tasks.append(Task(cell, budget, seed, arm, None if budget == "recipe" else int(budget)))
 
     def overrides(self, task: Task) -> list[str]:
         data = dataset_overrides(task.dataset, self.out, self.args.folders)
@@ -400,6 +422,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="train.threads of every run (1 with --jobs > 1)")
     own = "also an image folder of your own (DIR/train/<class>/, DIR/val/<class>/); repeatable"
     parser.add_argument("--folder", action="append", default=[], metavar="DIR", help=own)
+    models = f"the model suite: train each model (of {', '.join(MODELS)}; examples/models/) on each dataset"
+    parser.add_argument("--models", default="", help=models + ", comma-separated; all: every one")
     parser.add_argument("--out", default="bench/generalization")
     parser.add_argument("--fresh", action="store_true", help="run every run again instead of using the cache")
     reuse = "reuse cached plain and naive runs made by other hasten source (their recipe and data the same)"
@@ -423,6 +447,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [name for name in args.only if name not in DATASETS and name not in args.folders]
     if unknown:
         parser.error(f"--only: unknown dataset(s) {', '.join(unknown)}; choose from {', '.join(DATASETS)}")
+    args.models = list(MODELS) if args.models == "all" else [m for m in args.models.split(",") if m]
+    unknown = [model for model in args.models if model not in MODELS]
+    if unknown:
+        parser.error(f"--models: unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)} or all")
+    args.cells = [f"{name}{MODEL_MARK}{model}" for name in args.only for model in args.models] or args.only
     args.budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
     bad = [b for b in args.budgets if b != "recipe" and not (b.isdigit() and int(b) >= 1)]
     if bad:
@@ -459,6 +488,7 @@ def _main(argv: list[str] | None) -> int:
         name: class_shares(args.recipe, as_list(dataset_overrides(name, out, args.folders)) + args.overrides)
         for name in args.only
     }
+    shares |= {cell: shares[cell.partition(MODEL_MARK)[0]] for cell in args.cells}
     argv_text = shlex.join(sys.argv[1:] if argv is None else argv)
     runs = [task_row(task) for task in suite.tasks]
     cells = report.cells(runs, shares)
@@ -472,6 +502,7 @@ def _main(argv: list[str] | None) -> int:
         "threads": args.threads,
         "plain_overrides": PLAIN,
         "datasets": {name: dataset_note(name, out, args) for name in args.only},
+        "models": {model: MODELS[model] for model in args.models},
         "code": suite.code,
         "environment": environment(),
         "cells": cells,
