@@ -237,7 +237,7 @@ class Suite:
                 )
             for budget in args.budgets:
                 for seed in args.seeds:
-                    for arm in arm_order(seed, budget):
+                    for arm in (a for a in arm_order(seed, budget) if a in args.arms):
                         self.tasks.append(Task(cell, budget, seed, arm, None if budget == "recipe" else int(budget)))
 
     def overrides(self, task: Task) -> list[str]:
@@ -424,6 +424,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--folder", action="append", default=[], metavar="DIR", help=own)
     models = f"the model suite: train each model (of {', '.join(MODELS)}; examples/models/) on each dataset"
     parser.add_argument("--models", default="", help=models + ", comma-separated; all: every one")
+    parser.add_argument("--arms", default=",".join(ARMS), help="the arms to run, comma-separated (a variant of "
+                        "the default alone: --arms default)")  # fmt: skip
     parser.add_argument("--out", default="bench/generalization")
     parser.add_argument("--fresh", action="store_true", help="run every run again instead of using the cache")
     reuse = "reuse cached plain and naive runs made by other hasten source (their recipe and data the same)"
@@ -452,6 +454,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"--models: unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)} or all")
     args.cells = [f"{name}{MODEL_MARK}{model}" for name in args.only for model in args.models] or args.only
+    args.arms = [arm for arm in args.arms.split(",") if arm]
+    if not args.arms or any(arm not in ARMS for arm in args.arms):
+        parser.error(f"--arms: choose from {', '.join(ARMS)}")
     args.budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
     bad = [b for b in args.budgets if b != "recipe" and not (b.isdigit() and int(b) >= 1)]
     if bad:

@@ -33,7 +33,7 @@ from hasten.run.assemble import assemble, check_batch_norm_batch, loaders, lr_sc
 from hasten.run.loading import eval_batch_size, placed_workers
 from hasten.run.user import recorded, user_objects
 from hasten.runfolder.checkpoint import checkpoints_in, latest_usable, load_checkpoint
-from hasten.tune import autotune, choices, rules
+from hasten.tune import autotune, choices, numerics, rules
 
 
 def run_dir(recipe: Recipe) -> Path:
@@ -369,6 +369,9 @@ def choose_on_machine(
     run_images = images * run_epochs // world
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout, DataLoader seeds
         batch = probe_batch(recipe, data, device, max(sizes)) if len(options) > 1 or len(sizes) > 1 else None
+        if "precision" in asked and "precision" not in kept and len(options) > 1:  # speed alone is not safety
+            options, more = numerics_checked(model, batch, options, device)
+            notes += more
         if len(options) > 1:
             at = min(max(sizes), rules.PROBE_BATCH)
             probed = [key for key in ("precision", "train.channels_last") if key in asked and key not in kept]
@@ -397,6 +400,31 @@ def choose_on_machine(
     recipe = replaced(recipe, {"precision": choice.precision, "train.channels_last": choice.channels_last,
                                "train.batch_size": values["train.batch_size"]})  # fmt: skip
     return recipe, tuple(key for key in asked), notes
+
+
+def numerics_checked(
+    model: nn.Module, batch: tuple[Tensor, Tensor], options: list[choices.Candidate], device: torch.device
+) -> tuple[list[choices.Candidate], list[str]]:
+    """`options` without the reduced precisions this model's own numerics do not survive (hasten/tune/numerics.py:
+    one batch's gradient against fp32's), and the line that says what each measured."""
+    images, labels = batch[0][: rules.PROBE_BATCH], batch[1][: rules.PROBE_BATCH]
+    measured = {
+        name: numerics.gradient_error(model, images, labels, name, device)
+        for name in dict.fromkeys(option.precision for option in options)
+        if name != "fp32"
+    }
+    unsafe = {name for name, error in measured.items() if not numerics.safe(error)}
+    said = ", ".join(f"{name} {error:.3g}" for name, error in measured.items())
+    limit = f"at most {numerics.MAX_GRAD_ERROR}"
+    if not unsafe:
+        return options, [f"precision=auto: this model's gradient in reduced precision against fp32's: {said} ({limit})"]
+    kept = [option for option in options if option.precision not in unsafe] or [
+        choices.Candidate("fp32", option.channels_last) for option in options if option.precision in unsafe
+    ][:1]
+    return kept, [
+        f"precision=auto: {', '.join(sorted(unsafe))} left out: this model's gradient in reduced precision differs "
+        f"from fp32's by {said} of its size ({limit}); it trains in {kept[0].precision}"
+    ]
 
 
 def resolve_lr(recipe: Recipe, data: Any, model: nn.Module, device: torch.device) -> Recipe:
