@@ -285,10 +285,13 @@ class OptimConfig(Section):
         "other parameter Nesterov SGD at optim.lr.",
     )
     # checked positive by _positive_lr, not by the type: one error, not one per member of the union
-    lr: float | Literal["auto"] = Field(
-        0.002,
+    lr: float | Literal["auto"] | None = Field(
+        None,
         description="Peak learning rate, per optim.base_batch examples when that is set. auto: picked by a short LR "
-        "range test before training (hasten/tune/lr_find.py; calibrated in benchmarks/lr_auto.py).",
+        "range test before training (hasten/tune/lr_find.py; calibrated in benchmarks/lr_auto.py). null: decided "
+        "from the optimizer and the model, said at start and recorded: adam/adamw 0.002 on hasten's ResNet (the "
+        "model its rules were tuned on) and 0.0007 on any other (measured across the model suite, "
+        "docs/results/models.md), for muon's non-filter parameters too; sgd: auto.",
     )
     base_batch: Annotated[int, Field(ge=1)] | None = Field(
         32, description="The batch size optim.lr is given for; null: no scaling with the batch."

@@ -157,6 +157,8 @@ def resolve(
     check_assembly(recipe, device, world)
     recipe, more = resolve_whiten(recipe, given_model is not None)
     notes += more
+    recipe, more = resolve_default_lr(recipe, given_model is not None)
+    notes += more
     checkpoint = resume_from(recipe, run_dir(recipe) / "checkpoints")  # read once: the run continues from it
     resumed = resumed_choices(recipe, checkpoint)  # a resume continues with what its run chose: exact, as resumes are
     recipe, machine_keys, more = choose_on_machine(recipe, model, data, device, resumed, machine)
@@ -253,6 +255,29 @@ def resolve_whiten(recipe: Recipe, model_given: bool) -> tuple[Recipe, list[str]
         return recipe, ["model.whiten=auto -> true: the ResNet's first conv whitens the images' patches, frozen"]
     kept = "the pretrained weights" if recipe.model.pretrained else f"model.name={name}"
     return recipe, [f"model.whiten=auto -> false: {kept} keeps its own first conv"]
+
+
+def resolve_default_lr(recipe: Recipe, model_given: bool) -> tuple[Recipe, list[str]]:
+    """`optim.lr` unset, decided from the optimizer and whose model it is (hasten/tune/rules.py's default_lr): the LR
+    hasten's ResNet was tuned at is not assumed for a model hasten did not write."""
+    if recipe.optim.lr is not None:
+        return recipe, []
+    hastens = not model_given and recipe.model.name == "resnet"
+    lr = rules.default_lr(recipe.optim.name, hastens)
+    recipe = replaced(recipe, {"optim.lr": lr})
+    if lr == "auto":
+        return recipe, [f"optim.lr unset -> auto: a range test picks it ({recipe.optim.name}'s rule)"]
+    per = f" per {recipe.optim.base_batch}" if recipe.optim.base_batch else ""
+    which = "given to hasten.train" if model_given else f"model.target={recipe.model.target}"
+    if recipe.model.name == "sequential" and not model_given:
+        which = "model.name=sequential"
+    whose = (
+        "hasten's ResNet, the LR its rules were tuned at"
+        if hastens
+        else f"a model hasten did not write ({which}): the LR measured across the model suite, not the one "
+        "hasten's ResNet was tuned at (docs/defaults.md)"
+    )
+    return recipe, [f"optim.lr unset -> {lr:g}{per}: {whose}"]
 
 
 def resolve_budget(

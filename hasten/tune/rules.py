@@ -165,6 +165,23 @@ def auto_rise_steps(classes: int) -> int:
     return max(MIN_RISE_STEPS, classes)
 
 
+# optim.lr unset: Adam and AdamW's peak LR per optim.base_batch (32) images. Hasten's ResNet was tuned at
+# OWN_MODEL_LR (docs/defaults.md); a model hasten did not write gets USER_MODEL_LR, the value measured across the
+# model suite (docs/results/models.md: six model families on four datasets, where hasten's 0.002 left the MLP and
+# the vision transformer at chance on some sets)
+OWN_MODEL_LR = 0.002
+USER_MODEL_LR = 0.0007
+
+
+def default_lr(optimizer: str, hastens_model: bool) -> float | str:
+    """optim.lr unset, decided: for sgd `auto`, the range test (its rule was measured for SGD); for adam, adamw (and
+    muon's parameters that are not conv filters) OWN_MODEL_LR on hasten's ResNet, the model its rules were tuned on,
+    and USER_MODEL_LR on any other model."""
+    if optimizer in LR_AUTO_CALIBRATED:
+        return "auto"
+    return OWN_MODEL_LR if hastens_model else USER_MODEL_LR
+
+
 LR_AUTO_CALIBRATED = ("sgd",)  # optim.lr=auto's rule was measured for these optimizers (docs/lr-auto.md)
 
 AUTO_TRANSLATE_FRACTION = 1 / 32  # data.augment.translate=auto: shifts of up to this share of the image side
