@@ -20,7 +20,7 @@ class TinyViT(nn.Module):
         in_channels: int = 3,
         image_size: tuple[int, int] = (32, 32),
         patch: int = 4,
-        dim: int = 96,
+        dim: int = 64,
         depth: int = 4,
         heads: int = 4,
     ):
