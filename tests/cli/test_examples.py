@@ -60,3 +60,28 @@ def test_example_model_and_data_by_import_path_from_the_command_line(tmp_path):
     assert recorded["model"]["name"] == "import" and recorded["model"]["target"] == "examples.own_tensors:DigitNet"
     assert recorded["model"]["args"] == {"width": 8} and recorded["model"]["parameters"] > 0
     assert recorded["data"]["target"] == "examples.own_tensors:load_digits" and recorded["data"]["classes"][0] == "zero"
+
+
+@pytest.mark.parametrize(
+    ("script", "target"),
+    [
+        ("groupnorm_cnn.py", "GroupNormCNN"),
+        ("plain_cnn.py", "PlainCNN"),
+        ("vit.py", "TinyViT"),
+        ("mlp.py", "MLP"),
+        ("mobilenet.py", "MobileNetLike"),
+        ("timm_resnet.py", "ResNet"),
+    ],
+)
+def test_each_model_family_of_the_suite_trains_by_itself_with_the_rules_for_a_model_hasten_did_not_write(
+    tmp_path, script, target
+):
+    from hasten.tune import rules
+
+    result = run([f"examples/models/{script}", "train.epochs=2", f"run.dir={tmp_path / 'run'}", "run.progress=false"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["epochs"] == 2 and summary["test_accuracy"] > 0.3  # 10 digits: chance is 10%
+    recorded = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
+    assert recorded["model"]["target"].endswith(target) and recorded["optim"]["lr"] == rules.USER_MODEL_LR
+    assert "optim.lr unset" in result.stderr and "gradient in reduced precision" in result.stderr + result.stdout
