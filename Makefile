@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-as test-machines lint reference bench bench-peers bench-gan setup data clean
+.PHONY: demo test test-as test-machines lint reference bench bench-guard bench-peers bench-gan setup data clean
 
 setup: $(STAMP)
 
@@ -76,6 +76,15 @@ bench: data
 	$(BIN)/python benchmarks/speed.py ablations --repeats 1
 	$(BIN)/python benchmarks/speed.py seeds
 	$(BIN)/python benchmarks/speed.py report
+
+# the regression guard: the headline recipe and one folder run, each alternated with commit BEFORE in one sitting, on
+# whatever CPU this is (the reports name its kind); run it before merging a change to training
+BEFORE ?= a86495c
+bench-guard: data
+	$(BIN)/python -c "from benchmarks import datasets; datasets.ensure('letters', 'bench/data/letters')"
+	$(BIN)/python benchmarks/wallclock.py --before $(BEFORE) --out bench/guard/headline.md
+	$(BIN)/python benchmarks/wallclock.py --before $(BEFORE) --recipe default --out bench/guard/folder.md \
+		data.name=imagefolder data.root=bench/data/letters
 
 # hasten beside PyTorch Lightning on the same recipe (benchmarks/peers/); the extra is installed only here, with
 # the torch already in the venv named as a requirement so pip keeps it. PEERS_ARGS, e.g. "--repeats 1", is passed on

@@ -17,8 +17,17 @@ most 0.65, medians of the same repeats), and a second run's start-up over its fi
 
     .venv/bin/python benchmarks/wallclock.py --before /work/wt/clock-before --repeats 3 \\
         --out docs/results/wallclock.md train.threads=1
+    .venv/bin/python benchmarks/wallclock.py --before a86495c --recipe default \\
+        data.name=imagefolder data.root=bench/data/letters      # a folder run, beside a commit
 
 writes the report (markdown, with this command) to --out and every run's numbers beside it as JSON.
+
+The regression guard (`make bench-guard BEFORE=REF`): the headline recipe and one folder run, each alternated with
+the commit REF in one sitting. `--before` takes a checkout (its own .venv, else this one's Python) or a git
+commit, checked out into a temporary worktree for the sitting. The report names the CPU kind (hasten.machine's
+kernel set: avx2, avx512-bf16, amx, ...), the load average around every run (a busy machine is said loudly: its
+timings are noise), and each epoch's throughput and test accuracy per kind, so a change that is slower on one
+machine kind is seen on that kind.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from hasten.experiments.interleave import rotated
 
 ROOT = Path(__file__).resolve().parents[1]
 THRESHOLDS = ("0.90", "0.91", "0.92", "0.93")
+BUSY_LOAD = 1.5  # a load average at or above this around a run: the machine was shared, its timings are noise
 TARGETS = {"wall_over_train": 1.15, "to_93_over_before": 0.65, "second_startup_over_first": 0.5}
 
 
@@ -62,6 +72,7 @@ def one_run(kind: str, tree: Path, python: Path, recipe: str, overrides: list[st
     command = [str(python), "-m", "hasten", "train", recipe, *overrides, f"run.dir={run_dir}", "run.overwrite=true"]
     env = os.environ | {"HASTEN_CACHE": str(cache), "PYTHONPATH": str(tree)}
     log = out / f"{kind}.log"
+    load_before = os.getloadavg()[0]
     with open(log, "w") as stream:
         started = time.time()
         code = subprocess.run(command, cwd=tree, env=env, stdout=stream, stderr=subprocess.STDOUT).returncode
@@ -92,7 +103,30 @@ def one_run(kind: str, tree: Path, python: Path, recipe: str, overrides: list[st
         "summary_wall_seconds": summary.get("wall_seconds"),
         "eval_seconds": summary.get("eval_seconds"),
         "run_dir": str(run_dir),
+        "load_before": round(load_before, 2),
+        "load_after": round(os.getloadavg()[0], 2),
+        "per_epoch": per_epoch(run_dir),
     } | from_summary(summary)
+
+
+def per_epoch(run_dir: Path) -> list[dict[str, float]]:
+    """Each epoch's training throughput and test accuracy, from the run's metrics.csv (both versions write it)."""
+    import csv
+
+    path = run_dir / "metrics.csv"
+    if not path.is_file():
+        return []
+    with open(path, newline="") as stream:
+        rows = list(csv.DictReader(stream))
+
+    def number(row: dict[str, str], key: str) -> float | None:
+        try:
+            return float(row[key])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    return [{"epoch": int(float(row["epoch"])), "images_per_second": number(row, "images_per_second"),
+             "test_accuracy": number(row, "test_accuracy")} for row in rows if row.get("epoch")]  # fmt: skip
 
 
 def from_summary(summary: dict[str, Any]) -> dict[str, Any]:
@@ -171,6 +205,29 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     for name, value in ratios.items():
         met = "—" if not value else "yes" if value["median"] <= asked[name] else "no"
         target_rows.append(f"| {name} | {cell(value, 3)} | ≤ {asked[name]} | {met} |")
+    epochs = sorted({e["epoch"] for r in runs for e in r.get("per_epoch") or []})
+    epoch_rows = ["| epoch | images/s: " + " | images/s: ".join(kinds) + " | accuracy: " + " | accuracy: ".join(kinds)
+                  + " |", "| ---: |" + " ---: |" * (2 * len(kinds))]  # fmt: skip
+    for epoch in epochs:
+
+        def at(kind: str, key: str, epoch: int = epoch) -> dict[str, float] | None:
+            return spread([e[key] for r in by[kind] for e in r.get("per_epoch") or [] if e["epoch"] == epoch])
+
+        speeds = " | ".join(cell(at(k, "images_per_second"), 0) for k in kinds)
+        accuracies = " | ".join(cell(at(k, "test_accuracy"), 4) for k in kinds)
+        epoch_rows.append(f"| {epoch} | {speeds} | {accuracies} |")
+    loads = [r[key] for r in runs for key in ("load_before", "load_after") if r.get(key) is not None]
+    busy = max(loads, default=0.0) >= BUSY_LOAD
+    load_line = (
+        f"Load average (1 min) around the runs: median {statistics.median(loads):.2f}, max {max(loads):.2f}"
+        if loads
+        else "Load average: not recorded"
+    )
+    if busy:
+        load_line = (
+            f"**warning: the machine was busy** (load average up to {max(loads):.2f}, {BUSY_LOAD} or more on "
+            f"{os.cpu_count()} CPUs): these timings are noise, not a regression or a gain. {load_line}."
+        )
     startup = [r["summary_startup"] for r in by["first"] + by["second"] if r.get("summary_startup")]
     phases = list(dict.fromkeys(phase for s in startup for phase in s))  # in the order the start-up passes them
     startup_rows = [
@@ -182,18 +239,25 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         startup_rows.append(f"| {phase} | {' | '.join(cells)} |")
     return "\n".join(
         [
-            "# The clock a user waits on: `hasten train fashion-fast`, before and now",
+            f"# The clock a user waits on: `hasten train {meta['recipe']}`, before and now",
             "",
             f"`{meta['command']}`",
             "",
             f"{meta['repeats']} repeat(s), interleaved (order rotated each repeat; first and second back to back), "
-            f"{meta['started']} to {meta['finished']}. Machine: {meta['machine']}. "
+            f"{meta['started']} to {meta['finished']}. Machine: {meta['machine']}; CPU kind: "
+            f"**{meta.get('cpu_kind', 'not recorded')}**. "
             f"Baseline: `{meta['before_commit']}`; now: `{meta['after_commit']}`. "
             f"Every run: `python -m hasten train {meta['recipe']} {' '.join(meta['overrides'])}`, a fresh process; "
             "times from the moment this script started it. "
             "Median (min–max) over the repeats.",
             "",
+            load_line,
+            "",
             *rows,
+            "",
+            "Each epoch, median (min–max) over the repeats (metrics.csv):",
+            "",
+            *epoch_rows,
             "",
             "Times to accuracy and to the first step are read from each run's TensorBoard events (their wall times "
             "against the process's start), for the baseline and now alike; the summary.json rows are the runs' own "
@@ -208,6 +272,35 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     )
 
 
+def baseline_tree(before: str, work: Path) -> Path:
+    """--before as a checkout: a folder as it is, or a commit of this repository checked out (detached) into a
+    worktree under `work` for the sitting."""
+    path = Path(before)
+    if path.is_dir():
+        return path.resolve()
+    tree = work / "before-tree"
+    made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), before],
+                          capture_output=True, text=True)  # fmt: skip
+    if made.returncode != 0:
+        raise SystemExit(f"--before {before}: neither a folder nor a commit of {ROOT}: {made.stderr.strip()}")
+    return tree
+
+
+def python_of(tree: Path) -> Path:
+    """The tree's own .venv's Python, else this one (each run puts the tree first on PYTHONPATH)."""
+    own = tree / ".venv" / "bin" / "python"
+    return own if own.is_file() else Path(sys.executable)
+
+
+def cpu_kind() -> str:
+    """The CPU as hasten's machine rules read it: its name and kernel set (avx2, avx512-bf16, amx, ...)."""
+    sys.path.insert(0, str(ROOT))
+    from hasten.machine import current
+
+    identity = current().identity()
+    return f"{identity.get('cpu')} ({identity.get('kernels')} kernels, {identity.get('cores')} cores)"
+
+
 def git_commit(tree: Path) -> str:
     out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
@@ -218,7 +311,8 @@ def git_commit(tree: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*", help="key=value overrides for every run, e.g. train.threads=1")
-    parser.add_argument("--before", required=True, help="a checkout of the baseline commit, with its own .venv")
+    before_help = "the baseline: a checkout (its own .venv, else this Python) or a git commit of this repository"
+    parser.add_argument("--before", required=True, help=before_help)
     parser.add_argument("--recipe", default="fashion-fast")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="bench/wallclock/report.md", help="the report (markdown); JSON beside it")
@@ -233,9 +327,10 @@ def main() -> int:
         Path(ns.out).with_suffix(".json").write_text(json.dumps(saved, indent=2) + "\n")
         print(Path(ns.out).read_text())
         return 0
-    before, out_file = Path(ns.before).resolve(), Path(ns.out)
+    out_file = Path(ns.out)
     work = Path(tempfile.mkdtemp(prefix="hasten-wallclock-"))
-    trees = {"before": (before, before / ".venv" / "bin" / "python"), "now": (ROOT, ROOT / ".venv" / "bin" / "python")}
+    before = baseline_tree(ns.before, work)
+    trees = {"before": (before, python_of(before)), "now": (ROOT, python_of(ROOT))}
     meta = {
         "command": shlex.join(["python", *sys.argv]),
         "repeats": ns.repeats,
@@ -245,6 +340,7 @@ def main() -> int:
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "before_commit": git_commit(before),
         "after_commit": git_commit(ROOT),
+        "cpu_kind": cpu_kind(),
     }
     try:
         meta["machine"] = next(
@@ -275,6 +371,8 @@ def main() -> int:
         out_file.parent.mkdir(parents=True, exist_ok=True)  # after every repeat: a stopped bench leaves its numbers
         out_file.write_text(report(runs, meta))
         out_file.with_suffix(".json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
+    if before.parent == work:  # the sitting's own checkout of a commit
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], capture_output=True)
     print(out_file.read_text())
     return 0
 
