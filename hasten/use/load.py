@@ -41,6 +41,7 @@ from hasten.data.preprocessing import (
     Preprocessing,
     PreprocessingRecord,
     preprocessing_for,
+    resizer_of,
 )
 from hasten.errors import CheckpointError, DataError, HastenError, schema_problems
 from hasten.recipe.schema import Recipe, validate
@@ -224,7 +225,7 @@ def facts_from_checkpoint(path: Path, state: dict[str, Any], trust: Trust | None
     mean, std = training_stats(data, recipe.seed)
     pre = None  # images of 2 or 4 channels: no Pillow mode to read files into
     if data.image_shape[0] in (1, 3):
-        pre = preprocessing_for(data.image_shape, mean, std, from_folder=getattr(data, "root", None) is not None)
+        pre = preprocessing_for(data.image_shape, mean, std, resizer=resizer_of(data), fit=recipe.data.resize)
     mean_t, std_t = tuple(mean.tolist()), tuple(std.tolist())
     return RunFacts(recipe, list(data.classes), tuple(data.image_shape), mean_t, std_t, pre, accuracy)
 
