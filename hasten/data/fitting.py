@@ -65,7 +65,7 @@ def fit_pil(image: Image.Image, height: int, width: int, fit: str) -> numpy.ndar
     resized_height, resized_width = fitted_size(image.height, image.width, height, width, fit)
     if image.size != (resized_width, resized_height):
         image = image.resize((resized_width, resized_height), Image.Resampling.BILINEAR)
-    pixels = numpy.asarray(image, dtype=numpy.uint8)
+    pixels = numpy.array(image, dtype=numpy.uint8)  # a copy: Pillow's own buffer is read-only
     pixels = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
     return numpy.ascontiguousarray(place(pixels, height, width))
 
