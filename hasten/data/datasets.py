@@ -31,6 +31,10 @@ class ImageDataset:
     # the image folder these were decoded from (data.in_memory), else None: its val/ or test/ split and its
     # Pillow resize are what summaries and exports record
     root: str | None = None
+    # "pillow" where a user's list of images was resized with Pillow to one size, else None: what the run records
+    # (hasten.data.preprocessing.resizer_of)
+    resizer: str | None = None
+    notes: tuple[str, ...] = ()  # what was decided about a user's images (size, channels): the run says each
 
     @property
     def num_classes(self) -> int:

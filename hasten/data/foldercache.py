@@ -5,12 +5,13 @@ memory is read from the map's pages as batches ask for them, never held whole.
 
 A cache file is named by where its images come from (the folder, the split, the decode settings) and by a key of
 what they are: a SHA-256 over every file's name relative to the folder, its size and its modification time (ns),
-the mode, size and resize setting, Pillow's version (its decoders and its resampling make the pixels) and the
-version of this format. A file touched, rewritten, added or removed gives another key, so the split is decoded
-again, and the new cache file replaces the split's old one. A cache file is written under a temporary name and
-renamed when whole (hasten/files.py), so a crash never leaves a file under a cache's name; a file under that name
-that does not hold what it should (its shape, its type) is ignored and written again. The free space is checked
-before anything is written.
+the mode, the size and how images are brought to it (data.resize), Pillow's version (its decoders and its
+resampling make the pixels) and the version of this format: a run with another data.size or data.resize reads its
+own file. A file touched, rewritten, added or removed gives another key, so the split is decoded again, and the new
+cache file replaces the split's old one. A cache file is written under a temporary name and renamed when whole
+(hasten/files.py), so a crash never leaves a file under a cache's name; a file under that name that does not hold
+what it should (its shape, its type) is ignored and written again. The free space is checked before anything is
+written.
 
 The pixels are exactly those `decode` gives (the cache is filled by the same decoder), so batches read from the
 cache are bitwise the batches decoded from the files: same order, same augmentation.
@@ -76,7 +77,7 @@ def plan_cache(data: ImageFolder) -> list[SplitCache]:
     """Each non-empty split's place in the cache and its images when a valid cache of them is there. Reads every
     file's metadata (the key), no pixels."""
     width, height = data.size
-    settings = f"{data.mode}\0{width}x{height}\0resize={data.resize}"
+    settings = f"{data.mode}\0{width}x{height}\0resize={data.resize}\0fit={data.fit}"
     plans = []
     for role, split in (("train", data.train), ("test", data.test)):
         if not split.paths:
@@ -117,7 +118,7 @@ def fill_cache(data: ImageFolder, plans: list[SplitCache], workers: int = 0) -> 
         if found is None:  # another process may have written it since the plan
             found = MappedImages.open(plan.path, plan.shape)
         if found is None:
-            write_images(plan.path, plan.shape, decoded_chunks(plan.split, data.mode, data.size, data.resize, workers))
+            write_images(plan.path, plan.shape, decoded_chunks(data, plan.split, workers))
             remove_stale(plan.path)
             found = MappedImages.open(plan.path, plan.shape)
             if found is None:

@@ -1,5 +1,6 @@
 """Image folders: `ROOT/train/<class>/*.png|jpg|...` and `ROOT/val/<class>/...` (or `test/`), decoded with Pillow
-in torch DataLoader worker processes, resized to the recipe's `data.size`, scaled to [0, 1] and normalised.
+in torch DataLoader worker processes, resized to the recipe's `data.size` as `data.resize` says (squash, crop or
+pad: hasten/data/fitting.py), scaled to [0, 1] and normalised.
 
 This is the path for image sets that do not fit in memory, and the input of the worked example (a small CNN
 on a folder of 32x32 colour images). Decoded from the files, it is not the fast path: every epoch decodes every
@@ -35,6 +36,7 @@ from PIL import Image
 from torch import Tensor
 
 from hasten.data.datasets import ImageDataset
+from hasten.data.fitting import SQUASH, fit_pil, mixed_sizes_side
 from hasten.data.loader import Augment, ShardedEpochs, channel_stats
 from hasten.data.preprocessing import open_image
 from hasten.data.transforms import class_interleaved, first_per_class, flip_labels, noise_generator
@@ -118,6 +120,7 @@ class ImageFolder:
     size: tuple[int, int]  # (width, height) in pixels every image is brought to
     resize: bool  # False: images of another size are an error rather than resized
     name: str = "imagefolder"
+    fit: str = SQUASH  # data.resize: how an image of another size is brought to `size` (hasten/data/fitting.py)
     # what opening it decided about the image size and channels, and what it skipped: the run says each
     notes: tuple[str, ...] = ()
 
@@ -129,6 +132,10 @@ class ImageFolder:
     def image_shape(self) -> tuple[int, int, int]:
         """(C, H, W) of one decoded image."""
         return (3 if self.mode == "RGB" else 1, self.size[1], self.size[0])
+
+    def decoder(self, split: FolderSplit) -> BatchDecoder:
+        """The batch source of `split` (one of this folder's), decoding as this folder says."""
+        return BatchDecoder(split, self.mode, self.size, self.resize, self.fit)
 
 
 def _kind(path: Path) -> str | None:
@@ -190,8 +197,9 @@ def scan_split(split: Path, classes: list[str], skipped: list[tuple[Path, str]] 
     return FolderSplit(paths, torch.tensor(labels, dtype=torch.int64))
 
 
-def decode(path: str, mode: str, size: tuple[int, int], resize: bool) -> numpy.ndarray:
-    """One image file as uint8 (C, H, W) in `mode`, brought to `size` (width, height); DataError naming the file."""
+def decode(path: str, mode: str, size: tuple[int, int], resize: bool, fit: str = SQUASH) -> numpy.ndarray:
+    """One image file as uint8 (C, H, W) in `mode`, brought to `size` (width, height) as `fit` (data.resize) says;
+    DataError naming the file."""
     try:
         with open_image(path) as image:
             if image.size != size and not resize:
@@ -199,17 +207,14 @@ def decode(path: str, mode: str, size: tuple[int, int], resize: bool) -> numpy.n
                     f"{printable(path)}: {image.size[0]}x{image.size[1]} pixels, but the folder's first training image "
                     f"is {size[0]}x{size[1]}; set data.size to resize every image"
                 )
-            image = image.convert(mode)
-            if image.size != size:
-                image = image.resize(size, Image.Resampling.BILINEAR)
-            pixels = numpy.asarray(image, dtype=numpy.uint8)
+            pixels = fit_pil(image.convert(mode), size[1], size[0], fit)
     except DataError:
         raise
     # Pillow reports undecodable, truncated or hostile files as OSError, ValueError, SyntaxError or its
     # DecompressionBombError, depending on the format plugin
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise DataError(f"{printable(path)}: cannot decode as an image ({type(exc).__name__}: {exc})") from None
-    return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+    return pixels
 
 
 class BatchDecoder(torch.utils.data.Dataset):
@@ -219,9 +224,9 @@ class BatchDecoder(torch.utils.data.Dataset):
     the loader raise one clean DataError naming the file instead.
     """
 
-    def __init__(self, split: FolderSplit, mode: str, size: tuple[int, int], resize: bool):
+    def __init__(self, split: FolderSplit, mode: str, size: tuple[int, int], resize: bool, fit: str = SQUASH):
         self.paths, self.labels, self.cached = split.paths, split.labels, split.cached
-        self.mode, self.size, self.resize = mode, size, resize
+        self.mode, self.size, self.resize, self.fit = mode, size, resize, fit
         self.shape = (3 if mode == "RGB" else 1, size[1], size[0])
 
     def __len__(self) -> int:
@@ -233,7 +238,7 @@ class BatchDecoder(torch.utils.data.Dataset):
         images = numpy.empty((len(indices), *self.shape), dtype=numpy.uint8)
         try:
             for row, i in enumerate(indices):
-                images[row] = decode(self.paths[i], self.mode, self.size, self.resize)
+                images[row] = decode(self.paths[i], self.mode, self.size, self.resize, self.fit)
         except DataError as error:
             return str(error)
         return torch.from_numpy(images), self.labels[indices]
@@ -334,6 +339,7 @@ def open_image_folder(
     label_noise: float = 0.0,
     seed: int = 0,
     val_fraction: float = 0.0,
+    fit: str = SQUASH,
 ) -> ImageFolder:
     """Scan `root` (train/ and val/ or test/): classes, files and labels, with the recipe's data keys applied.
 
@@ -344,7 +350,8 @@ def open_image_folder(
     each is resized to a square of the median shorter side (`mixed_sizes_side`); without `rgb`, one grey channel when
     every image looked at (the held-out split's and the training sample's) is grey, else RGB (`folder_mode`).
     `val_fraction` > 0: that share of train/ (seeded, stratified by class) is the evaluation split instead of
-    val/ or test/, which the folder then need not have.
+    val/ or test/, which the folder then need not have. `fit` (data.resize): how an image of another size is
+    brought to the size (squash, crop or pad).
     """
     root = Path(root).expanduser()
     train_dir = root / "train"
@@ -421,7 +428,7 @@ def open_image_folder(
     else:
         mode = "RGB" if rgb else "L"
     shape = (size, size) if size else first_size
-    return ImageFolder(root, classes, train, test, mode, shape, size is not None, notes=tuple(notes))
+    return ImageFolder(root, classes, train, test, mode, shape, size is not None, notes=tuple(notes), fit=fit)
 
 
 def skipped_note(root: Path, skipped: list[tuple[Path, str]]) -> str:
@@ -447,26 +454,10 @@ def folder_mode(modes: list[str]) -> tuple[str, str]:
     )
 
 
-def mixed_sizes_side(sizes: list[tuple[int, int]]) -> tuple[int | None, str]:
-    """The square side a folder without `data.size` is resized to when its images, (width, height) as read from
-    the headers, come in several sizes: the median shorter side (so a typical image is shrunk along its longer
-    side only), with the line that says so; (None, "") when they all have one size, which is then kept."""
-    distinct = sorted(set(sizes))
-    if len(distinct) == 1:
-        return None, ""
-    side = int(numpy.median([min(width, height) for width, height in sizes]))
-    widths, heights = [w for w, _ in distinct], [h for _, h in distinct]
-    return side, (
-        f"data.size: the images come in {len(distinct)} sizes ({min(widths)}-{max(widths)} x {min(heights)}-"
-        f"{max(heights)} pixels); each is resized to {side}x{side}, the median shorter side (data.size=N chooses)"
-    )
-
-
 def folder_stats(data: ImageFolder, sample: int = STATS_SAMPLE, seed: int = 0) -> tuple[Tensor, Tensor]:
     """Per-channel mean and std in [0, 1] units, from a seeded sample of up to `sample` training images."""
     picked = torch.randperm(len(data.train.paths), generator=torch.Generator().manual_seed(seed))[:sample]
-    decoder = BatchDecoder(data.train, data.mode, data.size, data.resize)
-    images = decoder[picked.sort().values.tolist()]  # in file order: kinder to the disk
+    images = data.decoder(data.train)[picked.sort().values.tolist()]  # in file order: kinder to the disk
     if isinstance(images, str):
         raise DataError(images)
     return channel_stats(images[0])
@@ -475,13 +466,12 @@ def folder_stats(data: ImageFolder, sample: int = STATS_SAMPLE, seed: int = 0) -
 DECODE_CHUNK = 256  # files a worker decodes into one tensor when a folder is read into memory or into its cache
 
 
-def decoded_chunks(split: FolderSplit, mode: str, size: tuple[int, int], resize: bool,
-                   workers: int = 0) -> Iterator[Tensor]:  # fmt: skip
-    """Every image of `split` decoded, in file order, as uint8 (B, C, H, W) chunks of DECODE_CHUNK images (one,
-    empty, for an empty split): what `read_into_memory` and the decode cache are filled from. With `workers`, the
-    chunks are decoded in that many DataLoader worker processes, still yielded in order. A file that cannot be
-    decoded is a DataError naming it."""
-    decoder = BatchDecoder(split, mode, size, resize)
+def decoded_chunks(data: ImageFolder, split: FolderSplit, workers: int = 0) -> Iterator[Tensor]:
+    """Every image of `split` (one of `data`'s, decoded as it says), in file order, as uint8 (B, C, H, W) chunks of
+    DECODE_CHUNK images (one, empty, for an empty split): what `read_into_memory` and the decode cache are filled
+    from. With `workers`, the chunks are decoded in that many DataLoader worker processes, still yielded in order. A
+    file that cannot be decoded is a DataError naming it."""
+    decoder = data.decoder(split)
     count = len(split.paths)
     chunks = [list(range(i, min(i + DECODE_CHUNK, count))) for i in range(0, count, DECODE_CHUNK)]
     if not chunks:  # an empty split: no files to decode
@@ -504,7 +494,7 @@ def read_into_memory(data: ImageFolder, workers: int = 0) -> ImageDataset:
     files are decoded in that many DataLoader worker processes. A split with a decode cache is copied from it."""
     splits = []
     for split in (data.train, data.test):
-        images = torch.cat(list(decoded_chunks(split, data.mode, data.size, data.resize, workers)))
+        images = torch.cat(list(decoded_chunks(data, split, workers)))
         splits += [images, split.labels]
     return ImageDataset(data.name, *splits, list(data.classes), root=str(data.root))
 
@@ -545,7 +535,7 @@ def image_folder_loaders(
     common = dict(mean=mean, std=std, channels_last=channels_last, device=device, workers=workers)
     common |= dict(rank=rank, world_size=world_size)
     train = ImageFolderLoader(
-        BatchDecoder(data.train, data.mode, data.size, data.resize),
+        data.decoder(data.train),
         batch_size,
         shuffle=True,
         seed=seed,
@@ -553,5 +543,4 @@ def image_folder_loaders(
         remainder=remainder,
         **common,
     )
-    test_decoder = BatchDecoder(data.test, data.mode, data.size, data.resize)
-    return train, ImageFolderLoader(test_decoder, eval_batch_size, remainder="split", **common)
+    return train, ImageFolderLoader(data.decoder(data.test), eval_batch_size, remainder="split", **common)

@@ -7,9 +7,10 @@ an image file of any size and mode into the model's input the same way:
 
 1. Pillow's `convert("L")` (ITU-R 601-2 luma, as `transforms.set_channels` uses) or `convert("RGB")` (grey
    repeated, alpha dropped);
-2. a bilinear resize to (height, width) when the size differs: torch's `interpolate` (antialiased when
-   shrinking) as `transforms.resize_images` does for in-memory datasets, or Pillow's BILINEAR as the image
-   folder reader does;
+2. when the size differs, brought to (height, width) as `data.resize` said (`fit`: squash, crop or pad,
+   hasten/data/fitting.py) with a bilinear resize: torch's `interpolate` (antialiased when shrinking) as
+   `transforms.resize_images` does for in-memory arrays, or Pillow's BILINEAR as the image folder reader and a
+   user's list or Dataset of images of several sizes do;
 3. uint8 (C, H, W) -> float / 255 -> (x - mean) / std per channel.
 """
 
@@ -28,6 +29,8 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import Tensor
 
+from hasten.data.fitting import RESIZE_MODES, fit_pil, fit_pillow, fit_torch
+from hasten.data.fitting import describe as describe_fit
 from hasten.errors import DataError, schema_problems
 from hasten.text import printable
 
@@ -68,6 +71,7 @@ class PreprocessingRecord(BaseModel):
     mean: list[float]
     std: list[Annotated[float, Field(gt=0)]]
     resize: Literal[RESIZERS] = "torch"
+    fit: Literal[RESIZE_MODES] = "squash"  # data.resize; a record from before it was recorded: squash, as then
 
     @model_validator(mode="after")
     def _one_per_channel(self) -> PreprocessingRecord:
@@ -80,7 +84,8 @@ class PreprocessingRecord(BaseModel):
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """The input a model was trained on: Pillow mode, size, normalisation, and the resize training used."""
+    """The input a model was trained on: Pillow mode, size, normalisation, and the resize training used (which
+    library's bilinear resize, and how the aspect ratio is treated: `fit`, the run's data.resize)."""
 
     mode: str  # "L" (1 channel) or "RGB" (3)
     height: int
@@ -88,6 +93,7 @@ class Preprocessing:
     mean: tuple[float, ...]  # per channel, in [0, 1] units
     std: tuple[float, ...]
     resize: str = "torch"  # "torch": interpolate, antialiased when shrinking; "pillow": Image.resize BILINEAR
+    fit: str = "squash"  # data.resize: squash, crop or pad (hasten/data/fitting.py)
 
     @property
     def channels(self) -> int:
@@ -104,7 +110,8 @@ class Preprocessing:
             record = PreprocessingRecord.model_validate(raw)
         except ValidationError as error:
             raise ValueError(f"{source}: {schema_problems(error, 'preprocessing.')}") from None
-        return cls(record.mode, record.height, record.width, tuple(record.mean), tuple(record.std), record.resize)
+        return cls(record.mode, record.height, record.width, tuple(record.mean), tuple(record.std), record.resize,
+                   record.fit)  # fmt: skip
 
     def describe(self) -> str:
         """The exact steps, in words, for code that is not hasten (an ONNX runtime, another language)."""
@@ -115,7 +122,8 @@ class Preprocessing:
             else "PIL.Image.resize(..., Image.Resampling.BILINEAR)"
         )
         return (
-            f"Pillow convert('{self.mode}'); if not {self.width}x{self.height} pixels, resize bilinear ({resize}); "
+            f"Pillow convert('{self.mode}'); if not {self.width}x{self.height} pixels, "
+            f"{describe_fit(self.fit, self.height, self.width)}, bilinear ({resize}); "
             f"uint8 array (N, {self.channels}, {self.height}, {self.width}); x = pixels / 255; "
             f"x = (x - mean) / std per channel with mean={list(self.mean)} std={list(self.std)}"
         )
@@ -123,13 +131,11 @@ class Preprocessing:
     def image(self, image: Image.Image) -> Tensor:
         """A Pillow image as the uint8 (C, H, W) tensor training would have seen (steps 1 and 2)."""
         converted = image.convert(self.mode)
-        if self.resize == "pillow" and converted.size != (self.width, self.height):
-            converted = converted.resize((self.width, self.height), Image.Resampling.BILINEAR)
+        if self.resize == "pillow":
+            return torch.from_numpy(fit_pil(converted, self.height, self.width, self.fit))
         pixels = numpy.array(converted, dtype=numpy.uint8)  # a copy: torch wants a writable array
         tensor = torch.from_numpy(pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1).copy())
-        if tuple(tensor.shape[1:]) != (self.height, self.width):
-            tensor = _resize(tensor[None], self.height, self.width)[0]
-        return tensor
+        return fit_torch(tensor[None], self.height, self.width, self.fit)[0]
 
     def read(self, path: str | Path) -> Tensor:
         """An image file as uint8 (C, H, W); DataError naming the file when it is not an image."""
@@ -181,8 +187,15 @@ class Preprocessing:
                 f"{tensor.dtype} {tuple(tensor.shape)}"
             )
         if tuple(tensor.shape[2:]) != (self.height, self.width):
-            tensor = _resize(tensor.cpu(), self.height, self.width)
+            tensor = self.fitted(tensor.cpu())
         return tensor
+
+    def fitted(self, images: Tensor) -> Tensor:
+        """uint8 (N, C, H, W) brought to the model's size as training brought its images (step 2): the same
+        library's resize, the same fit."""
+        if self.resize == "pillow":
+            return torch.stack([fit_pillow(image, self.height, self.width, self.fit) for image in images])
+        return fit_torch(images, self.height, self.width, self.fit)
 
     def normalise(self, images: Tensor) -> Tensor:
         """uint8 (N, C, H, W) -> float32, scaled to [0, 1] and normalised per channel (step 3)."""
@@ -191,19 +204,11 @@ class Preprocessing:
         return images.float().div_(255).sub_(mean).div_(std)
 
 
-def _resize(images: Tensor, height: int, width: int) -> Tensor:
-    """uint8 (N, C, H, W) resized as `transforms.resize_images` does (bilinear, antialiased when shrinking), to
-    any (height, width): that one only makes squares, the size `data.size` asks for."""
-    shrink = height < images.shape[-2] or width < images.shape[-1]
-    resized = torch.nn.functional.interpolate(
-        images.float(), size=(height, width), mode="bilinear", align_corners=False, antialias=shrink
-    )
-    return resized.round_().clamp_(0, 255).to(torch.uint8)
-
-
-def preprocessing_for(image_shape: Sequence[int], mean: Tensor, std: Tensor, *, from_folder: bool) -> Preprocessing:
+def preprocessing_for(
+    image_shape: Sequence[int], mean: Tensor, std: Tensor, *, resizer: str = "torch", fit: str = "squash"
+) -> Preprocessing:
     """The preprocessing of a run whose images are `image_shape` (C, H, W), normalised with `mean`/`std`;
-    `from_folder`: decoded from an image folder (Pillow resize) rather than held in memory (torch resize)."""
+    `resizer`: the library training resized with (`resizer_of` its data), `fit`: its data.resize."""
     channels, height, width = (int(v) for v in image_shape)
     if channels not in (1, 3):
         raise DataError(f"images with {channels} channels: only 1 (grey) and 3 (RGB) can be read from files")
@@ -213,8 +218,16 @@ def preprocessing_for(image_shape: Sequence[int], mean: Tensor, std: Tensor, *, 
         width=width,
         mean=tuple(float(v) for v in mean.flatten().cpu()),
         std=tuple(float(v) for v in std.flatten().cpu()),
-        resize="pillow" if from_folder else "torch",
+        resize=resizer,
+        fit=fit,
     )
+
+
+def resizer_of(data: Any) -> str:
+    """Which library's resize brought a run's data to its size: Pillow for an image folder (streamed or decoded
+    into memory) and for a user's list or Dataset whose images it resized (their `resizer`), else torch (in-memory
+    arrays, the registry's datasets)."""
+    return getattr(data, "resizer", None) or ("pillow" if getattr(data, "root", None) is not None else "torch")
 
 
 def held_out_split(data: Any) -> str:
@@ -224,10 +237,10 @@ def held_out_split(data: Any) -> str:
     return next((s for s in ("val", "test") if folder is not None and (Path(folder) / s).is_dir()), "test")
 
 
-def dataset_summary(data: Any, train_loader: Any, test_loader: Any) -> dict[str, Any]:
+def dataset_summary(data: Any, train_loader: Any, test_loader: Any, fit: str = "squash") -> dict[str, Any]:
     """What summary.json records of a run's data, so its folder alone says what a later user needs: the class
-    names (label i is classes[i]), the split sizes, the split each accuracy was measured on, the preprocessing."""
-    folder = getattr(data, "root", None)
+    names (label i is classes[i]), the split sizes, the split each accuracy was measured on, the preprocessing
+    (`fit`: the run's data.resize)."""
     test_split = held_out_split(data)
     return {
         "classes": list(data.classes),
@@ -246,7 +259,7 @@ def dataset_summary(data: Any, train_loader: Any, test_loader: Any) -> dict[str,
         },
         # images of 2 or 4 channels have no Pillow mode to read files into: no preprocessing to record
         "preprocessing": preprocessing_for(
-            data.image_shape, train_loader.mean, train_loader.std, from_folder=folder is not None
+            data.image_shape, train_loader.mean, train_loader.std, resizer=resizer_of(data), fit=fit
         ).to_dict()
         if data.image_shape[0] in (1, 3)
         else None,

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from hasten.data.datasets import ImageDataset
+from hasten.data.fitting import SQUASH, fit_torch
 from hasten.data.seeds import LABEL_NOISE, stream
 from hasten.errors import DataError
 
@@ -24,18 +25,14 @@ from hasten.errors import DataError
 LUMA = (0.299, 0.587, 0.114)
 
 
-def resize_images(images: Tensor, size: int, chunk: int = 4096) -> Tensor:
-    """uint8 (N, C, H, W) images resized to (size, size), bilinear (antialiased when shrinking), in chunks."""
+def resize_images(images: Tensor, size: int, chunk: int = 4096, fit: str = SQUASH) -> Tensor:
+    """uint8 (N, C, H, W) images brought to (size, size) as `fit` (data.resize) says: bilinear (antialiased when
+    shrinking), then cropped or padded (hasten/data/fitting.py), in chunks."""
     if images.shape[-2:] == (size, size):
         return images
     out = torch.empty((images.shape[0], images.shape[1], size, size), dtype=torch.uint8)
-    shrink = size < max(images.shape[-2:])
     for start in range(0, images.shape[0], chunk):
-        part = images[start : start + chunk].float()
-        part = torch.nn.functional.interpolate(
-            part, size=(size, size), mode="bilinear", align_corners=False, antialias=shrink
-        )
-        out[start : start + chunk] = part.round_().clamp_(0, 255).to(torch.uint8)
+        out[start : start + chunk] = fit_torch(images[start : start + chunk], size, size, fit)
     return out
 
 
@@ -100,9 +97,11 @@ def prepare(
     size: int | None = None,
     rgb: bool | None = None,
     seed: int = 0,
+    fit: str = SQUASH,
 ) -> ImageDataset:
     """`data` with the recipe's data keys applied: at most `per_class` training images per class, a fraction
-    `label_noise` of training labels flipped (seeded), images resized to `size` and given 3 (`rgb`) or 1 channel."""
+    `label_noise` of training labels flipped (seeded), images resized to `size` (as `fit`, data.resize, says) and
+    given 3 (`rgb`) or 1 channel."""
     if per_class is not None:
         keep = first_per_class(data.train_labels, per_class)
         data.train_images, data.train_labels = data.train_images[keep], data.train_labels[keep]
@@ -111,8 +110,8 @@ def prepare(
             raise DataError(f"{data.name}: no training images to add label noise to")
         data.train_labels, _ = flip_labels(data.train_labels, label_noise, data.num_classes, noise_generator(seed))
     if size is not None:
-        data.train_images = resize_images(data.train_images, size)
-        data.test_images = resize_images(data.test_images, size)
+        data.train_images = resize_images(data.train_images, size, fit=fit)
+        data.test_images = resize_images(data.test_images, size, fit=fit)
     if rgb is not None:
         data.train_images, data.test_images = set_channels(data.train_images, rgb), set_channels(data.test_images, rgb)
     return data

@@ -5,10 +5,19 @@ Forms of one part (a training or an evaluation split):
   N x C x H x W (any size and channel count; the channel axis is the smaller of axes 1 and 3, axis 1 on a tie),
   labels integers 0..K-1. Held in memory as one uint8 tensor: the fast path (`InMemoryLoader`). Float images
   (any scale) are kept as they are and go the streamed way, item by item, which is slower.
+- an `(images, labels)` pair whose images are a list of single images, each as a Dataset's item below (PIL images,
+  arrays, tensors), of one size or several: brought to one shape (hasten/data/conform.py), then held in memory as
+  one uint8 tensor (float images: streamed, as above).
 - any `torch.utils.data.Dataset` whose items are `(image, label)`: the image a PIL image or numpy array
   (H x W or H x W x C) or a tensor (C x H x W, torchvision's layout), uint8 or float. It is streamed: DataLoader
   workers fetch whole batches of the rank's shard of each epoch's order (`ImageFolderLoader`, which takes any
-  batch source), so it never has to fit in memory.
+  batch source), so it never has to fit in memory. Its images may differ in size and channels: each is brought to
+  the run's shape as it is read.
+
+Images of several sizes or channel counts follow an image folder's rules (hasten/data/conform.py): `data.size`,
+else the median shorter side; `data.rgb`, else colour where any is in colour; `data.resize` (squash, crop, pad)
+says how an image is brought to the size, with Pillow. Arrays (one size per array) are resized as the registry's
+datasets are, with torch.
 
 The whole data argument: one part (the training data; the evaluation split is then `data.val_fraction` of it,
 held out seeded and stratified by class), `(train, test)`, `(train, test, class_names)`, or an image folder's
@@ -25,13 +34,21 @@ from typing import Any
 
 import numpy
 import torch
+from PIL import Image
 from torch import Tensor
 
+from hasten.data.conform import Target, decide_target
 from hasten.data.datasets import ImageDataset
+from hasten.data.fitting import SQUASH
+from hasten.data.items import ItemFacts, StreamSplit, TensorItems, item_pixels, read_passes
+from hasten.data.transforms import resize_images, set_channels
 from hasten.errors import DataError, their_error
 from hasten.progress import say
 
 STATS_SAMPLE = 1000  # streamed items read to estimate the per-channel mean and std
+# items of each streamed part read at the start, spread over it, to see whether its images come in one size and
+# channel count or several (an image folder reads 512 headers; an item costs its whole __getitem__)
+SIZE_SAMPLE = 256
 MAX_ITEMS = 100_000_000  # items of a Dataset hasten indexes (an int64 index of them is 800 MB)
 
 
@@ -39,13 +56,22 @@ def _is_array(value: object) -> bool:
     return isinstance(value, (Tensor, numpy.ndarray))
 
 
+def is_image_list(value: object) -> bool:
+    """A list (or tuple) of single images: each a PIL image, or an array or tensor of 2 or 3 axes."""
+    return (
+        isinstance(value, (tuple, list))
+        and len(value) > 0
+        and all(isinstance(v, Image.Image) or (_is_array(v) and v.ndim in (2, 3)) for v in value)
+    )
+
+
 def is_pair(value: object) -> bool:
-    """An `(images, labels)` pair: a 2-sequence whose first item is an array of 3 or more axes."""
+    """An `(images, labels)` pair: a 2-sequence whose first item is an array of 3 or more axes, or a list of single
+    images (a list of arrays of 2 or 3 axes, or of PIL images: labels, 1-axis, are never one)."""
     return (
         isinstance(value, (tuple, list))
         and len(value) == 2
-        and _is_array(value[0])
-        and value[0].ndim >= 3
+        and ((_is_array(value[0]) and value[0].ndim >= 3) or is_image_list(value[0]))
         and (_is_array(value[1]) or isinstance(value[1], (list, tuple)))
     )
 
@@ -155,123 +181,14 @@ def _check_finite(pixels: Tensor, where: str) -> None:
         )
 
 
-def _sample_to_tensor(image: Any, where: str) -> Tensor:
-    """One streamed image as (C, H, W): tensors are C x H x W (torchvision's layout); PIL images and numpy arrays
-    are H x W or H x W x C. uint8 stays uint8 (normalised like the in-memory path); other types become float32."""
-    if isinstance(image, Tensor):
-        pixels = image.detach().cpu()
-        pixels = pixels[None] if pixels.ndim == 2 else pixels
-    else:
-        try:
-            array = numpy.asarray(image)
-        except Exception as error:  # a type numpy cannot read: say which item
-            raise DataError(f"{where}: cannot read the image ({type(image).__name__}): {error}") from None
-        pixels = torch.from_numpy(numpy.array(array))  # a copy: PIL's arrays are read-only
-        pixels = pixels[None] if pixels.ndim == 2 else pixels.permute(2, 0, 1) if pixels.ndim == 3 else pixels
-    if pixels.dtype.is_complex:
-        raise DataError(f"{where}: the image is {str(pixels.dtype).removeprefix('torch.')} (complex numbers); "
-                        "give real pixels, uint8 0..255 or floats (e.g. their magnitude, .abs())")  # fmt: skip
-    if pixels.ndim != 3:
-        raise DataError(f"{where}: an image must be H x W, H x W x C (arrays, PIL) or C x H x W (tensors), got "
-                        f"{tuple(pixels.shape)}")  # fmt: skip
-    if pixels.dtype.is_floating_point and not bool(torch.isfinite(pixels).all()):
-        raise DataError(f"{where}: the image holds NaN or inf pixel values; replace them before training")
-    return pixels if pixels.dtype == torch.uint8 else pixels.float()
-
-
-def _label_of(label: Any, where: str, num_classes: int | None = None) -> int:
-    """One item's label as a class index: an int, a numpy integer or a one-element integer tensor; a whole-number
-    float as its integer (as `as_labels` takes them). `int()` is not used to convert: it truncates 2.5 to 2 and
-    reads the string "3", moving an example to a class its author did not give it without a word."""
-    value = label
-    if isinstance(label, (Tensor, numpy.ndarray)):
-        if (label.size if isinstance(label, numpy.ndarray) else label.numel()) != 1:
-            raise DataError(f"{where}: a label must be one class index, got a {type(label).__name__} of shape "
-                            f"{tuple(label.shape)}")  # fmt: skip
-        value = label.item()
-    elif isinstance(label, numpy.generic):
-        value = label.item()
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int):
-        raise DataError(f"{where}: the label {value!r} ({type(label).__name__}) is not a class index, an integer "
-                        "0..K-1")  # fmt: skip
-    if value < 0 or (num_classes is not None and value >= num_classes):
-        bounds = f"[0, {num_classes})" if num_classes is not None else "[0, classes)"
-        raise DataError(f"{where}: the label {value} is outside {bounds}")
-    return int(value)
-
-
-class DatasetBatches(torch.utils.data.Dataset):
-    """`batches[list of indices]` -> (images (B, C, H, W), int64 labels), or the error message as a str: the batch
-    source `ImageFolderLoader` streams through its DataLoader workers, here over any Dataset's (image, label)
-    items. `indices` maps positions to the Dataset's own indices (a subset or a holdout split); labels are checked
-    against `num_classes` when it is known.
-
-    An exception the Dataset raises is the user's: it comes back as the message naming the item and where in
-    their code it was raised (hasten.errors.their_error), as text because a worker's exception would reach the main
-    process wrapped in a traceback of DataLoader's internals, without the item."""
-
-    def __init__(self, dataset: Any, indices: Tensor, name: str, num_classes: int | None = None):
-        self.dataset, self.indices, self.name, self.num_classes = dataset, indices, name, num_classes
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, positions: list[int]) -> tuple[Tensor, Tensor] | str:
-        images, labels = [], []
-        try:
-            for position in positions:
-                index = int(self.indices[position])
-                try:
-                    item = self.dataset[index]
-                except Exception as error:  # noqa: BLE001 - whatever their __getitem__ raises is theirs to see
-                    return f"{self.name}: your Dataset's item {index} raised {their_error(error)}"
-                where = f"{self.name}[{index}]"
-                if not isinstance(item, (tuple, list)) or len(item) < 2:
-                    raise DataError(f"{where}: an item must be (image, label), got {type(item).__name__}")
-                images.append(_sample_to_tensor(item[0], where))
-                labels.append(_label_of(item[1], where, self.num_classes))
-                if images[-1].shape != images[0].shape:
-                    raise DataError(
-                        f"{where}: image of shape {tuple(images[-1].shape)} but an earlier one is "
-                        f"{tuple(images[0].shape)}; resize in the Dataset so every image has one size"
-                    )
-        except DataError as error:
-            return str(error)
-        stacked = torch.stack(images) if images[0].dtype == torch.uint8 else torch.stack([i.float() for i in images])
-        return stacked, torch.tensor(labels, dtype=torch.int64)
-
-
 @dataclasses.dataclass
-class StreamSplit:
-    """A split of a Dataset: which of its items (`indices`) and their labels; `num_classes` when known, which every
-    label an item gives in training is checked against."""
+class ItemList:
+    """A part given as a list of single images: each as (C, H, W), in the sizes and channels they came in, until
+    `conform` brings them to one shape."""
 
-    dataset: Any
-    indices: Tensor
+    images: list[Tensor]
     labels: Tensor
     name: str
-    num_classes: int | None = None
-
-    def take(self, positions: Tensor) -> StreamSplit:
-        return StreamSplit(self.dataset, self.indices[positions], self.labels[positions], self.name, self.num_classes)
-
-    def batches(self) -> DatasetBatches:
-        return DatasetBatches(self.dataset, self.indices, self.name, self.num_classes)
-
-
-class _TensorItems(torch.utils.data.Dataset):
-    """In-memory images as Dataset items, for a pair that is evaluated beside a streamed part."""
-
-    def __init__(self, images: Tensor, labels: Tensor):
-        self.images, self.labels = images, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        return self.images[index], int(self.labels[index])
 
 
 @dataclasses.dataclass
@@ -283,15 +200,12 @@ class StreamedData:
     test: StreamSplit
     classes: list[str]
     image_shape: tuple[int, int, int]
+    resizer: str | None = None  # "pillow" when images were resized to reach the run's size (preprocessing.resizer_of)
+    notes: tuple[str, ...] = ()  # what was decided about the images' size and channels: the run says each
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
-
-
-def _whole_batch(item: object) -> object:
-    """collate_fn: `DatasetBatches` already returns whole batches (a module function: workers may pickle it)."""
-    return item
 
 
 def dataset_labels(dataset: Any, name: str, workers: int, num_classes: int | None = None) -> Tensor:
@@ -312,15 +226,8 @@ def dataset_labels(dataset: Any, name: str, workers: int, num_classes: int | Non
             continue
         if sized:
             return as_labels(numbers, len(dataset), f"{name}.{attribute}", num_classes)
-    batches = DatasetBatches(dataset, torch.arange(len(dataset)), name, num_classes)
     plan = [list(range(i, min(i + 256, len(dataset)))) for i in range(0, len(dataset), 256)]
-    loader = torch.utils.data.DataLoader(batches, batch_size=None, sampler=plan, collate_fn=_whole_batch,
-                                         num_workers=workers)  # fmt: skip
-    labels = []
-    for item in loader:
-        if isinstance(item, str):
-            raise DataError(item)
-        labels.append(item[1])
+    labels = [item[0] for item in read_passes(ItemFacts(dataset, name, num_classes), plan, workers)]
     return torch.cat(labels) if labels else torch.zeros(0, dtype=torch.int64)
 
 
@@ -368,7 +275,10 @@ def split_parts(data: Any) -> tuple[Any, Any | None, list[str] | None]:
     )
 
 
-def _part(value: Any, where: str, workers: int, num_classes: int | None) -> tuple[Tensor, Tensor] | StreamSplit:
+Part = tuple[Tensor, Tensor] | StreamSplit  # one split: uint8 images and labels in memory, or streamed items
+
+
+def _part(value: Any, where: str, workers: int, num_classes: int | None) -> Part | ItemList:
     """One part of the data (a split), its labels checked: class indices, below `num_classes` when it is known
     (class names given), so a bad one is named at the user's own index, before any holdout or subset moves it."""
     value = unwrap_loader(value)
@@ -377,11 +287,14 @@ def _part(value: Any, where: str, workers: int, num_classes: int | None) -> tupl
             f"{where}: an IterableDataset ({type(value).__name__}) has no indices to shuffle, shard per rank and "
             "resume from; give a map-style Dataset (__getitem__ and __len__)"
         )
+    if is_pair(value) and not _is_array(value[0]):  # a list of single images, of one size or several
+        images = [item_pixels(image, f"{where} images[{i}]") for i, image in enumerate(value[0])]
+        return ItemList(images, as_labels(value[1], len(images), f"{where} labels", num_classes), f"{where} images")
     if is_pair(value):
         images = as_images(value[0], f"{where} images")
         labels = as_labels(value[1], len(images), f"{where} labels", num_classes)
         if images.dtype != torch.uint8:  # floats keep their precision: streamed from memory, not sliced as uint8
-            return StreamSplit(_TensorItems(images, labels), torch.arange(len(labels)), labels, f"{where} (floats)")
+            return StreamSplit(TensorItems(images, labels), torch.arange(len(labels)), labels, f"{where} (floats)")
         return images, labels
     if is_dataset(value):
         name = f"{where} ({type(value).__name__})"
@@ -403,11 +316,46 @@ def _part(value: Any, where: str, workers: int, num_classes: int | None) -> tupl
     )
 
 
+def _shapes(part: Part | ItemList, workers: int) -> list[tuple[int, int, int]]:
+    """The image shapes (C, H, W) of a sample of `part`: every image of a list, a spread of a streamed part's items,
+    an array's one shape for each of up to SIZE_SAMPLE images."""
+    if isinstance(part, ItemList):
+        return [tuple(int(n) for n in image.shape) for image in part.images]
+    if isinstance(part, StreamSplit):
+        return part.shapes(SIZE_SAMPLE, workers)
+    return [tuple(int(n) for n in part[0].shape[1:])] * min(len(part[0]), SIZE_SAMPLE)
+
+
+def _conform(part: Part | ItemList, target: Target) -> Part:
+    """`part` with its images brought to `target`: an array resized with torch as a whole (as `prepare` resizes a
+    dataset), a list's images one by one with Pillow and stacked (uint8: held in memory; else streamed as floats),
+    a streamed part's as each item is read."""
+    if isinstance(part, StreamSplit):
+        return dataclasses.replace(part, target=target)
+    if isinstance(part, ItemList):
+        images = [target.apply(image, f"{part.name}[{i}]") for i, image in enumerate(part.images)]
+        for i, image in enumerate(images):
+            if tuple(image.shape) != target.shape:
+                raise DataError(f"{part.name}[{i}]: image of shape {tuple(image.shape)} but the others are "
+                                f"{target.shape}; set data.size (data.rgb for the channels)")  # fmt: skip
+        if all(image.dtype == torch.uint8 for image in images):
+            return torch.stack(images), part.labels
+        floats = torch.stack([image.float() for image in images])
+        return StreamSplit(TensorItems(floats, part.labels), torch.arange(len(floats)), part.labels,
+                           f"{part.name} (floats)")  # fmt: skip
+    images, labels = part
+    if target.size is not None and tuple(images.shape[2:]) != target.size:
+        images = resize_images(images, target.size[0], fit=target.fit)
+    if target.channels is not None:
+        images = set_channels(images, target.channels == 3)
+    return images, labels
+
+
 def _stream(part: tuple[Tensor, Tensor] | StreamSplit, name: str) -> StreamSplit:
     if isinstance(part, StreamSplit):
         return part
     images, labels = part
-    return StreamSplit(_TensorItems(images, labels), torch.arange(len(labels)), labels, name)
+    return StreamSplit(TensorItems(images, labels), torch.arange(len(labels)), labels, name)
 
 
 def _take(part: tuple[Tensor, Tensor] | StreamSplit, positions: Tensor) -> tuple[Tensor, Tensor] | StreamSplit:
@@ -428,11 +376,16 @@ def own_data(
     test_subset: int | None = None,
     workers: int = 0,
     name: str = "own",
+    size: int | None = None,
+    rgb: bool | None = None,
+    fit: str = SQUASH,
 ) -> ImageDataset | StreamedData:
     """The user's data (module docstring) as an in-memory `ImageDataset` when every part is held in memory, else
     as `StreamedData`. `val_fraction` > 0 holds out that share of the training part (seeded, stratified) as the
     evaluation split; it is required when no evaluation part is given. `classes` names the labels (the data's
-    own names, when it brings them, must be the same); without names they are "0".."K-1", K = the largest label + 1."""
+    own names, when it brings them, must be the same); without names they are "0".."K-1", K = the largest label + 1.
+    `size`, `rgb` and `fit` are data.size, data.rgb and data.resize: every image is brought to the shape they and
+    the images' own sizes decide (hasten/data/conform.py), said in the result's `notes`."""
     train_value, test_value, names = split_parts(data)
     if names is not None and classes and list(classes) != list(names):
         raise DataError(
@@ -441,19 +394,29 @@ def own_data(
         )
     names = names or (list(classes) if classes else None)
     count = len(names) if names is not None else None
-    train = _part(train_value, "data: train", workers, count)
-    if test_value is not None and not val_fraction:
-        test = _part(test_value, "data: test", workers, count)
-    elif val_fraction:
-        if test_value is not None:
-            print("data.val_fraction: evaluating on the held-out part of train; the given test part is not used")
-        kept, held = stratified_holdout(_labels(train), val_fraction, seed)
-        train, test = _take(train, kept), _take(train, held)
-    else:
+    given = [_part(train_value, "data: train", workers, count)]
+    if test_value is None and not val_fraction:
         raise DataError(
             "data: only a training part was given: give (train, test), or hold out a share of it with "
             "data.val_fraction=0.1 (seeded, stratified by class)"
         )
+    if test_value is not None and not val_fraction:
+        given.append(_part(test_value, "data: test", workers, count))
+    elif test_value is not None:
+        print("data.val_fraction: evaluating on the held-out part of train; the given test part is not used")
+    if any(isinstance(part, StreamSplit) for part in given):  # arrays beside a Dataset: resized as its items are
+        given = [_stream(part, f"data: {split}") if type(part) is tuple else part
+                 for part, split in zip(given, ("train", "test"), strict=False)]  # fmt: skip
+    shapes = [_shapes(part, workers) for part in given]
+    target, notes = decide_target([shape for sample in shapes for shape in sample], size, rgb, fit)
+    # resized with Pillow: a list's or a streamed part's images of another size (arrays are resized with torch)
+    resized = any(target.resizes(sample) for part, sample in zip(given, shapes, strict=True) if type(part) is not tuple)
+    train, *rest = (_conform(part, target) for part in given)
+    if rest:
+        test = rest[0]
+    else:
+        kept, held = stratified_holdout(_labels(train), val_fraction, seed)
+        train, test = _take(train, kept), _take(train, held)
     if subset:
         train = _take(train, torch.arange(min(subset, len(_labels(train)))))
     if test_subset:
@@ -466,7 +429,8 @@ def own_data(
         if train[0].shape[1:] != test[0].shape[1:]:
             raise DataError(f"data: train images are {tuple(train[0].shape[1:])} (C, H, W), test images "
                             f"{tuple(test[0].shape[1:])}")  # fmt: skip
-        return ImageDataset(name, train[0], train[1], test[0], test[1], names)
+        return ImageDataset(name, train[0], train[1], test[0], test[1], names, resizer="pillow" if resized else None,
+                            notes=tuple(notes))  # fmt: skip
     train_split, test_split = (
         dataclasses.replace(_stream(part, f"data: {split}"), num_classes=len(names))
         for part, split in ((train, "train"), (test, "test"))
@@ -474,15 +438,16 @@ def own_data(
     first = train_split.batches()[[0]]
     if isinstance(first, str):
         raise DataError(first)
-    return StreamedData(name, train_split, test_split, names, tuple(first[0].shape[1:]))
+    return StreamedData(name, train_split, test_split, names, tuple(first[0].shape[1:]), "pillow" if resized else None,
+                        tuple(notes))  # fmt: skip
 
 
 def hold_out(data: ImageDataset, fraction: float, seed: int) -> ImageDataset:
     """An in-memory dataset whose evaluation split is `fraction` of its training images (seeded, stratified)."""
     kept, held = stratified_holdout(data.train_labels, fraction, seed)
     images, labels = data.train_images, data.train_labels
-    return ImageDataset(data.name, images[kept], labels[kept], images[held], labels[held], data.classes,
-                        root=getattr(data, "root", None))  # fmt: skip
+    return dataclasses.replace(data, train_images=images[kept], train_labels=labels[kept], test_images=images[held],
+                               test_labels=labels[held])  # fmt: skip
 
 
 def stream_stats(split: StreamSplit, seed: int = 0, sample: int = STATS_SAMPLE) -> tuple[Tensor, Tensor]:

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hasten.data.fitting import RESIZE_MODES
 from hasten.data.preprocessing import MAX_IMAGE_SIDE
 from hasten.data.registry import DATASETS
 
@@ -117,8 +118,15 @@ class DataConfig(Section):
     augment: AugmentConfig = Field(AugmentConfig(), description="Augmentation of the training batches.")
     size: Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)] | None = Field(
         None,
-        description="Resize every image to size x size pixels; null: as stored (an image folder of mixed sizes: a "
-        "square of its median shorter side).",
+        description="Resize every image to size x size pixels (as data.resize says); null: as stored (images of "
+        "mixed sizes, in a folder, a list or a Dataset: a square of their median shorter side).",
+    )
+    resize: Literal[RESIZE_MODES] = Field(
+        "squash",
+        description="How an image of another size is brought to data.size x data.size (every data kind: image "
+        "folders, arrays, lists, Datasets; predict and exports repeat it): squash: resized to the square, the aspect "
+        "ratio not kept; crop: the shorter side resized to data.size, the centre cut out; pad: the longer side resized "
+        "to data.size, centred on black (zeros).",
     )
     rgb: bool | None = Field(
         None,

@@ -21,7 +21,6 @@ from torch.optim.swa_utils import update_bn
 from hasten.clock import Clock
 from hasten.data import ImageDataset
 from hasten.data.imagefolder import (
-    BatchDecoder,
     ImageFolder,
     ImageFolderLoader,
     folder_stats,
@@ -67,8 +66,8 @@ def loaders(
     if isinstance(data, ImageFolder):
         workers = loader_workers(recipe)
         return (
-            ImageFolderLoader(BatchDecoder(data.train, data.mode, data.size, data.resize), workers=workers, **train),
-            ImageFolderLoader(BatchDecoder(data.test, data.mode, data.size, data.resize), workers=workers, **test),
+            ImageFolderLoader(data.decoder(data.train), workers=workers, **train),
+            ImageFolderLoader(data.decoder(data.test), workers=workers, **test),
         )
     train_loader = InMemoryLoader(data.train_images, data.train_labels, **train)
     return train_loader, InMemoryLoader(data.test_images, data.test_labels, **test)

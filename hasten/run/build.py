@@ -81,7 +81,7 @@ def _dataset(recipe: Recipe) -> ImageDataset | ImageFolder:
         data.train_images, data.train_labels = data.train_images[: cfg.subset], data.train_labels[: cfg.subset]
     if cfg.test_subset:
         data.test_images, data.test_labels = data.test_images[: cfg.test_subset], data.test_labels[: cfg.test_subset]
-    options = dict(per_class=cfg.per_class, label_noise=cfg.label_noise, size=cfg.size, rgb=cfg.rgb)
+    options = dict(per_class=cfg.per_class, label_noise=cfg.label_noise, size=cfg.size, rgb=cfg.rgb, fit=cfg.resize)
     return builtin_holdout(recipe, prepare(data, seed=recipe.seed, **options))
 
 
@@ -326,7 +326,8 @@ def train(
                 summary |= {"channels_last": recipe.train.channels_last}
                 if parts.machine is not None:  # the facts its machine rules read (hasten/machine.py)
                     summary["machine"] = parts.machine.record()
-                summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader)  # for evaluate/predict
+                # for evaluate and predict: the class names, the preprocessing (data.resize's fit among it)
+                summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader, recipe.data.resize)
                 summary["evaluated_on"] = evaluated_on(recipe)
                 summary["wall_seconds"] = round(trainer.wall_seconds(), 3)  # everything, from the command's start
                 log.summary(summary)

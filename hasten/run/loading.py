@@ -31,7 +31,7 @@ def open_folder(recipe: Recipe, root: str | Path) -> ImageFolder:
     cfg = recipe.data
     folder = open_image_folder(root, size=cfg.size, rgb=cfg.rgb, label_noise=cfg.label_noise, seed=recipe.seed,
                                val_fraction=cfg.val_fraction, subset=cfg.subset, test_subset=cfg.test_subset,
-                               per_class=cfg.per_class)  # fmt: skip
+                               per_class=cfg.per_class, fit=cfg.resize)  # fmt: skip
     if distributed.is_main():
         for note in folder.notes:
             say(note)

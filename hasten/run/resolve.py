@@ -28,7 +28,6 @@ from hasten.machine import current as current_machine
 from hasten.models.user import check_model
 from hasten.progress import say
 from hasten.recipe.schema import PRECISION_MODES, Recipe, dotted, replaced
-from hasten.recipe.trust import USER_SOURCES
 from hasten.run.assemble import assemble, check_batch_norm_batch, loaders, lr_scale, train_size
 from hasten.run.loading import eval_batch_size, placed_workers
 from hasten.run.user import recorded, user_objects
@@ -177,10 +176,11 @@ def resolve(
 def resolve_placement(recipe: Recipe, data: Any, device: torch.device) -> tuple[Recipe, list[str], tuple[str, ...]]:
     """Where and how the run goes, recorded: `device: auto` as the device chosen, `data.in_memory: auto` as the
     data was read (decoded into memory or streamed from files), `data.cache: auto` as whether a folder is read from
-    its decode cache, `data.workers` and `train.threads` unset as the counts the machine's rules gave, and for a
-    registered dataset or an image folder `data.size` and `data.rgb` unset as the images come (a folder of mixed
-    sizes: the square side it is resized to). Returns the recipe, the lines to say, and the keys decided here that a
-    resume on another machine may decide otherwise."""
+    its decode cache, `data.workers` and `train.threads` unset as the counts the machine's rules gave, and
+    `data.size` and `data.rgb` unset as the images come, whatever the data (images of mixed sizes, in a folder, a
+    list or a Dataset: the square side they are resized to), so the recorded recipe, run again, reads them the
+    same. Returns the recipe, the lines to say, and the keys decided here that a resume on another machine may
+    decide otherwise."""
     changes: dict[str, Any] = {}
     notes: list[str] = []
     if recipe.device == "auto":
@@ -198,12 +198,11 @@ def resolve_placement(recipe: Recipe, data: Any, device: torch.device) -> tuple[
         changes["data.workers"] = placed_workers(recipe, data)
     if recipe.train.threads is None:
         changes["train.threads"] = torch.get_num_threads()
-    if recipe.data.name not in USER_SOURCES and recipe.data.name != "object":
-        channels, height, width = (int(n) for n in data.image_shape)
-        if recipe.data.size is None and height == width:
-            changes["data.size"] = height
-        if recipe.data.rgb is None and channels in (1, 3):
-            changes["data.rgb"] = channels == 3
+    channels, height, width = (int(n) for n in data.image_shape)
+    if recipe.data.size is None and height == width:
+        changes["data.size"] = height
+    if recipe.data.rgb is None and channels in (1, 3):
+        changes["data.rgb"] = channels == 3
     return replaced(recipe, changes), notes, tuple(key for key in PLACEMENT_KEYS if key in changes)
 
 

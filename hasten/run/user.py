@@ -19,7 +19,9 @@ from hasten.data.datasets import ImageDataset
 from hasten.data.imagefolder import ImageFolder, ImageFolderLoader
 from hasten.data.transforms import prepare
 from hasten.data.user import StreamedData, hold_out, own_data, stream_stats
+from hasten.engine import distributed
 from hasten.errors import RecipeError
+from hasten.progress import say
 from hasten.recipe.schema import Recipe, validate
 from hasten.recipe.trust import USER_SOURCES, call_target, describe_class, import_target
 from hasten.run.loading import loader_options, loader_workers, open_folder
@@ -49,16 +51,19 @@ def load_data(recipe: Recipe, data: Any = None) -> ImageDataset | StreamedData |
     if isinstance(data, (str, Path)):  # an image folder
         return open_folder(recipe, data)
     loaded = own_data(data, classes=cfg.classes, val_fraction=cfg.val_fraction, seed=recipe.seed, subset=cfg.subset,
-                      test_subset=cfg.test_subset, workers=loader_workers(recipe))  # fmt: skip
-    if isinstance(loaded, ImageDataset):
-        options = dict(per_class=cfg.per_class, label_noise=cfg.label_noise, size=cfg.size, rgb=cfg.rgb)
-        return prepare(loaded, seed=recipe.seed, **options)
-    unsupported = [k for k in ("per_class", "size", "rgb") if getattr(cfg, k) is not None]
+                      test_subset=cfg.test_subset, workers=loader_workers(recipe), size=cfg.size, rgb=cfg.rgb,
+                      fit=cfg.resize)  # fmt: skip
+    if distributed.is_main():  # what was decided about the images' size and channels, said once
+        for note in loaded.notes:
+            say(note)
+    if isinstance(loaded, ImageDataset):  # data.size and data.rgb are applied: own_data brought every image to them
+        return prepare(loaded, seed=recipe.seed, per_class=cfg.per_class, label_noise=cfg.label_noise)
+    unsupported = ["per_class"] if cfg.per_class is not None else []
     unsupported += ["label_noise"] if cfg.label_noise else []
     if unsupported:
         raise RecipeError(
-            f"data.{unsupported[0]}: not applied to a streamed Dataset; do it in the Dataset (its transform), or "
-            "give the data as (images, labels) arrays"
+            f"data.{unsupported[0]}: not applied to a streamed Dataset; do it in the Dataset, or give the data as "
+            "(images, labels) arrays"
         )
     return loaded
 

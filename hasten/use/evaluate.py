@@ -59,13 +59,13 @@ def settings(tta_flip: bool, tta_translate: int) -> tuple[dict[str, tuple[bool, 
 
 def _test_loader(recipe: Any, data: Any, facts: RunFacts, device: torch.device) -> Any:
     """The test loader the run's evaluation used, normalised with the run's training statistics."""
-    from hasten.data.imagefolder import BatchDecoder, ImageFolder, ImageFolderLoader
+    from hasten.data.imagefolder import ImageFolder, ImageFolderLoader
     from hasten.data.loader import InMemoryLoader
     from hasten.run.loading import loader_options, loader_workers
 
     _, options = loader_options(recipe, torch.tensor(facts.mean), torch.tensor(facts.std), device, facts.image_shape)
     if isinstance(data, ImageFolder):
-        decoder = BatchDecoder(data.test, data.mode, data.size, data.resize)
+        decoder = data.decoder(data.test)
         return ImageFolderLoader(decoder, workers=loader_workers(recipe), **options)
     return InMemoryLoader(data.test_images, data.test_labels, **options)
 

@@ -41,6 +41,7 @@ from hasten.data.preprocessing import (
     Preprocessing,
     PreprocessingRecord,
     preprocessing_for,
+    resizer_of,
 )
 from hasten.errors import CheckpointError, DataError, HastenError, schema_problems
 from hasten.recipe.schema import Recipe, validate
@@ -200,9 +201,6 @@ def recorded_accuracy(checkpoint: Path, state: dict[str, Any]) -> float | None:
         return None  # a metrics.csv edited or damaged: the recorded accuracy is only shown beside the result
 
 
-OWN_DATA = "own"  # the dataset name summary.json records for data given to hasten.train as Python objects
-
-
 def facts_from_checkpoint(path: Path, state: dict[str, Any], trust: Trust | None = None) -> RunFacts:
     """The run's facts: from summary.json beside the checkpoint when it has them, else from the recipe's data
     (read under the trust boundary: a data.target it names is imported only as `trust` allows)."""
@@ -210,9 +208,11 @@ def facts_from_checkpoint(path: Path, state: dict[str, Any], trust: Trust | None
     summary = _summary_beside(path)
     accuracy = recorded_accuracy(path, state)
     recorded_name = (summary.dataset or {}).get("name") if summary is not None else None
-    # not another's data (evaluate on data.name=...): the run's own, or a user's Python objects, which only the
-    # summary beside the checkpoint describes (a file cannot hold them; their preprocessing is recorded there)
-    same_data = recorded_name == recipe.data.name or (recorded_name == OWN_DATA and recipe.data.name == "object")
+    # not another's data (evaluate on data.name=...): the run's own, or what was given to hasten.train as a Python
+    # object (arrays, a Dataset, a folder's path), which only the summary beside the checkpoint describes (the recipe
+    # cannot read it again; its preprocessing is recorded there)
+    given = recipe.data.name == "object" and summary is not None
+    same_data = recorded_name == recipe.data.name or given
     if same_data and summary.classes and summary.preprocessing is not None:
         pre = Preprocessing.from_dict(summary.preprocessing.model_dump(), str(path.parent.parent / "summary.json"))
         shape = (pre.channels, pre.height, pre.width)
@@ -224,7 +224,7 @@ def facts_from_checkpoint(path: Path, state: dict[str, Any], trust: Trust | None
     mean, std = training_stats(data, recipe.seed)
     pre = None  # images of 2 or 4 channels: no Pillow mode to read files into
     if data.image_shape[0] in (1, 3):
-        pre = preprocessing_for(data.image_shape, mean, std, from_folder=getattr(data, "root", None) is not None)
+        pre = preprocessing_for(data.image_shape, mean, std, resizer=resizer_of(data), fit=recipe.data.resize)
     mean_t, std_t = tuple(mean.tolist()), tuple(std.tolist())
     return RunFacts(recipe, list(data.classes), tuple(data.image_shape), mean_t, std_t, pre, accuracy)
 

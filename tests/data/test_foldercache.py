@@ -86,7 +86,7 @@ def test_a_second_open_decodes_nothing(tmp_path: Path, monkeypatch: pytest.Monke
     plans = foldercache.plan_cache(open_image_folder(tmp_path, size=12))
     assert all(plan.found is not None for plan in plans)
 
-    def refuse(path: str, mode: str, size: tuple[int, int], resize: bool) -> numpy.ndarray:
+    def refuse(path: str, mode: str, size: tuple[int, int], resize: bool, fit: str = "squash") -> numpy.ndarray:
         raise AssertionError(f"{path} decoded again")
 
     monkeypatch.setattr(imagefolder, "decode", refuse)
@@ -188,9 +188,9 @@ def test_a_run_decodes_once_and_records_its_choice(
     decoded = []
     decode = imagefolder.decode
 
-    def counted(path: str, mode: str, size: tuple[int, int], resize: bool) -> numpy.ndarray:
+    def counted(path: str, mode: str, size: tuple[int, int], resize: bool, fit: str = "squash") -> numpy.ndarray:
         decoded.append(path)
-        return decode(path, mode, size, resize)
+        return decode(path, mode, size, resize, fit)
 
     monkeypatch.setattr(imagefolder, "decode", counted)
     hasten.train("seed-cnn-32", [*overrides, "data.in_memory=false", f"run.dir={tmp_path / 'second'}"])
