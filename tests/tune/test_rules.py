@@ -21,7 +21,7 @@ from hasten.data.datasets import ImageDataset
 from hasten.engine.schedules import asked_rise_steps
 from hasten.recipe.schema import load_recipe, shipped_recipes
 from hasten.run.build import build, divergence_advice, short_run_note, start_run
-from hasten.run.resolve import resolve_for_data
+from hasten.run.resolve import resolve_default_lr, resolve_for_data
 from hasten.run.trainer import Trainer
 from hasten.tune import autotune, choices, probe_cache, rules, steadiness
 
@@ -185,6 +185,7 @@ def test_lr_auto_works_with_the_default_optimizer(tmp_path, capsys):
 @pytest.mark.parametrize("name", [n for n in shipped_recipes() if not n.startswith("dcgan")])
 def test_every_piece_of_divergence_advice_is_accepted_by_its_recipe(name):
     recipe = load_recipe(name, ["train.batch_size=64", "train.epochs=3"])  # as resolved: fixed values
+    recipe = resolve_default_lr(recipe, model_given=False)[0]  # an unset LR as the run decides it
     advice = divergence_advice(recipe)
     assert advice and any(a.startswith("optim.lr=") for a in advice)
     for override in advice:
@@ -268,7 +269,7 @@ def test_optim_lr_auto_with_an_uncalibrated_optimizer_warns(tiny_overrides, caps
 
 def test_a_short_run_is_first_advised_the_epochs_of_the_budget():
     # 200 images at batch 16 for one epoch: 13 optimizer steps, where the budget rule gives small sets 600
-    recipe = load_recipe(None, ["train.batch_size=16", "train.epochs=1"])
+    recipe = resolve_default_lr(load_recipe(None, ["train.batch_size=16", "train.epochs=1"]), model_given=False)[0]
     advice = divergence_advice(recipe, run_steps=13)
     assert advice[0] == "train.epochs=47" and advice[1].startswith("optim.lr=")  # ceil(600 / 13)
     load_recipe(None, ["train.batch_size=16", "train.epochs=1", advice[0]])  # accepted by the recipe
