@@ -297,9 +297,10 @@ class OptimConfig(Section):
         None,
         description="Peak learning rate, per optim.base_batch examples when that is set. auto: picked by a short LR "
         "range test before training (hasten/tune/lr_find.py; calibrated in benchmarks/lr_auto.py). null: decided "
-        "from the optimizer and the model, said at start and recorded: adam/adamw 0.002 on hasten's ResNet (the "
-        "model its rules were tuned on) and 0.0007 on any other (measured across the model suite, "
-        "docs/results/models.md), for muon's non-filter parameters too; sgd: auto.",
+        "from the optimizer and the model, said at start and recorded: adam/adamw (and muon's non-filter parameters) "
+        "0.002 for a model with batch norm (hasten's ResNet was tuned at it), 0.0007 for one without (an MLP, "
+        "GroupNorm or LayerNorm nets, a transformer; measured on the model suite, docs/defaults.md); "
+        "sgd: auto.",
     )
     base_batch: Annotated[int, Field(ge=1)] | None = Field(
         32, description="The batch size optim.lr is given for; null: no scaling with the batch."

@@ -22,6 +22,7 @@ from hasten.data.registry import mirror_invariant
 from hasten.data.user import StreamedData
 from hasten.engine import distributed
 from hasten.engine.distributed import world_size
+from hasten.engine.norms import has_batch_norm
 from hasten.errors import CheckpointError, RecipeError
 from hasten.machine import Machine
 from hasten.machine import current as current_machine
@@ -156,7 +157,7 @@ def resolve(
     check_assembly(recipe, device, world)
     recipe, more = resolve_whiten(recipe, given_model is not None)
     notes += more
-    recipe, more = resolve_default_lr(recipe, given_model is not None)
+    recipe, more = resolve_default_lr(recipe, model, given_model is not None)
     notes += more
     checkpoint = resume_from(recipe, run_dir(recipe) / "checkpoints")  # read once: the run continues from it
     resumed = resumed_choices(recipe, checkpoint)  # a resume continues with what its run chose: exact, as resumes are
@@ -256,27 +257,30 @@ def resolve_whiten(recipe: Recipe, model_given: bool) -> tuple[Recipe, list[str]
     return recipe, [f"model.whiten=auto -> false: {kept} keeps its own first conv"]
 
 
-def resolve_default_lr(recipe: Recipe, model_given: bool) -> tuple[Recipe, list[str]]:
-    """`optim.lr` unset, decided from the optimizer and whose model it is (hasten/tune/rules.py's default_lr): the LR
-    hasten's ResNet was tuned at is not assumed for a model hasten did not write."""
+def resolve_default_lr(recipe: Recipe, model: nn.Module, model_given: bool = False) -> tuple[Recipe, list[str]]:
+    """`optim.lr` unset, decided from the optimizer and what the model is made of (hasten/tune/rules.py's
+    default_lr): the LR hasten's ResNet, a batch-norm net, was tuned at is not assumed for a model without batch
+    norm."""
     if recipe.optim.lr is not None:
         return recipe, []
-    hastens = not model_given and recipe.model.name == "resnet"
-    lr = rules.default_lr(recipe.optim.name, hastens)
+    batch_norm = has_batch_norm(model)
+    lr = rules.default_lr(recipe.optim.name, batch_norm)
     recipe = replaced(recipe, {"optim.lr": lr})
     if lr == "auto":
         return recipe, [f"optim.lr unset -> auto: a range test picks it ({recipe.optim.name}'s rule)"]
     per = f" per {recipe.optim.base_batch}" if recipe.optim.base_batch else ""
-    which = "given to hasten.train" if model_given else f"model.target={recipe.model.target}"
-    if recipe.model.name == "sequential" and not model_given:
-        which = "model.name=sequential"
-    whose = (
-        "hasten's ResNet, the LR its rules were tuned at"
-        if hastens
-        else f"a model hasten did not write ({which}): the LR measured across the model suite, not the one "
-        "hasten's ResNet was tuned at (docs/defaults.md)"
+    if model_given:
+        which = f"the model given to hasten.train ({type(model).__name__})"
+    elif recipe.model.name == "import":
+        which = f"model.target={recipe.model.target}"
+    else:
+        which = f"model.name={recipe.model.name}"
+    why = (
+        "has batch norm: the LR hasten's ResNet, a batch-norm net, was tuned at"
+        if batch_norm
+        else "has no batch norm: a lower LR than hasten's batch-norm ResNet was tuned at (docs/defaults.md)"
     )
-    return recipe, [f"optim.lr unset -> {lr:g}{per}: {whose}"]
+    return recipe, [f"optim.lr unset -> {lr:g}{per}: {which} {why}"]
 
 
 def resolve_budget(

@@ -165,21 +165,22 @@ def auto_rise_steps(classes: int) -> int:
     return max(MIN_RISE_STEPS, classes)
 
 
-# optim.lr unset: Adam and AdamW's peak LR per optim.base_batch (32) images. Hasten's ResNet was tuned at
-# OWN_MODEL_LR (docs/defaults.md); a model hasten did not write gets USER_MODEL_LR, the value measured across the
-# model suite (docs/results/models.md: six model families on four datasets, where hasten's 0.002 left the MLP and
-# the vision transformer at chance on some sets)
-OWN_MODEL_LR = 0.002
-USER_MODEL_LR = 0.0007
+# optim.lr unset: Adam and AdamW's peak LR per optim.base_batch (32) images, by what the model is made of. With batch
+# norm (hasten's ResNet, a timm-style ResNet, a MobileNet) BATCH_NORM_LR, the value hasten's ResNet was tuned at
+# (docs/defaults.md); without it (an MLP, a CNN with GroupNorm or no normalisation, a transformer) NO_BATCH_NORM_LR.
+# Measured on the model suite (docs/defaults.md, "A model hasten did not write"): at 0.002 a user's MLP stayed at
+# chance on a letters folder where 0.0007 learnt; at 0.0007 a MobileNet-like net fell from 70.8% to 33.0% there
+BATCH_NORM_LR = 0.002
+NO_BATCH_NORM_LR = 0.0007
 
 
-def default_lr(optimizer: str, hastens_model: bool) -> float | str:
+def default_lr(optimizer: str, batch_norm: bool) -> float | str:
     """optim.lr unset, decided: for sgd `auto`, the range test (its rule was measured for SGD); for adam, adamw (and
-    muon's parameters that are not conv filters) OWN_MODEL_LR on hasten's ResNet, the model its rules were tuned on,
-    and USER_MODEL_LR on any other model."""
+    muon's parameters that are not conv filters) BATCH_NORM_LR for a model with batch norm, NO_BATCH_NORM_LR for one
+    without: batch norm makes each layer's output blind to its weights' scale, which bears a larger step."""
     if optimizer in LR_AUTO_CALIBRATED:
         return "auto"
-    return OWN_MODEL_LR if hastens_model else USER_MODEL_LR
+    return BATCH_NORM_LR if batch_norm else NO_BATCH_NORM_LR
 
 
 LR_AUTO_CALIBRATED = ("sgd",)  # optim.lr=auto's rule was measured for these optimizers (docs/lr-auto.md)

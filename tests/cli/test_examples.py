@@ -83,5 +83,7 @@ def test_each_model_family_of_the_suite_trains_by_itself_with_the_rules_for_a_mo
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["epochs"] == 2 and summary["test_accuracy"] > 0.3  # 10 digits: chance is 10%
     recorded = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
-    assert recorded["model"]["target"].endswith(target) and recorded["optim"]["lr"] == rules.USER_MODEL_LR
+    batch_norm = script in ("mobilenet.py", "timm_resnet.py")
+    lr = rules.BATCH_NORM_LR if batch_norm else rules.NO_BATCH_NORM_LR
+    assert recorded["model"]["target"].endswith(target) and recorded["optim"]["lr"] == lr
     assert "optim.lr unset" in result.stderr and "gradient in reduced precision" in result.stderr + result.stdout

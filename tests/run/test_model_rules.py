@@ -1,5 +1,5 @@
-"""What hasten cannot assume of a model it did not write: the LR its ResNet was tuned at (optim.lr unset is decided
-by whose model it is), said at start and recorded in recipe.yaml."""
+"""What hasten cannot assume of a model it did not write: the LR its batch-norm ResNet was tuned at (optim.lr unset is
+decided by whether the model has batch norm), said at start and recorded in recipe.yaml."""
 
 from __future__ import annotations
 
@@ -9,30 +9,43 @@ import yaml
 from torch import nn
 
 import hasten
+from hasten.models.resnet import ResNet
 from hasten.recipe.schema import Recipe, load_recipe
 from hasten.run.resolve import resolve_default_lr
 from hasten.tune import rules
 
 
-def test_an_unset_lr_is_hastens_tuned_one_on_its_resnet_and_the_suites_on_any_other_model():
-    recipe, notes = resolve_default_lr(Recipe(), model_given=False)
-    assert recipe.optim.lr == rules.OWN_MODEL_LR == 0.002 and "hasten's ResNet" in notes[0]
-    recipe, notes = resolve_default_lr(Recipe(), model_given=True)
-    assert recipe.optim.lr == rules.USER_MODEL_LR and "given to hasten.train" in notes[0]
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def batch_norm_net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, 2))  # fmt: skip
+
+
+def test_an_unset_lr_is_the_batch_norm_one_on_a_model_with_batch_norm_and_lower_on_one_without():
+    hastens = ResNet(3, 10, width=8, blocks=[1])
+    recipe, notes = resolve_default_lr(Recipe(), hastens)
+    assert recipe.optim.lr == rules.BATCH_NORM_LR == 0.002 and "has batch norm" in notes[0]  # as tuned: unchanged
+    recipe, notes = resolve_default_lr(Recipe(), batch_norm_net(), model_given=True)
+    assert recipe.optim.lr == rules.BATCH_NORM_LR and "given to hasten.train (Sequential)" in notes[0]
+    recipe, notes = resolve_default_lr(Recipe(), mlp(), model_given=True)
+    assert recipe.optim.lr == rules.NO_BATCH_NORM_LR and "has no batch norm" in notes[0]
     imported = load_recipe(None, ["model.name=import", "model.target=examples.models.mlp:MLP"])
-    recipe, notes = resolve_default_lr(imported, model_given=False)
-    assert recipe.optim.lr == rules.USER_MODEL_LR and "model.target=examples.models.mlp:MLP" in notes[0]
-    layers = load_recipe(None, ["model.name=sequential", "model.layers=[{conv: 8}, {pool: avg}]"])
-    assert resolve_default_lr(layers, model_given=False)[0].optim.lr == rules.USER_MODEL_LR
+    recipe, notes = resolve_default_lr(imported, mlp())
+    assert recipe.optim.lr == rules.NO_BATCH_NORM_LR and "model.target=examples.models.mlp:MLP" in notes[0]
+    group_norm = nn.Sequential(nn.Conv2d(1, 8, 3), nn.GroupNorm(2, 8), nn.Flatten(), nn.LazyLinear(2))
+    assert resolve_default_lr(Recipe(), group_norm, model_given=True)[0].optim.lr == rules.NO_BATCH_NORM_LR
     muon = load_recipe(None, ["optim.name=muon"])
-    assert resolve_default_lr(muon, model_given=False)[0].optim.lr == rules.OWN_MODEL_LR
+    assert resolve_default_lr(muon, hastens)[0].optim.lr == rules.BATCH_NORM_LR
 
 
 def test_sgd_with_no_lr_runs_the_range_test_its_rule_was_measured_for_and_a_given_lr_is_kept():
-    recipe, notes = resolve_default_lr(load_recipe(None, ["optim.name=sgd"]), model_given=True)
+    recipe, notes = resolve_default_lr(load_recipe(None, ["optim.name=sgd"]), mlp(), model_given=True)
     assert recipe.optim.lr == "auto" and "range test" in notes[0]
     for given in ("0.01", "auto"):
-        kept, notes = resolve_default_lr(load_recipe(None, [f"optim.lr={given}"]), model_given=True)
+        kept, notes = resolve_default_lr(load_recipe(None, [f"optim.lr={given}"]), mlp(), model_given=True)
         assert str(kept.optim.lr) == given and notes == []
 
 
@@ -61,5 +74,5 @@ def test_a_run_with_a_users_model_records_and_says_the_lr_it_chose(tmp_path, cap
         model = None
     hasten.train(None, overrides, model=model, data=((images, labels), (images[:16], labels[:16]), ["a", "b"]))
     recorded = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
-    assert recorded["optim"]["lr"] == rules.USER_MODEL_LR
-    assert f"optim.lr unset -> {rules.USER_MODEL_LR:g} per 32" in capsys.readouterr().err
+    assert recorded["optim"]["lr"] == rules.NO_BATCH_NORM_LR
+    assert f"optim.lr unset -> {rules.NO_BATCH_NORM_LR:g} per 32" in capsys.readouterr().err

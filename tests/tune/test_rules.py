@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
+from torch import nn
 
 import hasten
 from hasten import machine
@@ -185,7 +186,7 @@ def test_lr_auto_works_with_the_default_optimizer(tmp_path, capsys):
 @pytest.mark.parametrize("name", [n for n in shipped_recipes() if not n.startswith("dcgan")])
 def test_every_piece_of_divergence_advice_is_accepted_by_its_recipe(name):
     recipe = load_recipe(name, ["train.batch_size=64", "train.epochs=3"])  # as resolved: fixed values
-    recipe = resolve_default_lr(recipe, model_given=False)[0]  # an unset LR as the run decides it
+    recipe = resolve_default_lr(recipe, nn.BatchNorm2d(1))[0]  # an unset LR as the run decides it
     advice = divergence_advice(recipe)
     assert advice and any(a.startswith("optim.lr=") for a in advice)
     for override in advice:
@@ -269,7 +270,7 @@ def test_optim_lr_auto_with_an_uncalibrated_optimizer_warns(tiny_overrides, caps
 
 def test_a_short_run_is_first_advised_the_epochs_of_the_budget():
     # 200 images at batch 16 for one epoch: 13 optimizer steps, where the budget rule gives small sets 600
-    recipe = resolve_default_lr(load_recipe(None, ["train.batch_size=16", "train.epochs=1"]), model_given=False)[0]
+    recipe = resolve_default_lr(load_recipe(None, ["train.batch_size=16", "train.epochs=1"]), nn.BatchNorm2d(1))[0]
     advice = divergence_advice(recipe, run_steps=13)
     assert advice[0] == "train.epochs=47" and advice[1].startswith("optim.lr=")  # ceil(600 / 13)
     load_recipe(None, ["train.batch_size=16", "train.epochs=1", advice[0]])  # accepted by the recipe
