@@ -76,3 +76,20 @@ def test_a_run_with_a_users_model_records_and_says_the_lr_it_chose(tmp_path, cap
     recorded = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
     assert recorded["optim"]["lr"] == rules.NO_BATCH_NORM_LR
     assert f"optim.lr unset -> {rules.NO_BATCH_NORM_LR:g} per 32" in capsys.readouterr().err
+
+
+def test_a_run_at_chance_at_its_budget_is_advised_longer_first_and_a_short_one_its_budget():
+    from types import SimpleNamespace
+
+    from hasten.run.trainer import LONGER, Trainer
+
+    said: list[str] = []
+    plan = SimpleNamespace(num_classes=10, epochs=8, divergence_advice=["optim.lr=0.00035", "train.batch_size=8"])
+    Trainer.check_result(SimpleNamespace(plan=plan, warn=said.append), 0.105)
+    assert f"try train.epochs={LONGER * 8}, optim.lr=0.00035" in said[0]
+    load_recipe(None, [f"train.epochs={LONGER * 8}"])  # the advice is a valid override
+    plan.divergence_advice = ["train.epochs=75", "optim.lr=0.00035"]  # a short run: its budget's epochs, not 4x
+    Trainer.check_result(SimpleNamespace(plan=plan, warn=said.append), 0.105)
+    assert "try train.epochs=75, optim.lr" in said[1] and f"train.epochs={LONGER * 8}" not in said[1]
+    Trainer.check_result(SimpleNamespace(plan=plan, warn=said.append), 0.5)  # learnt: nothing said
+    assert len(said) == 2
