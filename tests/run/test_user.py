@@ -351,7 +351,8 @@ class WrongWidth(TinyNet):
 
 
 def test_bad_inputs_exit_2_naming_the_problem(tmp_path, capsys):
-    args = ["train", "fashion-fast", *QUIET, f"run.dir={tmp_path / 'r'}", "data.name=import",
+    here = [*QUIET, f"run.dir={tmp_path / 'r'}"]  # never the working folder's runs/: a user's demo run may be there
+    args = ["train", "fashion-fast", *here, "data.name=import",
             f"data.target={__name__}:quadrant_split", "data.args={n: 48}"]  # fmt: skip
     assert main([*args, "model.name=import", f"model.target={__name__}:WrongWidth"]) == 2
     err = capsys.readouterr().err
@@ -362,21 +363,21 @@ def test_bad_inputs_exit_2_naming_the_problem(tmp_path, capsys):
     assert "model.target=no_such_package.nets:make" in err and "cannot import" in err
     assert main([*args, "model.name=import", f"model.target={__name__}:NoSuchNet"]) == 2
     assert "has no attribute 'NoSuchNet'" in capsys.readouterr().err
-    assert main(["train", *QUIET, "data.name=import", "data.target=missing.module:load"]) == 2
+    assert main(["train", *here, "data.name=import", "data.target=missing.module:load"]) == 2
     assert "data.target=missing.module:load" in capsys.readouterr().err
-    assert main(["train", *QUIET, "model.name=import"]) == 2
+    assert main(["train", *here, "model.name=import"]) == 2
     assert "model.target" in capsys.readouterr().err
     assert not (tmp_path / "r").exists(), "nothing was written before the checks"
 
     images, labels = quadrants(32, 0)
     with pytest.raises(DataError, match=r"data: test labels: labels outside \[0, 4\).*found 8 at index 0"):
-        hasten.train("fashion-fast", QUIET, model=TinyNet(), data=((images, labels), (images, labels + 6), CLASSES))
+        hasten.train("fashion-fast", here, model=TinyNet(), data=((images, labels), (images, labels + 6), CLASSES))
     with pytest.raises(DataError, match="labels outside"):
-        hasten.train("fashion-fast", QUIET, model=TinyNet(), data=((images, labels - 1), (images, labels)))
+        hasten.train("fashion-fast", here, model=TinyNet(), data=((images, labels - 1), (images, labels)))
     with pytest.raises(DataError, match="data.val_fraction"):
-        hasten.train("fashion-fast", QUIET, model=TinyNet(), data=(images, labels))
+        hasten.train("fashion-fast", here, model=TinyNet(), data=(images, labels))
     with pytest.raises(DataError, match="pixels 0..255"):
-        hasten.train("fashion-fast", QUIET, model=TinyNet(), data=(images.astype(np.int64) * 4, labels))
+        hasten.train("fashion-fast", here, model=TinyNet(), data=(images.astype(np.int64) * 4, labels))
 
 
 def test_activation_checkpointing_over_named_modules_keeps_names_and_gradients(tmp_path):
