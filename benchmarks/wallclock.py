@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from hasten.experiments.interleave import rotated
+from hasten.machine import current as current_machine
 
 ROOT = Path(__file__).resolve().parents[1]
 THRESHOLDS = ("0.90", "0.91", "0.92", "0.93")
@@ -294,10 +295,7 @@ def python_of(tree: Path) -> Path:
 
 def cpu_kind() -> str:
     """The CPU as hasten's machine rules read it: its name and kernel set (avx2, avx512-bf16, amx, ...)."""
-    sys.path.insert(0, str(ROOT))
-    from hasten.machine import current
-
-    identity = current().identity()
+    identity = current_machine().identity()
     return f"{identity.get('cpu')} ({identity.get('kernels')} kernels, {identity.get('cores')} cores)"
 
 

@@ -2,7 +2,7 @@
 gradient in fp32 and under the candidate's autocast, compared. The start-up probe (hasten/tune/autotune.py)
 picks the fastest precision; a speed alone does not say the model's arithmetic survives 8 bits of mantissa, and a
 model hasten did not write (a user's attention, normalisation or loss) may not. The rule is measured across the
-model suite (docs/defaults.md, "bf16 for a model hasten did not write").
+model suite (docs/defaults.md, "A model hasten did not write").
 
 The gradient is what the optimizer steps on: its relative error, |g_low - g_fp32| / |g_fp32| over every parameter,
 is what the low precision changes in the update. The two passes run on a copy of the model in training mode, from
