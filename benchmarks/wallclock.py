@@ -25,9 +25,9 @@ writes the report (markdown, with this command) to --out and every run's numbers
 The regression guard (`make bench-guard BEFORE=REF`): the headline recipe and one folder run, each alternated with
 the commit REF in one sitting. `--before` takes a checkout (its own .venv, else this one's Python) or a git
 commit, checked out into a temporary worktree for the sitting. The report names the CPU kind (hasten.machine's
-kernel set: avx2, avx512-bf16, amx, ...), the load average around every run (a busy machine is said loudly: its
-timings are noise), and each epoch's throughput and test accuracy per kind, so a change that is slower on one
-machine kind is seen on that kind.
+kernel set: avx2, avx512-bf16, amx, ...), the CPU time other work took during every run (a busy machine is
+said loudly: its timings are noise), and each epoch's throughput and test accuracy per kind, so a change that is
+slower on one machine kind is seen on that kind.
 """
 
 from __future__ import annotations
@@ -47,11 +47,52 @@ from pathlib import Path
 from typing import Any
 
 from hasten.experiments.interleave import rotated
+from hasten.machine import ActivityMeter, with_children_cpu_seconds
 from hasten.machine import current as current_machine
 
 ROOT = Path(__file__).resolve().parents[1]
 THRESHOLDS = ("0.90", "0.91", "0.92", "0.93")
-BUSY_LOAD = 1.5  # a load average at or above this around a run: the machine was shared, its timings are noise
+BUSY_LOAD = 1.5  # a load average at or above this around a run, where other work was not measured
+# other processes' (and a hypervisor's other guests') CPU time during a run at or above this share of the machine's:
+# the run shared its cores, its timing is noise. The load average cannot say this: it counts the run itself.
+BUSY_OTHERS_SHARE = 0.1
+
+
+def others_during(command: list[str], **run: Any) -> tuple[int, dict[str, float] | None]:
+    """Run `command` (subprocess.run keywords in `run`); its exit code, and the CPU time other work took meanwhile:
+    {"cpus": CPUs' worth of it, "share": of all the machine's CPU time}, None where /proc/stat cannot be read."""
+    meter = ActivityMeter(own_clock=with_children_cpu_seconds)
+    meter.start()
+    code = subprocess.run(command, **run).returncode
+    activity = meter.stop()
+    if activity is None:
+        return code, None
+    cpus = max(0.0, activity.others_seconds) / max(1e-9, activity.wall_seconds)
+    return code, {"cpus": round(cpus, 3), "share": round(activity.others_share, 3)}
+
+
+def busy_line(runs: list[dict[str, Any]]) -> tuple[bool, str]:
+    """Whether other work shared the machine during any run, and the report's line saying how much."""
+    shares = [r["others"]["share"] for r in runs if r.get("others")]
+    loads = [r[key] for r in runs for key in ("load_before", "load_after") if r.get(key) is not None]
+    if shares:
+        busy = max(shares) >= BUSY_OTHERS_SHARE
+        line = (
+            f"Other work during the runs (CPU time of other processes and guests, /proc/stat less this bench's "
+            f"own): median {statistics.median(shares):.0%}, max {max(shares):.0%} of the machine's CPU time"
+        )
+        limit = f"{BUSY_OTHERS_SHARE:.0%} or more of its CPU time went to other work during a run"
+    else:
+        busy = max(loads, default=0.0) >= BUSY_LOAD
+        line = (f"Load average (1 min) around the runs: median {statistics.median(loads):.2f}, max {max(loads):.2f}"
+                if loads else "Other work on the machine: not recorded")  # fmt: skip
+        limit = f"a load average of {BUSY_LOAD} or more"
+    if busy:
+        line = (f"**warning: the machine was busy** ({limit}, on {os.cpu_count()} CPUs): these timings are noise, "
+                f"not a regression or a gain. {line}.")  # fmt: skip
+    return busy, line
+
+
 TARGETS = {"wall_over_train": 1.15, "to_93_over_before": 0.65, "second_startup_over_first": 0.5}
 
 
@@ -76,7 +117,7 @@ def one_run(kind: str, tree: Path, python: Path, recipe: str, overrides: list[st
     load_before = os.getloadavg()[0]
     with open(log, "w") as stream:
         started = time.time()
-        code = subprocess.run(command, cwd=tree, env=env, stdout=stream, stderr=subprocess.STDOUT).returncode
+        code, others = others_during(command, cwd=tree, env=env, stdout=stream, stderr=subprocess.STDOUT)
         ended = time.time()
     if code != 0:
         raise SystemExit(f"{kind}: exit {code}; see {log}")
@@ -106,6 +147,7 @@ def one_run(kind: str, tree: Path, python: Path, recipe: str, overrides: list[st
         "run_dir": str(run_dir),
         "load_before": round(load_before, 2),
         "load_after": round(os.getloadavg()[0], 2),
+        "others": others,
         "per_epoch": per_epoch(run_dir),
     } | from_summary(summary)
 
@@ -217,18 +259,7 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         speeds = " | ".join(cell(at(k, "images_per_second"), 0) for k in kinds)
         accuracies = " | ".join(cell(at(k, "test_accuracy"), 4) for k in kinds)
         epoch_rows.append(f"| {epoch} | {speeds} | {accuracies} |")
-    loads = [r[key] for r in runs for key in ("load_before", "load_after") if r.get(key) is not None]
-    busy = max(loads, default=0.0) >= BUSY_LOAD
-    load_line = (
-        f"Load average (1 min) around the runs: median {statistics.median(loads):.2f}, max {max(loads):.2f}"
-        if loads
-        else "Load average: not recorded"
-    )
-    if busy:
-        load_line = (
-            f"**warning: the machine was busy** (load average up to {max(loads):.2f}, {BUSY_LOAD} or more on "
-            f"{os.cpu_count()} CPUs): these timings are noise, not a regression or a gain. {load_line}."
-        )
+    _, load_line = busy_line(runs)
     startup = [r["summary_startup"] for r in by["first"] + by["second"] if r.get("summary_startup")]
     phases = list(dict.fromkeys(phase for s in startup for phase in s))  # in the order the start-up passes them
     startup_rows = [

@@ -1,9 +1,10 @@
 """The machine as data: the facts hasten decides from, gathered in one place, or named by `HASTEN_MACHINE`.
 
 What hasten decides for a machine (the probe's precision candidates, the evaluation batch, loader workers and
-pinned memory, Muon's orthogonalisation dtype, the process group's backend, what `device=auto` means) is a function
-of a `Machine`: the CPU's kernel set (sse41, avx2, avx512, avx512-bf16, amx), its usable cores and memory, the
-accelerator and what it computes fast, and the process count. `current()` gathers them from this machine once
+pinned memory, Muon's orthogonalisation dtype, the process group's backend, what `device=auto` means, how the C
+library's allocator keeps a CPU run's tensors) is a function of a `Machine`: the CPU's kernel set (sse41, avx2,
+avx512, avx512-bf16, amx), its usable cores and memory, the accelerator and what it computes fast, the C library,
+and the process count. `current()` gathers them from this machine once
 (`gather`), or, with `HASTEN_MACHINE=<profile>` set, takes a profile's (`PROFILES`) instead, so the decisions a
 Zen 4, an AMX Xeon or an H100 would make run on any machine. No rule asks the hardware itself; each is given the
 Machine.
@@ -89,6 +90,7 @@ class Machine:
     accelerator: Accelerator | None = None
     processes: int = 1
     profile: str | None = None
+    libc: str = ""  # the C library and its version ("glibc 2.36"); "" where Python cannot tell
 
     @property
     def cpu_bf16(self) -> bool:
@@ -126,7 +128,7 @@ class Machine:
         return dataclasses.asdict(self)
 
 
-_CPU_PROFILE = dict(arch="x86_64", cores=2, memory_bytes=24 * GIB)  # the machines this project runs on
+_CPU_PROFILE = dict(arch="x86_64", cores=2, memory_bytes=24 * GIB, libc="glibc")  # the machines this project runs on
 H100 = Accelerator(kind="cuda", name="NVIDIA H100 80GB HBM3", count=1, memory_bytes=80 * GIB, bf16=True, fp16=True)
 V100 = Accelerator(kind="cuda", name="Tesla V100-SXM2-16GB", count=1, memory_bytes=16 * GIB, bf16=False, fp16=True)
 
@@ -144,6 +146,7 @@ PROFILES: dict[str, Machine] = {
         cores=16,
         memory_bytes=128 * GIB,
         accelerator=H100,
+        libc="glibc",
     ),  # fmt: skip
     # a GPU without bf16 (Volta, Turing): fp16 with loss scaling is its 16-bit mode
     "cuda-fp16": Machine(
@@ -153,6 +156,7 @@ PROFILES: dict[str, Machine] = {
         cores=8,
         memory_bytes=64 * GIB,
         accelerator=V100,
+        libc="glibc",
     ),  # fmt: skip
 }
 
@@ -241,6 +245,7 @@ def gather() -> Machine:
         memory_bytes=_memory_bytes(),
         accelerator=_gather_accelerator(),
         processes=_processes(),
+        libc=" ".join(part for part in platform.libc_ver() if part),
     )
 
 
@@ -294,6 +299,42 @@ def loader_workers(machine: Machine) -> int:
 def threads_per_process(machine: Machine, processes: int) -> int:
     """Intra-op threads for each of `processes` workers on this machine's cores."""
     return max(1, machine.cores // max(1, processes))
+
+
+# glibc's malloc maps every block above its mmap threshold afresh and unmaps it when it is freed, and hands the top of
+# its heap back to the system above its trim threshold. A CPU training step frees its activations and allocates
+# them again the next step, so with glibc's defaults every step faults their pages in again: fashion-fast's step on
+# a Zen 4 took ~6,000 page faults, 750 with the settings below, and ran 2,712 -> 3,127 images/s (bare step, median of
+# 3 alternated rounds; docs/results/zen4.md). Page faults are the kernel's work, the same on every CPU kernel set.
+HEAP_BLOCK_BYTES = 32 << 20  # M_MMAP_THRESHOLD: blocks up to this come from the heap (glibc's largest on 64-bit)
+HEAP_KEEP_BYTES = 64 << 20  # M_TRIM_THRESHOLD: free heap kept for the next step, at most this (2x, glibc's own ratio)
+MALLOPT = {"M_TRIM_THRESHOLD": -1, "M_MMAP_THRESHOLD": -3}  # glibc's mallopt parameter numbers (malloc.h)
+
+
+def cpu_allocator(machine: Machine, device_type: str) -> dict[str, int]:
+    """The C allocator's settings for a run on `device_type` on this machine: for a CPU run under glibc, tensors
+    up to HEAP_BLOCK_BYTES from the heap and up to HEAP_KEEP_BYTES of it kept between steps; none ({}) elsewhere
+    (another C library has other defaults and no mallopt; a GPU run's tensors come from torch's caching allocator)."""
+    if device_type != "cpu" or not machine.libc.startswith("glibc"):
+        return {}
+    return {"M_MMAP_THRESHOLD": HEAP_BLOCK_BYTES, "M_TRIM_THRESHOLD": HEAP_KEEP_BYTES}
+
+
+def apply_cpu_allocator(settings: dict[str, int]) -> bool:
+    """Give this process's glibc malloc `settings` (cpu_allocator's); whether it took every one. False, and nothing
+    changed, where this process's C library has no mallopt (a profile describing glibc on another system)."""
+    import ctypes
+    import ctypes.util
+
+    if not settings:
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return all(mallopt(MALLOPT[name], value) == 1 for name, value in settings.items())
 
 
 def process_backend(device_type: str) -> str:
@@ -356,19 +397,33 @@ def _proc_stat() -> str | None:
         return None
 
 
+def with_children_cpu_seconds() -> float:
+    """This process's CPU seconds (all its threads) and those of its children that have ended and been waited for:
+    a benchmark's own clock when what it times runs as child processes."""
+    import resource
+    import time
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 class ActivityMeter:
     """Measures `Activity` between `start()` and `stop()`, from /proc/stat and this process's CPU clock (all its
-    threads). `stop()` is None where the machine's CPU time cannot be read (not Linux): nothing is then known."""
+    threads; `own_clock=with_children_cpu_seconds` counts child processes waited for before `stop()` as its own).
+    `stop()` is None where the machine's CPU time cannot be read (not Linux): nothing is then known."""
 
-    def __init__(self, read_stat=_proc_stat):
+    def __init__(self, read_stat=_proc_stat, own_clock=None):
+        import time
+
         self.read_stat = read_stat
+        self.own_clock = own_clock or time.process_time
         self._start: tuple[float, float, tuple[float, int] | None] | None = None
 
     def _sample(self) -> tuple[float, float, tuple[float, int] | None]:
         import time
 
         text = self.read_stat()
-        return time.perf_counter(), time.process_time(), read_proc_stat(text) if text else None
+        return time.perf_counter(), self.own_clock(), read_proc_stat(text) if text else None
 
     def start(self) -> None:
         self._start = self._sample()

@@ -3,6 +3,7 @@ them under every profile, and the meter that tells a busy machine."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -83,6 +84,26 @@ def test_every_profile_s_decisions(name):
     assert not machine.pin_memory(described, "cpu")
     assert machine.loader_workers(described) == min(4, described.cores - 1)
     assert machine.threads_per_process(described, 2) == max(1, described.cores // 2)
+    heap = {"M_MMAP_THRESHOLD": 32 << 20, "M_TRIM_THRESHOLD": 64 << 20}  # glibc: a CPU step's tensors from the heap
+    assert machine.cpu_allocator(described, "cpu") == heap
+    assert machine.cpu_allocator(described, "cuda") == {}  # a GPU's tensors: torch's caching allocator
+
+
+def test_the_allocator_rule_reads_the_c_library():
+    """mallopt is glibc's: another C library (or one Python cannot name) keeps its own defaults."""
+    zen4 = PROFILES["avx512-bf16"]
+    for libc, settings in (("glibc 2.36", True), ("glibc", True), ("musl", False), ("", False)):
+        assert bool(machine.cpu_allocator(dataclasses.replace(zen4, libc=libc), "cpu")) is settings, libc
+    assert machine.apply_cpu_allocator({}) is False  # nothing asked: nothing changed
+
+
+def test_a_cpu_run_under_glibc_takes_the_allocator_settings_says_so_and_records_them(tiny_overrides, capsys):
+    if not machine.gather().libc.startswith("glibc"):
+        pytest.skip(f"this machine's C library is {machine.gather().libc or 'unknown'}, not glibc")
+    summary = hasten.train(None, [*tiny_overrides, "train.epochs=1", "device=cpu"])
+    err = capsys.readouterr().err.replace("\n  ", " ")
+    assert summary["cpu_allocator"] == {"M_MMAP_THRESHOLD": 32 << 20, "M_TRIM_THRESHOLD": 64 << 20}
+    assert "CPU allocator (glibc mallopt): M_MMAP_THRESHOLD 32 MiB, M_TRIM_THRESHOLD 64 MiB" in err
 
 
 def test_workers_and_threads_share_the_cores_between_processes():
@@ -136,6 +157,27 @@ def test_the_meter_sees_other_processes_busy_on_the_cores():
             spinner.wait()
     assert activity is not None and activity.own_seconds < 0.2
     assert activity.others_share > steadiness.BUSY_SHARE, activity
+
+
+@pytest.mark.steadiness
+def test_a_child_waited_for_is_the_meters_own_with_the_children_clock():
+    """A benchmark that times a child process: the child's CPU time is its own, not other work's, once the child
+    has been waited for (the default clock counts this process alone, so the same child reads as other work)."""
+    if machine.read_proc_stat("cpu  1 0 0 0 0 0 0 0\ncpu0 1 0 0 0 0 0 0 0\n") is None:
+        pytest.skip("no /proc/stat here")
+    spin_for_a_second = "import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end: pass\n"
+    activities = {}
+    for name, clock in (("children", machine.with_children_cpu_seconds), ("self", None)):
+        meter = machine.ActivityMeter(own_clock=clock)
+        if meter.read_stat() is None:
+            pytest.skip("/proc/stat cannot be read here")
+        meter.start()
+        subprocess.run([sys.executable, "-c", spin_for_a_second], check=True)
+        activities[name] = meter.stop()
+    children, alone = activities["children"], activities["self"]
+    assert children.own_seconds >= 0.9, children  # the child's second of CPU time (and its start-up)
+    assert alone.own_seconds < 0.5 and alone.others_seconds >= 0.8, alone  # the same child, read as other work
+    assert children.others_seconds < alone.others_seconds - 0.5, (children, alone)
 
 
 @pytest.mark.steadiness

@@ -234,6 +234,7 @@ class Parts:
     machine_keys: tuple[str, ...] = ()  # keys set to auto that the start-up probe decided (hasten/tune/autotune.py)
     machine: Machine | None = None  # the facts the machine's rules read (hasten/machine.py); None: not recorded
     checkpoint: tuple[Path, dict[str, Any]] | None = None  # what a resume continues from, read once by resolve
+    cpu_allocator: dict[str, int] | None = None  # the C allocator's settings the run took (hasten/machine.py)
 
 
 def assemble(

@@ -30,6 +30,7 @@ from hasten.engine.memory import available_memory_bytes
 from hasten.engine.precision import check_precision
 from hasten.engine.schedules import asked_rise_steps, rise_steps
 from hasten.errors import CheckpointError, DataError, HastenError, RecipeError, raised_in_their_code, their_error
+from hasten.machine import apply_cpu_allocator, cpu_allocator
 from hasten.machine import current as current_machine
 from hasten.models import build_model, meta_parameter_count
 from hasten.models.pretrained import save_weights  # Freeze registers here
@@ -150,6 +151,8 @@ def build(recipe: Recipe, model: Any = None, data: Any = None, clock: Clock | No
     clock = clock or Clock()  # marks where the start-up goes (hasten/clock.py)
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
+    allocator = cpu_allocator(machine, device.type)  # before the data: its arrays come from the allocator too
+    allocator = allocator if apply_cpu_allocator(allocator) else None
     if recipe.precision != "auto":  # a fixed mode the device cannot run fails here, before data is read
         check_precision(recipe.precision, device)
     seed_everything(recipe.seed)
@@ -171,7 +174,7 @@ def build(recipe: Recipe, model: Any = None, data: Any = None, clock: Clock | No
     resolved = resolve(recipe, data, model, device, given_model, given_data, machine)
     clock.mark("probe")
     parts = assemble(resolved.recipe, data, model, device, resolved.machine_keys, clock)
-    parts.machine, parts.checkpoint = machine, resolved.checkpoint
+    parts.machine, parts.checkpoint, parts.cpu_allocator = machine, resolved.checkpoint, allocator
     return parts
 
 
@@ -326,6 +329,7 @@ def train(
                 summary |= {"channels_last": recipe.train.channels_last}
                 if parts.machine is not None:  # the facts its machine rules read (hasten/machine.py)
                     summary["machine"] = parts.machine.record()
+                summary["cpu_allocator"] = parts.cpu_allocator  # glibc's mallopt settings taken; None: none
                 # for evaluate and predict: the class names, the preprocessing (data.resize's fit among it)
                 summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader, recipe.data.resize)
                 summary["evaluated_on"] = evaluated_on(recipe)
@@ -411,6 +415,9 @@ def start_run(
         o = recipe.optim
         rule = f"{o.scaling} rule from {o.lr:g} per {o.base_batch}" if o.base_batch else "no optim.base_batch: as given"
         say(f"global batch {batch} ({how}); peak LR {parts.lr:.4g} ({rule})")
+        if parts.cpu_allocator:
+            said = ", ".join(f"{name} {value >> 20} MiB" for name, value in parts.cpu_allocator.items())
+            say(f"CPU allocator (glibc mallopt): {said}: a step's tensors reuse the heap's pages, not fresh ones")
         note = short_run_note(recipe, run_steps) if checkpoint is None else None
         if note:
             say(note)
