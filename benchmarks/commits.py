@@ -116,7 +116,7 @@ def main() -> int:
     parser.add_argument("commits", nargs="+", help="commits to run ('.': this checkout); overrides after them")
     parser.add_argument("--recipe", default="fashion-fast")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--work", default="bench/commits/work", help="worktrees and run folders")
+    parser.add_argument("--work", default="bench/commits/work", help="worktrees, and run folders under runs/OUT's stem")
     parser.add_argument("--out", default="bench/commits/report.md", help="the report (markdown); JSON beside it")
     args = parser.parse_intermixed_args()
     if not 1 <= args.rounds <= 20:
@@ -131,7 +131,9 @@ def main() -> int:
     for round_ in range(args.rounds):
         shift = round_ % len(commits)
         for commit in commits[shift:] + commits[:shift]:
-            run = one_run(commit, trees[commit], args.recipe, overrides, work / "runs" / f"{commit}-{round_}")
+            run = one_run(
+                commit, trees[commit], args.recipe, overrides, work / "runs" / out.stem / f"{commit}-{round_}"
+            )
             run |= {"round": round_, "tree_commit": git_commit(trees[commit])}
             print(json.dumps(run), flush=True)
             runs.append(run)
