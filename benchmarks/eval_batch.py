@@ -4,6 +4,11 @@
 
     .venv/bin/python benchmarks/eval_batch.py                 # sides 28, 32, 48, 64, 96
     .venv/bin/python benchmarks/eval_batch.py 40 128          # other sides
+    .venv/bin/python benchmarks/eval_batch.py --allocator-defaults 28   # glibc's allocator as it comes
+
+The C allocator is set as a run sets it on this machine (hasten.machine.cpu_allocator: under glibc, a batch's
+tensors kept in the heap), unless --allocator-defaults: with glibc's defaults every pass faults large batches'
+activations in afresh, which weighs on them alone.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import time
 
 import torch
 
+from hasten.machine import apply_cpu_allocator, cpu_allocator
+from hasten.machine import current as current_machine
 from hasten.models import build_model
 from hasten.recipe.schema import load_recipe
 
@@ -40,7 +47,11 @@ def per_image(side: int) -> dict[int, float]:
 
 def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
-    sides = [int(side) for side in argv] or [28, 32, 48, 64, 96]
+    defaults = "--allocator-defaults" in argv
+    settings = {} if defaults else cpu_allocator(current_machine(), "cpu")
+    taken = apply_cpu_allocator(settings)
+    print(f"C allocator: {settings if taken else 'as it comes'}")
+    sides = [int(side) for side in argv if side != "--allocator-defaults"] or [28, 32, 48, 64, 96]
     print("| side | " + " | ".join(str(batch) for batch in BATCHES) + " |")
     print("| --- |" + " --- |" * len(BATCHES))
     for side in sides:
