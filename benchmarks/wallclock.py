@@ -67,8 +67,7 @@ def others_during(command: list[str], **run: Any) -> tuple[int, dict[str, float]
     activity = meter.stop()
     if activity is None:
         return code, None
-    cpus = max(0.0, activity.others_seconds) / max(1e-9, activity.wall_seconds)
-    return code, {"cpus": round(cpus, 3), "share": round(activity.others_share, 3)}
+    return code, {"cpus": round(activity.others_cpus, 3), "share": round(activity.others_share, 3)}
 
 
 def busy_line(runs: list[dict[str, Any]]) -> tuple[bool, str]:

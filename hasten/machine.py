@@ -304,8 +304,9 @@ def threads_per_process(machine: Machine, processes: int) -> int:
 # glibc's malloc maps every block above its mmap threshold afresh and unmaps it when it is freed, and hands the top of
 # its heap back to the system above its trim threshold. A CPU training step frees its activations and allocates
 # them again the next step, so with glibc's defaults every step faults their pages in again: fashion-fast's step on
-# a Zen 4 took ~6,000 page faults, 750 with the settings below, and ran 2,712 -> 3,127 images/s (bare step, median of
-# 3 alternated rounds; docs/results/zen4.md). Page faults are the kernel's work, the same on every CPU kernel set.
+# a Zen 4 took 4,400-7,500 page faults, ~750 with the settings below, and its 5 epochs trained in 89.4 s instead of
+# 97.7 s (2 alternated rounds, the same accuracy; docs/results/zen4.md). Page faults are the kernel's work, the same
+# on every CPU kernel set.
 HEAP_BLOCK_BYTES = 32 << 20  # M_MMAP_THRESHOLD: blocks up to this come from the heap (glibc's largest on 64-bit)
 HEAP_KEEP_BYTES = 64 << 20  # M_TRIM_THRESHOLD: free heap kept for the next step, at most this (2x, glibc's own ratio)
 MALLOPT = {"M_TRIM_THRESHOLD": -1, "M_MMAP_THRESHOLD": -3}  # glibc's mallopt parameter numbers (malloc.h)
@@ -361,12 +362,17 @@ class Activity:
     cpus: int
 
     @property
+    def others_cpus(self) -> float:
+        """Others' CPU time over the interval: how many CPUs' worth of work they did meanwhile."""
+        return max(0.0, self.others_seconds) / max(1e-9, self.wall_seconds)
+
+    @property
     def others_share(self) -> float:
         """Others' CPU time as a share of all the machine's CPU time in the interval (0: idle but for us)."""
         return max(0.0, self.others_seconds) / max(1e-9, self.wall_seconds * self.cpus)
 
     def describe(self) -> str:
-        return f"other work took {self.others_seconds / max(1e-9, self.wall_seconds):.1f} of {self.cpus} CPUs"
+        return f"other work took {self.others_cpus:.1f} of {self.cpus} CPUs"
 
     def __add__(self, other: Activity) -> Activity:
         """The activity over both intervals."""
