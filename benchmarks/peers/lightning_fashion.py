@@ -54,6 +54,15 @@ LIGHTNING_PRECISION: dict[PrecisionName, str] = {
 }
 
 
+# what hasten's start-up probe decides when left `auto`, and where its summary records the choice: Lightning has no
+# probe, so both frameworks train as the warm-up's hasten run decided on this machine
+PROBED = {
+    "precision": lambda recipe: recipe.precision,
+    "train.channels_last": lambda recipe: recipe.train.channels_last,
+}
+SUMMARY_KEY = {"precision": "precision", "train.channels_last": "channels_last"}
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -247,13 +256,21 @@ def main() -> int:
         Path(ns.result).write_text(json.dumps(summary, indent=2) + "\n")
         return 0
 
+    probed = [key for key, value in PROBED.items() if value(recipe) == "auto"]
+    if probed and ns.no_warmup:
+        parser.error(f"{', '.join(probed)}=auto: hasten's warm-up run decides them for both frameworks (Lightning "
+                     f"has no probe); drop --no-warmup or give each a value")  # fmt: skip
+    chosen: list[str] = []
     if not ns.no_warmup:
         print("warm-up: hasten, 1 epoch (not recorded)", file=sys.stderr)
-        run_isolated("hasten", [*ns.args, "train.epochs=1"], out, "warmup")
+        warmup = run_isolated("hasten", [*ns.args, "train.epochs=1"], out, "warmup")
+        chosen = [f"{key}={str(warmup[SUMMARY_KEY[key]]).lower()}" for key in probed]  # decided once, used by both
+        if chosen:
+            print(f"as hasten decided on this machine, for both frameworks: {' '.join(chosen)}", file=sys.stderr)
     runs: dict[str, list[dict[str, Any]]] = {"hasten": [], "lightning": []}
     for repeat in range(ns.repeats):
         for framework in ("lightning", "hasten") if repeat % 2 == 0 else ("hasten", "lightning"):
-            summary = run_isolated(framework, ns.args, out, f"r{repeat + 1}")
+            summary = run_isolated(framework, [*ns.args, *chosen], out, f"r{repeat + 1}")
             runs[framework].append(summary)
             print(
                 f"{framework} r{repeat + 1}: accuracy {summary['test_accuracy']:.4f}, "
@@ -263,6 +280,7 @@ def main() -> int:
     thresholds = [f"{t:.2f}" for t in recipe.run.thresholds]
     text = table(runs, thresholds)
     command = " ".join(["python", "benchmarks/peers/lightning_fashion.py", *ns.args, f"--repeats={ns.repeats}"])
+    command += f" (both frameworks at {' '.join(chosen)}, as hasten decided)" if chosen else ""
     from hasten.experiments.bench import machine
 
     results = {"command": command, "recipe": recipe.model_dump(mode="json"), "machine": machine(), "runs": runs}
