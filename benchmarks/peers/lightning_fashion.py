@@ -200,7 +200,8 @@ def train_hasten(recipe: Recipe, run_dir: Path) -> dict[str, Any]:
     from hasten.run.build import train
     from hasten.runfolder.log import read_metrics
 
-    changes = [f"run.dir={run_dir}", "run.progress=false"]
+    # the bench's own folder under --out: a second bench into the same --out replaces it (the old files moved aside)
+    changes = [f"run.dir={run_dir}", "run.progress=false", "run.overwrite=true"]
     summary = train(validate(apply_overrides(recipe.model_dump(mode="json"), changes)))
     curve = [[row["train_seconds"], row["test_accuracy"]] for row in read_metrics(run_dir)]
     return summary | {"curve": curve}
