@@ -4,9 +4,9 @@
 Each commit is checked out (detached) into a worktree under --work for the sitting, and run as a fresh process of
 `python -m hasten train RECIPE OVERRIDES` with that tree first on PYTHONPATH (this venv's Python: the commits must
 run on today's packages). Each round runs every commit once, the order rotated a step each round, so a shared
-machine's drift falls on all alike; the load average before and after every run is in the table, and a run begun
-or ended at BUSY_LOAD or more is marked (its timing is noise). Throughput and accuracy are read from each run's
-metrics.csv, which every version writes.
+machine's drift falls on all alike; the CPU time other work took during every run is in the table (/proc/stat less
+this bench's own children's), and a run during which it reached BUSY_OTHERS_SHARE of the machine is marked busy (its
+timing is noise). Throughput and accuracy are read from each run's metrics.csv, which every version writes.
 
     .venv/bin/python benchmarks/commits.py 28eda3d 773fbdd a86495c HEAD --rounds 2 \\
         --out bench/commits/report.md train.epochs=1 precision=bf16 train.channels_last=false
@@ -31,21 +31,19 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.wallclock import BUSY_OTHERS_SHARE, busy_line, cpu_kind, git_commit, others_during  # noqa: E402
+from benchmarks.wallclock import (  # noqa: E402
+    BUSY_OTHERS_SHARE,
+    baseline_tree,
+    busy_line,
+    cpu_kind,
+    git_commit,
+    others_during,
+)
 
 
 def checkout(commit: str, work: Path) -> Path:
     """A worktree of `commit` under `work` (made once; "." is this checkout)."""
-    if commit == ".":
-        return ROOT
-    tree = work / f"tree-{commit}"
-    if not tree.is_dir():
-        made = subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), commit], capture_output=True, text=True
-        )
-        if made.returncode != 0:
-            raise SystemExit(f"{commit}: not a commit of {ROOT}: {made.stderr.strip()}")
-    return tree
+    return ROOT if commit == "." else baseline_tree(commit, work, f"tree-{commit}")
 
 
 def epochs_of(run_dir: Path) -> tuple[list[float], list[float]]:

@@ -303,17 +303,19 @@ def report(runs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     )
 
 
-def baseline_tree(before: str, work: Path) -> Path:
-    """--before as a checkout: a folder as it is, or a commit of this repository checked out (detached) into a
-    worktree under `work` for the sitting."""
+def baseline_tree(before: str, work: Path, name: str = "before-tree") -> Path:
+    """--before as a checkout: a folder as it is, or a commit of this repository checked out (detached) into the
+    worktree `work/name` for the sitting (made once: a later call for the same name reuses it)."""
     path = Path(before)
     if path.is_dir():
         return path.resolve()
-    tree = work / "before-tree"
+    tree = work / name
+    if tree.is_dir():
+        return tree
     made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), before],
                           capture_output=True, text=True)  # fmt: skip
     if made.returncode != 0:
-        raise SystemExit(f"--before {before}: neither a folder nor a commit of {ROOT}: {made.stderr.strip()}")
+        raise SystemExit(f"{before}: neither a folder nor a commit of {ROOT}: {made.stderr.strip()}")
     return tree
 
 

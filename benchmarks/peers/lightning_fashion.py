@@ -38,7 +38,7 @@ from hasten.engine.memory import peak_memory_bytes, reset_peak
 from hasten.engine.schedules import scheduler
 from hasten.experiments.report import format_bytes, format_seconds, markdown_table
 from hasten.models import build_model
-from hasten.recipe.schema import PrecisionName, Recipe, apply_overrides, load_recipe, validate
+from hasten.recipe.schema import PrecisionName, Recipe, apply_overrides, dotted, load_recipe, validate
 from hasten.run.assemble import optimizer as make_optimizer
 from hasten.run.assemble import scaled_lr, seed_everything, tricks
 from hasten.run.build import dataset
@@ -56,11 +56,7 @@ LIGHTNING_PRECISION: dict[PrecisionName, str] = {
 
 # what hasten's start-up probe decides when left `auto`, and where its summary records the choice: Lightning has no
 # probe, so both frameworks train as the warm-up's hasten run decided on this machine
-PROBED = {
-    "precision": lambda recipe: recipe.precision,
-    "train.channels_last": lambda recipe: recipe.train.channels_last,
-}
-SUMMARY_KEY = {"precision": "precision", "train.channels_last": "channels_last"}
+PROBED = {"precision": "precision", "train.channels_last": "channels_last"}  # recipe key -> summary.json key
 
 
 def _sync(device: torch.device) -> None:
@@ -257,7 +253,8 @@ def main() -> int:
         Path(ns.result).write_text(json.dumps(summary, indent=2) + "\n")
         return 0
 
-    probed = [key for key, value in PROBED.items() if value(recipe) == "auto"]
+    dumped = recipe.model_dump(mode="json")
+    probed = [key for key in PROBED if dotted(dumped, key) == "auto"]
     if probed and ns.no_warmup:
         parser.error(f"{', '.join(probed)}=auto: hasten's warm-up run decides them for both frameworks (Lightning "
                      f"has no probe); drop --no-warmup or give each a value")  # fmt: skip
@@ -265,7 +262,7 @@ def main() -> int:
     if not ns.no_warmup:
         print("warm-up: hasten, 1 epoch (not recorded)", file=sys.stderr)
         warmup = run_isolated("hasten", [*ns.args, "train.epochs=1"], out, "warmup")
-        chosen = [f"{key}={str(warmup[SUMMARY_KEY[key]]).lower()}" for key in probed]  # decided once, used by both
+        chosen = [f"{key}={str(warmup[PROBED[key]]).lower()}" for key in probed]  # decided once, used by both
         if chosen:
             print(f"as hasten decided on this machine, for both frameworks: {' '.join(chosen)}", file=sys.stderr)
     runs: dict[str, list[dict[str, Any]]] = {"hasten": [], "lightning": []}
