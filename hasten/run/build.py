@@ -27,6 +27,7 @@ from hasten.data.user import StreamedData
 from hasten.engine import distributed
 from hasten.engine.distributed import DistEnv, world_size
 from hasten.engine.memory import available_memory_bytes
+from hasten.engine.norms import has_batch_norm
 from hasten.engine.precision import check_precision
 from hasten.engine.schedules import asked_rise_steps, rise_steps
 from hasten.errors import CheckpointError, DataError, HastenError, RecipeError, raised_in_their_code, their_error
@@ -205,40 +206,41 @@ def risky_settings(recipe: Recipe, parts: Parts) -> list[str]:
     return found
 
 
-def budget_epochs(recipe: Recipe, run_steps: int | None) -> int | None:
+def budget_epochs(recipe: Recipe, run_steps: int | None, budget: int = rules.RUN_STEPS) -> int | None:
     """For a run given a number of epochs that make fewer optimizer steps (`run_steps`) than the budget rule gives
-    a small set (rules.RUN_STEPS): the epochs that give it that many; else (or `run_steps` not known) None."""
+    a small set (`budget`, rules.run_steps for the model): the epochs that give it that many; else (or `run_steps`
+    not known) None."""
     epochs = recipe.train.epochs
-    if not run_steps or not isinstance(epochs, int) or run_steps >= rules.RUN_STEPS:
+    if not run_steps or not isinstance(epochs, int) or run_steps >= budget:
         return None
-    return -(-rules.RUN_STEPS * epochs // run_steps)
+    return -(-budget * epochs // run_steps)
 
 
-def short_run_note(recipe: Recipe, run_steps: int) -> str | None:
+def short_run_note(recipe: Recipe, run_steps: int, budget: int = rules.RUN_STEPS) -> str | None:
     """Said at start-up for a run whose given epochs fall short of the budget rule's optimizer steps: such a run
     stops while it is still learning, and where it stops moves with the seed (docs/defaults.md: 1,200 rendered
     letters at 1 epoch, 75 steps, scored 33.8-48.2% over 5 seeds, at 3 epochs 93.8-96.5%). None for a run long
-    enough."""
-    budget = budget_epochs(recipe, run_steps)
-    if budget is None:
+    enough. `budget`: the steps train.epochs=auto plans for this model (rules.run_steps)."""
+    epochs = budget_epochs(recipe, run_steps, budget)
+    if epochs is None:
         return None
     return (
         f"train.epochs={recipe.train.epochs} gives this run {run_steps:,} optimizer steps, under the "
-        f"{rules.RUN_STEPS} that train.epochs=auto plans for a small set: it may stop while still learning, with an "
-        f"accuracy that varies with the seed; train.epochs={budget} gives it {rules.RUN_STEPS}"
+        f"{budget:,} that train.epochs=auto plans for a small set: it may stop while still learning, with an "
+        f"accuracy that varies with the seed; train.epochs={epochs} gives it {budget:,}"
     )
 
 
-def divergence_advice(recipe: Recipe, run_steps: int | None = None) -> list[str]:
+def divergence_advice(recipe: Recipe, run_steps: int | None = None, budget: int = rules.RUN_STEPS) -> list[str]:
     """What a run that diverged or does not learn is told to try, as overrides its own recipe accepts (each is
     validated against it): first, for a run of fewer than the budget rule's optimizer steps (`run_steps`, when
     known), the epochs that give it that many (a small set at a few epochs has not started to learn, whatever its
     LR); then half the LR, the LR range test where its rule was measured for the optimizer (SGD), a warm-up twice as
     long, half the batch."""
     advice = []
-    budget = budget_epochs(recipe, run_steps)
-    if budget is not None:
-        advice.append(f"train.epochs={budget}")
+    epochs = budget_epochs(recipe, run_steps, budget)
+    if epochs is not None:
+        advice.append(f"train.epochs={epochs}")
     lr = recipe.optim.lr
     if isinstance(lr, float):
         advice.append(f"optim.lr={lr / 2:.3g}")
@@ -362,6 +364,7 @@ def start_run(
     claim_run_folder(recipe, folder, checkpoint, parts.machine_keys)
     log = RunLog(folder, enabled=distributed.is_main(), tensorboard=recipe.run.tensorboard)
     run_steps = optimizer_steps(recipe, parts.train_loader)
+    budget = rules.run_steps(has_batch_norm(parts.model))  # what train.epochs=auto plans for this model
     plan = Plan(
         epochs=recipe.train.epochs,
         num_classes=len(parts.data.classes),
@@ -374,7 +377,7 @@ def start_run(
         rise_steps=rise_steps(recipe.schedule, run_steps, lr_scale(recipe)),
         clip_grad_norm=recipe.train.clip_grad_norm,
         eval_every_steps=recipe.train.eval_every_steps,
-        divergence_advice=divergence_advice(recipe, run_steps),
+        divergence_advice=divergence_advice(recipe, run_steps, budget),
         mid_eval=recipe.train.mid_eval,
         clock=clock,
     )
@@ -418,7 +421,7 @@ def start_run(
         if parts.cpu_allocator:
             said = ", ".join(f"{name} {value >> 20} MiB" for name, value in parts.cpu_allocator.items())
             say(f"CPU allocator (glibc mallopt): {said}: a step's tensors reuse the heap's pages, not fresh ones")
-        note = short_run_note(recipe, run_steps) if checkpoint is None else None
+        note = short_run_note(recipe, run_steps, budget) if checkpoint is None else None
         if note:
             say(note)
     return trainer, log

@@ -161,9 +161,10 @@ def resolve(
     notes += more
     checkpoint = resume_from(recipe, run_dir(recipe) / "checkpoints")  # read once: the run continues from it
     resumed = resumed_choices(recipe, checkpoint)  # a resume continues with what its run chose: exact, as resumes are
-    recipe, machine_keys, more = choose_on_machine(recipe, model, data, device, resumed, machine)
+    budget = rules.run_steps(has_batch_norm(model))  # train.epochs=auto's steps, which the batch's candidates keep
+    recipe, machine_keys, more = choose_on_machine(recipe, model, data, device, resumed, machine, budget)
     notes += more
-    recipe, more = resolve_budget(recipe, data, world, resumed)
+    recipe, more = resolve_budget(recipe, data, world, resumed, budget)
     notes += more
     recipe = resolve_fused(recipe, device)
     if distributed.is_main():
@@ -284,10 +285,11 @@ def resolve_default_lr(recipe: Recipe, model: nn.Module, model_given: bool = Fal
 
 
 def resolve_budget(
-    recipe: Recipe, data: Any, world: int, resumed: dict[str, Any] | None = None
+    recipe: Recipe, data: Any, world: int, resumed: dict[str, Any] | None = None, budget: int = rules.RUN_STEPS
 ) -> tuple[Recipe, list[str]]:
-    """`train.epochs: auto` decided from the training set and the batch (hasten/tune/rules.py), or as the run being
-    resumed decided it; then `data.augment.translate: auto` from the images' side and the epochs."""
+    """`train.epochs: auto` decided from the training set, the batch and the optimizer steps a small set needs
+    (`budget`: rules.run_steps, by whether the model has batch norm), or as the run being resumed decided it; then
+    `data.augment.translate: auto` from the images' side and the epochs."""
     if "auto" not in (recipe.train.epochs, recipe.data.augment.translate):
         return recipe, []
     notes = []
@@ -296,12 +298,13 @@ def resolve_budget(
         notes.append(f"train.epochs=auto -> {recipe.train.epochs}, as the run being resumed chose")
     elif recipe.train.epochs == "auto":
         images, batch = train_size(data), recipe.train.batch_size
-        epochs = rules.auto_epochs(images, batch, world, recipe.train.accumulate)
+        epochs = rules.auto_epochs(images, batch, world, recipe.train.accumulate, budget)
         recipe = replaced(recipe, {"train.epochs": epochs})
         steps = epochs * rules.steps_per_epoch(images, batch, world, recipe.train.accumulate)
+        why = "" if budget == rules.RUN_STEPS else " (a model without batch norm learns more slowly)"
         notes.append(
             f"train.epochs=auto -> {epochs}: {steps:,} optimizer steps over {images:,} images "
-            f"(at least {rules.RUN_STEPS} steps, {rules.MIN_EPOCHS}-{rules.MAX_EPOCHS} epochs)"
+            f"(at least {budget:,} steps{why}, {rules.MIN_EPOCHS}-{rules.MAX_EPOCHS} epochs)"
         )
     aug = recipe.data.augment
     if aug.translate == "auto":
@@ -363,13 +366,15 @@ def choose_on_machine(
     device: torch.device,
     resumed: dict[str, Any] | None = None,
     machine: Machine | None = None,
+    budget: int = rules.RUN_STEPS,
 ) -> tuple[Recipe, tuple[str, ...], list[str]]:
     """`precision`, `train.channels_last` and `train.batch_size` left `auto`, decided by timing the run's training
     step on this machine (hasten/tune/autotune.py; the batch by hasten/tune/rules.py's time rule), or as the run being
     resumed decided them (`resumed`). Returns the recipe holding the values chosen (recipe.yaml records them), the
     keys that were `auto`, and the lines that say what was chosen. The probe times copies of `model` and leaves the
     model and the random streams as they were. `machine`: the facts the candidates are drawn from (None:
-    hasten.machine.current())."""
+    hasten.machine.current()). `budget`: the optimizer steps `train.epochs: auto` gives a small set
+    (rules.run_steps), which each candidate batch's run must keep."""
     machine = machine or current_machine()
     values = {"precision": recipe.precision, "train.channels_last": recipe.train.channels_last,
               "train.batch_size": recipe.train.batch_size}  # fmt: skip
@@ -386,14 +391,14 @@ def choose_on_machine(
     images, accumulate = train_size(data), recipe.train.accumulate
     if values["train.batch_size"] == "auto":
         epochs = recipe.train.epochs if recipe.train.epochs != "auto" else None
-        sizes = rules.batch_candidates(images, epochs, world, accumulate)
+        sizes = rules.batch_candidates(images, epochs, world, accumulate, budget)
     else:
         sizes = [values["train.batch_size"]]
     choice = options[0]
     # the images each process will train on, at the most epochs any candidate batch gives the run: what bounds the
     # probe's time (autotune.time_limit)
     epochs_ = recipe.train.epochs
-    run_epochs = epochs_ if epochs_ != "auto" else rules.auto_epochs(images, min(sizes), world, accumulate)
+    run_epochs = epochs_ if epochs_ != "auto" else rules.auto_epochs(images, min(sizes), world, accumulate, budget)
     run_images = images * run_epochs // world
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout, DataLoader seeds
         batch = probe_batch(recipe, data, device, max(sizes)) if len(options) > 1 or len(sizes) > 1 else None
@@ -423,7 +428,7 @@ def choose_on_machine(
             values["train.batch_size"] = sizes[0]
             notes.append(
                 f"train.batch_size=auto -> {sizes[0]}: the smallest batch; {images:,} training images leave no "
-                f"larger one {rules.steps_needed(epochs)} optimizer steps"
+                f"larger one {rules.steps_needed(epochs, budget)} optimizer steps"
             )
     recipe = replaced(recipe, {"precision": choice.precision, "train.channels_last": choice.channels_last,
                                "train.batch_size": values["train.batch_size"]})  # fmt: skip

@@ -15,8 +15,9 @@ holds the measurements that chose them and the command that made each.
   in proportion, a small one. Candidates are powers of two from MIN_BATCH, capped so the run keeps at least
   MIN_RUN_STEPS optimizer steps (a 400-image set trained for one epoch at batch 64 takes 7 steps and learns
   nothing), and with `train.epochs: auto` the whole RUN_STEPS budget within MAX_EPOCHS.
-- **Budget** (`train.epochs: auto`): enough optimizer steps for a small set to converge (RUN_STEPS), at least
-  MIN_EPOCHS passes over a large one, at most MAX_EPOCHS.
+- **Budget** (`train.epochs: auto`): enough optimizer steps for a small set to converge (RUN_STEPS for a model with
+  batch norm, NO_BATCH_NORM_RUN_STEPS for one without, which learns more slowly), at least MIN_EPOCHS passes over a
+  large one, at most MAX_EPOCHS.
 - **Learning rate across batches**: the recipe gives Adam's LR per `optim.base_batch` images and scales it by the
   square root of the batch (`optim.scaling: sqrt`; Malladi et al., "On the SDEs and Scaling Rules for Adaptive
   Gradient Algorithms", 2022), which the rule's batches then follow.
@@ -34,7 +35,10 @@ MIN_BATCH = 16  # below this the batch-norm statistics of one batch get too nois
 MAX_BATCH = 512  # per process; beyond it no measured set gained time
 NOISE_BATCH = 64  # B_noise of S(B) = S_min (1 + B_noise / B), calibrated in docs/defaults.md
 MIN_RUN_STEPS = 64  # the batch is capped so the run (all its epochs) takes at least this many optimizer steps
-RUN_STEPS = 600  # train.epochs=auto: optimizer steps that small sets need (docs/defaults.md)
+RUN_STEPS = 600  # train.epochs=auto: optimizer steps a small set needs, for a model with batch norm (docs/defaults.md)
+# ... and for one without (GroupNorm, LayerNorm or none): the model suite's CNNs without batch norm on 1,200 letters
+# were at chance on 2 of 3 seeds at 600 steps and off it on every seed at 1,200 (docs/defaults.md)
+NO_BATCH_NORM_RUN_STEPS = 1200
 MIN_EPOCHS = 5  # train.epochs=auto: passes over a large set at least
 MAX_EPOCHS = 60  # train.epochs=auto: passes over a tiny set at most
 
@@ -47,23 +51,31 @@ def steps_per_epoch(images: int, batch: int, world: int = 1, accumulate: int = 1
     return step.steps_per_epoch(-(-shard // batch), accumulate)
 
 
-def steps_needed(epochs: int | None) -> int:
+def run_steps(batch_norm: bool) -> int:
+    """`train.epochs: auto`'s optimizer steps for a small set: RUN_STEPS for a model with batch norm,
+    NO_BATCH_NORM_RUN_STEPS for one without."""
+    return RUN_STEPS if batch_norm else NO_BATCH_NORM_RUN_STEPS
+
+
+def steps_needed(epochs: int | None, budget: int = RUN_STEPS) -> int:
     """Optimizer steps a candidate batch's run must keep: MIN_RUN_STEPS for a given number of epochs, the budget's
-    RUN_STEPS for `train.epochs: auto` (None)."""
-    return MIN_RUN_STEPS if epochs is not None else RUN_STEPS
+    steps (`budget`, from run_steps) for `train.epochs: auto` (None)."""
+    return MIN_RUN_STEPS if epochs is not None else budget
 
 
-def batch_candidates(images: int, epochs: int | None, world: int = 1, accumulate: int = 1) -> list[int]:
+def batch_candidates(
+    images: int, epochs: int | None, world: int = 1, accumulate: int = 1, budget: int = RUN_STEPS
+) -> list[int]:
     """Per-process batches the rule may choose: powers of two from MIN_BATCH to MAX_BATCH whose run over `images`,
     split over `world` processes with `accumulate` micro-batches a step, keeps enough optimizer steps: with
-    `epochs` given, MIN_RUN_STEPS; with `epochs` None (`train.epochs: auto`), the whole RUN_STEPS that
+    `epochs` given, MIN_RUN_STEPS; with `epochs` None (`train.epochs: auto`), the whole `budget` of steps that
     `auto_epochs` plans, not cut short by MAX_EPOCHS (the time rule assumes each candidate's run reaches its result;
     300 images at batch 64 would get 60 epochs of 5 steps, half the budget). MIN_BATCH alone when even it falls
     short: the run is then as long as its budget allows."""
-    needed = steps_needed(epochs)
+    needed = steps_needed(epochs, budget)
     candidates, batch = [MIN_BATCH], 2 * MIN_BATCH
     while batch <= MAX_BATCH:
-        run_epochs = epochs if epochs is not None else auto_epochs(images, batch, world, accumulate)
+        run_epochs = epochs if epochs is not None else auto_epochs(images, batch, world, accumulate, budget)
         if run_epochs * steps_per_epoch(images, batch, world, accumulate) < needed:
             break
         candidates.append(batch)
@@ -122,9 +134,10 @@ def choose_batch(step_seconds: Mapping[int, float], noise_batch: float = NOISE_B
     return min(batch for batch, cost in costs.items() if cost <= best * (1 + tie))
 
 
-def auto_epochs(images: int, batch: int, world: int = 1, accumulate: int = 1) -> int:
-    """train.epochs=auto: enough epochs for RUN_STEPS optimizer steps, at least MIN_EPOCHS, at most MAX_EPOCHS."""
-    return max(MIN_EPOCHS, min(MAX_EPOCHS, -(-RUN_STEPS // steps_per_epoch(images, batch, world, accumulate))))
+def auto_epochs(images: int, batch: int, world: int = 1, accumulate: int = 1, budget: int = RUN_STEPS) -> int:
+    """train.epochs=auto: enough epochs for `budget` optimizer steps (run_steps: RUN_STEPS with batch norm), at least
+    MIN_EPOCHS, at most MAX_EPOCHS."""
+    return max(MIN_EPOCHS, min(MAX_EPOCHS, -(-budget // steps_per_epoch(images, batch, world, accumulate))))
 
 
 EVAL_BATCH = 256  # train.eval_batch_size=auto on a GPU

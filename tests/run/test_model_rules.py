@@ -93,3 +93,49 @@ def test_a_run_at_chance_at_its_budget_is_advised_longer_first_and_a_short_one_i
     assert "try train.epochs=75, optim.lr" in said[1] and f"train.epochs={LONGER * 8}" not in said[1]
     Trainer.check_result(SimpleNamespace(plan=plan, warn=said.append), 0.5)  # learnt: nothing said
     assert len(said) == 2
+
+
+def test_a_model_without_batch_norm_gets_the_longer_budget_and_the_batch_candidates_keep_it():
+    assert rules.run_steps(batch_norm=True) == rules.RUN_STEPS == 600  # hasten's ResNet: as tuned
+    assert rules.run_steps(batch_norm=False) == rules.NO_BATCH_NORM_RUN_STEPS == 1200
+    assert rules.auto_epochs(1200, 32) == 16 and rules.auto_epochs(1200, 32, budget=1200) == 32  # 38 steps an epoch
+    assert rules.auto_epochs(60_000, 32, budget=1200) == rules.MIN_EPOCHS  # a large set: its minimum passes, as before
+    # 1,200 images: at batch 64 the longer budget would take 64 epochs, past MAX_EPOCHS: not a candidate
+    assert rules.batch_candidates(1200, None) == [16, 32, 64, 128]
+    assert rules.batch_candidates(1200, None, budget=1200) == [16, 32]
+    for batch in rules.batch_candidates(5000, None, budget=1200):
+        assert rules.auto_epochs(5000, batch, budget=1200) * rules.steps_per_epoch(5000, batch) >= 1200
+
+
+@pytest.mark.parametrize("batch_norm", [True, False])
+def test_train_epochs_auto_plans_the_models_budget_says_why_and_a_short_run_is_told_its_own(
+    tmp_path, capsys, batch_norm
+):
+    class Small(nn.Module):
+        def __init__(self, num_classes: int, in_channels: int = 1):
+            super().__init__()
+            norm = nn.BatchNorm2d(4) if batch_norm else nn.GroupNorm(2, 4)
+            self.layers = nn.Sequential(nn.Conv2d(in_channels, 4, 3), norm, nn.ReLU(), nn.Flatten(),
+                                        nn.Linear(4 * 6 * 6, num_classes))  # fmt: skip
+
+        def forward(self, x):
+            return self.layers(x)
+
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 255, (1600, 1, 8, 8), dtype=np.uint8), np.arange(1600) % 2
+    data = ((images, labels), (images[:32], labels[:32]), ["a", "b"])
+    base = ["train.batch_size=16", "precision=fp32", "train.channels_last=false", "run.progress=false",
+            "run.tensorboard=false"]  # fmt: skip
+    summary = hasten.train(None, [*base, f"run.dir={tmp_path / 'auto'}"], model=Small, data=data).summary
+    budget = rules.run_steps(batch_norm)
+    epochs = -(-budget // 100)  # 1,600 images at batch 16: 100 optimizer steps an epoch
+    recorded = yaml.safe_load((tmp_path / "auto" / "recipe.yaml").read_text())
+    assert recorded["train"]["epochs"] == summary["epochs"] == epochs == (6 if batch_norm else 12)
+    said = " ".join(capsys.readouterr().err.split())
+    planned = f"train.epochs=auto -> {epochs}: {epochs * 100:,} optimizer steps over 1,600 images"
+    assert f"{planned} (at least {budget:,} steps" in said
+    assert ("a model without batch norm learns more slowly" in said) is (not batch_norm)
+    hasten.train(None, [*base, "train.epochs=1", f"run.dir={tmp_path / 'short'}"], model=Small, data=data)
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"under the {budget:,} that train.epochs=auto plans for a small set" in said
+    assert f"train.epochs={epochs} gives it {budget:,}" in said
