@@ -206,11 +206,20 @@ def risky_settings(recipe: Recipe, parts: Parts) -> list[str]:
     return found
 
 
+def planned_steps(recipe: Recipe, budget: int = rules.RUN_STEPS) -> int:
+    """The optimizer steps train.epochs=auto would plan for a small set at the recipe's batch (rules.budget_steps;
+    `budget` at the budget's own batch, rules.run_steps for the model)."""
+    batch = recipe.train.batch_size
+    if not isinstance(batch, int):
+        return budget
+    return rules.budget_steps(budget, batch, world_size(), recipe.train.accumulate)
+
+
 def budget_epochs(recipe: Recipe, run_steps: int | None, budget: int = rules.RUN_STEPS) -> int | None:
     """For a run given a number of epochs that make fewer optimizer steps (`run_steps`) than the budget rule gives
     a small set (`budget`, rules.run_steps for the model): the epochs that give it that many; else (or `run_steps`
     not known) None."""
-    epochs = recipe.train.epochs
+    epochs, budget = recipe.train.epochs, planned_steps(recipe, budget)
     if not run_steps or not isinstance(epochs, int) or run_steps >= budget:
         return None
     return -(-budget * epochs // run_steps)
@@ -224,10 +233,11 @@ def short_run_note(recipe: Recipe, run_steps: int, budget: int = rules.RUN_STEPS
     epochs = budget_epochs(recipe, run_steps, budget)
     if epochs is None:
         return None
+    planned = planned_steps(recipe, budget)
     return (
         f"train.epochs={recipe.train.epochs} gives this run {run_steps:,} optimizer steps, under the "
-        f"{budget:,} that train.epochs=auto plans for a small set: it may stop while still learning, with an "
-        f"accuracy that varies with the seed; train.epochs={epochs} gives it {budget:,}"
+        f"{planned:,} that train.epochs=auto plans for a small set at this batch: it may stop while still learning, "
+        f"with an accuracy that varies with the seed; train.epochs={epochs} gives it {planned:,}"
     )
 
 

@@ -298,13 +298,19 @@ def resolve_budget(
         notes.append(f"train.epochs=auto -> {recipe.train.epochs}, as the run being resumed chose")
     elif recipe.train.epochs == "auto":
         images, batch = train_size(data), recipe.train.batch_size
-        epochs = rules.auto_epochs(images, batch, world, recipe.train.accumulate, budget)
+        accumulate = recipe.train.accumulate
+        epochs = rules.auto_epochs(images, batch, world, accumulate, budget)
         recipe = replaced(recipe, {"train.epochs": epochs})
-        steps = epochs * rules.steps_per_epoch(images, batch, world, recipe.train.accumulate)
-        why = "" if budget == rules.RUN_STEPS else " (a model without batch norm learns more slowly)"
+        steps = epochs * rules.steps_per_epoch(images, batch, world, accumulate)
+        needed = rules.budget_steps(budget, batch, world, accumulate)
+        why = [] if budget == rules.RUN_STEPS else ["a model without batch norm learns more slowly"]
+        if needed != budget:
+            why.append(f"{budget:,} at batch {rules.BUDGET_BATCH} x (1 + {rules.NOISE_BATCH}/B) / (1 + "
+                       f"{rules.NOISE_BATCH}/{rules.BUDGET_BATCH}) at batch {batch * world * accumulate}")  # fmt: skip
         notes.append(
             f"train.epochs=auto -> {epochs}: {steps:,} optimizer steps over {images:,} images "
-            f"(at least {budget:,} steps{why}, {rules.MIN_EPOCHS}-{rules.MAX_EPOCHS} epochs)"
+            f"(at least {needed:,} steps{''.join(f' ({w})' for w in why)}, {rules.MIN_EPOCHS}-{rules.MAX_EPOCHS} "
+            "epochs)"
         )
     aug = recipe.data.augment
     if aug.translate == "auto":

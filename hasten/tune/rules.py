@@ -39,6 +39,7 @@ RUN_STEPS = 600  # train.epochs=auto: optimizer steps a small set needs, for a m
 # ... and for one without (GroupNorm, LayerNorm or none): the model suite's CNNs without batch norm on 1,200 letters
 # were at chance on 2 of 3 seeds at 600 steps and off it on every seed at 1,200 (docs/defaults.md)
 NO_BATCH_NORM_RUN_STEPS = 1200
+BUDGET_BATCH = 32  # the global batch those budgets are steps at; a smaller one is planned more (budget_steps)
 MIN_EPOCHS = 5  # train.epochs=auto: passes over a large set at least
 MAX_EPOCHS = 60  # train.epochs=auto: passes over a tiny set at most
 
@@ -57,6 +58,18 @@ def run_steps(batch_norm: bool) -> int:
     return RUN_STEPS if batch_norm else NO_BATCH_NORM_RUN_STEPS
 
 
+def budget_steps(budget: int, batch: int, world: int = 1, accumulate: int = 1) -> int:
+    """The optimizer steps `train.epochs: auto` plans at this batch: `budget` (steps at a global batch of
+    BUDGET_BATCH) times S(B) / S(BUDGET_BATCH) when the global batch B is smaller, the time rule's own model of the
+    steps a batch needs (S(B) = S_min (1 + NOISE_BATCH / B): batch 16 needs 5/3 of batch 32's), so that the batch the
+    rule picks by predicted time is given the steps that prediction assumed and the batch does not decide the
+    result; a larger batch keeps `budget` (at 64 the model said 240 steps would do, and they did not:
+    docs/defaults.md)."""
+    global_batch = batch * world * accumulate
+    scale = (1 + NOISE_BATCH / global_batch) / (1 + NOISE_BATCH / BUDGET_BATCH)
+    return math.ceil(budget * max(1.0, scale) - 1e-9)
+
+
 def steps_needed(epochs: int | None, budget: int = RUN_STEPS) -> int:
     """Optimizer steps a candidate batch's run must keep: MIN_RUN_STEPS for a given number of epochs, the budget's
     steps (`budget`, from run_steps) for `train.epochs: auto` (None)."""
@@ -72,10 +85,13 @@ def batch_candidates(
     `auto_epochs` plans, not cut short by MAX_EPOCHS (the time rule assumes each candidate's run reaches its result;
     300 images at batch 64 would get 60 epochs of 5 steps, half the budget). MIN_BATCH alone when even it falls
     short: the run is then as long as its budget allows."""
-    needed = steps_needed(epochs, budget)
     candidates, batch = [MIN_BATCH], 2 * MIN_BATCH
     while batch <= MAX_BATCH:
-        run_epochs = epochs if epochs is not None else auto_epochs(images, batch, world, accumulate, budget)
+        if epochs is not None:
+            run_epochs, needed = epochs, MIN_RUN_STEPS
+        else:
+            run_epochs = auto_epochs(images, batch, world, accumulate, budget)
+            needed = budget_steps(budget, batch, world, accumulate)
         if run_epochs * steps_per_epoch(images, batch, world, accumulate) < needed:
             break
         candidates.append(batch)
@@ -135,9 +151,10 @@ def choose_batch(step_seconds: Mapping[int, float], noise_batch: float = NOISE_B
 
 
 def auto_epochs(images: int, batch: int, world: int = 1, accumulate: int = 1, budget: int = RUN_STEPS) -> int:
-    """train.epochs=auto: enough epochs for `budget` optimizer steps (run_steps: RUN_STEPS with batch norm), at least
-    MIN_EPOCHS, at most MAX_EPOCHS."""
-    return max(MIN_EPOCHS, min(MAX_EPOCHS, -(-budget // steps_per_epoch(images, batch, world, accumulate))))
+    """train.epochs=auto: enough epochs for the optimizer steps `budget` plans at this batch (budget_steps; `budget`
+    from run_steps: RUN_STEPS with batch norm), at least MIN_EPOCHS, at most MAX_EPOCHS."""
+    needed = budget_steps(budget, batch, world, accumulate)
+    return max(MIN_EPOCHS, min(MAX_EPOCHS, -(-needed // steps_per_epoch(images, batch, world, accumulate))))
 
 
 EVAL_BATCH = 256  # train.eval_batch_size=auto on a GPU

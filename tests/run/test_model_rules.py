@@ -104,7 +104,18 @@ def test_a_model_without_batch_norm_gets_the_longer_budget_and_the_batch_candida
     assert rules.batch_candidates(1200, None) == [16, 32, 64, 128]
     assert rules.batch_candidates(1200, None, budget=1200) == [16, 32]
     for batch in rules.batch_candidates(5000, None, budget=1200):
-        assert rules.auto_epochs(5000, batch, budget=1200) * rules.steps_per_epoch(5000, batch) >= 1200
+        planned = rules.budget_steps(1200, batch)
+        assert rules.auto_epochs(5000, batch, budget=1200) * rules.steps_per_epoch(5000, batch) >= planned
+
+
+def test_a_smaller_batch_is_planned_the_steps_the_batch_rule_says_it_needs_a_larger_one_no_fewer():
+    # S(B) = S_min (1 + 64/B): batch 16 needs (1 + 4) / (1 + 2) = 5/3 of batch 32's steps, so whichever of the two
+    # the time rule picks sees about as many images (1,000 x 16 against 600 x 32) and takes the time it predicted
+    assert [rules.budget_steps(600, b) for b in (16, 32, 64, 512)] == [1000, 600, 600, 600]
+    assert rules.budget_steps(1200, 16) == 2000 and rules.budget_steps(600, 8, world=2) == 1000  # the global batch
+    assert rules.budget_steps(600, 8, accumulate=4) == 600
+    assert rules.auto_epochs(1200, 16) == 14 and rules.auto_epochs(1200, 32) == 16  # 75 and 38 steps an epoch
+    assert rules.auto_epochs(60_000, 16) == rules.MIN_EPOCHS  # a large set: unchanged
 
 
 @pytest.mark.parametrize("batch_norm", [True, False])
@@ -127,15 +138,15 @@ def test_train_epochs_auto_plans_the_models_budget_says_why_and_a_short_run_is_t
     base = ["train.batch_size=16", "precision=fp32", "train.channels_last=false", "run.progress=false",
             "run.tensorboard=false"]  # fmt: skip
     summary = hasten.train(None, [*base, f"run.dir={tmp_path / 'auto'}"], model=Small, data=data).summary
-    budget = rules.run_steps(batch_norm)
+    budget = rules.budget_steps(rules.run_steps(batch_norm), 16)  # at batch 16: 5/3 of the steps at 32
     epochs = -(-budget // 100)  # 1,600 images at batch 16: 100 optimizer steps an epoch
     recorded = yaml.safe_load((tmp_path / "auto" / "recipe.yaml").read_text())
-    assert recorded["train"]["epochs"] == summary["epochs"] == epochs == (6 if batch_norm else 12)
+    assert recorded["train"]["epochs"] == summary["epochs"] == epochs == (10 if batch_norm else 20)
     said = " ".join(capsys.readouterr().err.split())
     planned = f"train.epochs=auto -> {epochs}: {epochs * 100:,} optimizer steps over 1,600 images"
     assert f"{planned} (at least {budget:,} steps" in said
     assert ("a model without batch norm learns more slowly" in said) is (not batch_norm)
     hasten.train(None, [*base, "train.epochs=1", f"run.dir={tmp_path / 'short'}"], model=Small, data=data)
     said = " ".join(capsys.readouterr().err.split())
-    assert f"under the {budget:,} that train.epochs=auto plans for a small set" in said
+    assert f"under the {budget:,} that train.epochs=auto plans for a small set at this batch" in said
     assert f"train.epochs={epochs} gives it {budget:,}" in said

@@ -269,14 +269,18 @@ def test_optim_lr_auto_with_an_uncalibrated_optimizer_warns(tiny_overrides, caps
 
 
 def test_a_short_run_is_first_advised_the_epochs_of_the_budget():
-    # 200 images at batch 16 for one epoch: 13 optimizer steps, where the budget rule gives small sets 600
+    # 200 images at batch 16 for one epoch: 13 optimizer steps, where the budget rule gives small sets 600 at batch
+    # 32 and, by the batch rule's S(B), 1,000 at batch 16
     recipe = resolve_default_lr(load_recipe(None, ["train.batch_size=16", "train.epochs=1"]), nn.BatchNorm2d(1))[0]
     advice = divergence_advice(recipe, run_steps=13)
-    assert advice[0] == "train.epochs=47" and advice[1].startswith("optim.lr=")  # ceil(600 / 13)
+    assert advice[0] == "train.epochs=77" and advice[1].startswith("optim.lr=")  # ceil(1000 / 13)
     load_recipe(None, ["train.batch_size=16", "train.epochs=1", advice[0]])  # accepted by the recipe
     three = divergence_advice(load_recipe(None, ["train.batch_size=16", "train.epochs=3"]), run_steps=39)
-    assert three[0] == "train.epochs=47"  # 3 epochs x 600 / 39 steps
-    for long_enough in (rules.RUN_STEPS, None):  # a run of the budget's length, or one whose length is not known
+    assert three[0] == "train.epochs=77"  # 3 epochs x 1000 / 39 steps
+    at_32 = divergence_advice(load_recipe(None, ["train.batch_size=32", "train.epochs=1"]), run_steps=7)
+    assert at_32[0] == "train.epochs=86"  # ceil(600 / 7): batch 32 is the budget's own batch
+    # a run of the budget's length at its batch, or one whose length is not known
+    for long_enough in (rules.budget_steps(rules.RUN_STEPS, 16), None):
         assert not any(a.startswith("train.epochs=") for a in divergence_advice(recipe, run_steps=long_enough))
 
 
@@ -284,9 +288,9 @@ def test_a_short_run_says_at_start_that_it_is_short():
     recipe = load_recipe(None, ["train.batch_size=16", "train.epochs=1"])
     note = short_run_note(recipe, 75)  # 1,200 images at batch 16 for one epoch
     assert note is not None and "75 optimizer steps" in note
-    assert note.endswith(f"train.epochs=8 gives it {rules.RUN_STEPS}")  # ceil(600 / 75)
-    load_recipe(None, ["train.batch_size=16", "train.epochs=1", "train.epochs=8"])  # what it names is accepted
-    assert short_run_note(recipe, rules.RUN_STEPS) is None  # the budget's length: nothing to say
+    assert note.endswith("train.epochs=14 gives it 1,000")  # ceil(1000 / 75): 600 at 32, x5/3 at 16
+    load_recipe(None, ["train.batch_size=16", "train.epochs=1", "train.epochs=14"])  # what it names is accepted
+    assert short_run_note(recipe, 1000) is None  # the budget's length at this batch: nothing to say
     assert short_run_note(load_recipe(None, ["train.batch_size=16"]), 75) is None  # train.epochs=auto plans its own
 
 
@@ -296,7 +300,7 @@ def test_a_run_at_chance_is_told_what_to_try(tiny_overrides, capsys):
     trainer, log = start_run(parts.recipe, parts, Path(parts.recipe.run.dir), None, Clock())
     log.close()
     steps = -(-len(parts.train_loader.images) // 16)  # one epoch at batch 16
-    assert trainer.plan.divergence_advice[0] == f"train.epochs={-(-rules.RUN_STEPS // steps)}"
+    assert trainer.plan.divergence_advice[0] == f"train.epochs={-(-rules.budget_steps(rules.RUN_STEPS, 16) // steps)}"
     said = " ".join(capsys.readouterr().err.split())  # (wrapped to 80 columns)
     assert short_run_note(parts.recipe, steps) in said  # the same run was told at its start that it is short
     warned = []
