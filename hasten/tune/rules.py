@@ -16,8 +16,9 @@ holds the measurements that chose them and the command that made each.
   MIN_RUN_STEPS optimizer steps (a 400-image set trained for one epoch at batch 64 takes 7 steps and learns
   nothing), and with `train.epochs: auto` the whole RUN_STEPS budget within MAX_EPOCHS.
 - **Budget** (`train.epochs: auto`): enough optimizer steps for a small set to converge (RUN_STEPS for a model with
-  batch norm, NO_BATCH_NORM_RUN_STEPS for one without, which learns more slowly), at least MIN_EPOCHS passes over a
-  large one, at most MAX_EPOCHS.
+  batch norm, NO_BATCH_NORM_RUN_STEPS for one without, which learns more slowly; at a global batch of BUDGET_BATCH,
+  and for a smaller batch as many more as S(B) says it needs, so that the batch the time rule picks does not decide
+  the result), at least MIN_EPOCHS passes over a large one, at most MAX_EPOCHS.
 - **Learning rate across batches**: the recipe gives Adam's LR per `optim.base_batch` images and scales it by the
   square root of the batch (`optim.scaling: sqrt`; Malladi et al., "On the SDEs and Scaling Rules for Adaptive
   Gradient Algorithms", 2022), which the rule's batches then follow.
