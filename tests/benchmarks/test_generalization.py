@@ -337,3 +337,36 @@ def test_the_cost_estimate_fits_fixed_and_per_epoch_seconds() -> None:
     assert cost["datasets"]["d"]["fits"]["plain"] == {"fixed_seconds": 4.0, "seconds_per_epoch": 2.0}
     # 5 seeds x 3 arms x (4 runs x 4 s fixed + 2 s x (1 + 3 + 5 + 10) epochs)
     assert cost["datasets"]["d"]["full_grid_seconds"] == 5 * 3 * (16 + 38)
+
+
+def _pass(commit: str, cells: dict[str, dict[str, float]], arms=("default", "plain", "naive")) -> dict:
+    """A suite pass's results.json as generalization_merge reads it: per cell, every arm's accuracy on seeds 0-2."""
+    runs = [{"dataset": name, "budget": "recipe", "seed": seed, "arm": arm, "test_accuracy": accuracy[arm] + seed / 100,
+             "process_seconds": 10.0, "epochs": 8, "recorded_epochs": 8, "train_seconds": 5.0, "git_commit": commit}
+            for name, accuracy in cells.items() for arm in arms for seed in range(3)]  # fmt: skip
+    shares = {name: [0.1] * 10 for name in cells}
+    return {"runs": runs, "cells": report.cells(runs, shares), "command": f"pass {commit}",
+            "environment": {"git_commit": commit}}  # fmt: skip
+
+
+def test_merging_passes_takes_the_later_default_or_with_cells_every_arm_of_the_cells_it_ran() -> None:
+    from benchmarks.generalization_merge import merged
+
+    earlier = _pass("old", {"a": {"default": 0.5, "plain": 0.4, "naive": 0.3}, "b": {"default": 0.6, "plain": 0.5,
+                                                                                        "naive": 0.4}})  # fmt: skip
+    later = _pass("new", {"b": {"default": 0.9, "plain": 0.8}, "c": {"default": 0.7, "plain": 0.2}},
+                  ("default", "plain"))  # fmt: skip
+
+    def arms(result: dict, cell: str) -> set[tuple[str, str]]:
+        return {(r["arm"], r["git_commit"]) for r in result["runs"] if r["dataset"] == cell}
+
+    default_only = merged(earlier, later)
+    assert arms(default_only, "b") == {("default", "new"), ("plain", "old"), ("naive", "old")}
+    assert arms(default_only, "a") == {("default", "old"), ("plain", "old"), ("naive", "old")}
+    whole = merged(earlier, later, whole_cells=True)
+    assert arms(whole, "b") == {("default", "new"), ("plain", "new")}  # the old baselines ran at other epochs: gone
+    assert arms(whole, "c") == {("default", "new"), ("plain", "new")}  # a cell only the later pass ran
+    assert arms(whole, "a") == {("default", "old"), ("plain", "old"), ("naive", "old")}
+    rows = {row["dataset"]: row for row in whole["cells"]}
+    assert rows["b"]["default"]["accuracy_median"] == pytest.approx(0.91) and rows["c"]["chance"] == pytest.approx(0.1)
+    assert "every arm of b, c" in whole["command"] and whole["epochs_differ"] == []
