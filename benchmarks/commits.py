@@ -75,6 +75,7 @@ def one_run(commit: str, tree: Path, recipe: str, overrides: list[str], run_dir:
         "commit": commit,
         "wall_seconds": round(wall, 1),
         "train_seconds": summary.get("train_seconds"),
+        "eval_seconds": summary.get("eval_seconds"),
         "images_per_second": throughput,
         "test_accuracy": accuracy,
         "precision": summary.get("precision"),
@@ -84,14 +85,18 @@ def one_run(commit: str, tree: Path, recipe: str, overrides: list[str], run_dir:
     }
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def report(runs: list[dict], commits: list[str], meta: dict) -> str:
     busy, busy_said = busy_line(runs)
     lines = [
         f"# {meta['recipe']} at {len(commits)} commits, alternated", "", f"`{meta['command']}`", "",
         f"CPU: {meta['cpu']}; {meta['rounds']} round(s), the order rotated each round.", "", busy_said, "",
-        "| commit | round | images/s per epoch | test accuracy per epoch (%) | training s | command to exit s "
-        "| precision, channels_last | other work (share of the CPU time) |",
-        "| --- | ---: | --- | --- | ---: | ---: | --- | ---: |",
+        "| commit | round | images/s per epoch | test accuracy per epoch (%) | training s | evaluation s "
+        "| command to exit s | precision, channels_last | other work (share of the CPU time) |",
+        "| --- | ---: | --- | --- | ---: | ---: | ---: | --- | ---: |",
     ]  # fmt: skip
     for run in sorted(runs, key=lambda r: (commits.index(r["commit"]), r["round"])):
         share = (run.get("others") or {}).get("share")
@@ -100,7 +105,8 @@ def report(runs: list[dict], commits: list[str], meta: dict) -> str:
             f"| {run['commit']} ({run['tree_commit']}) | {run['round']} | "
             f"{', '.join(f'{v:,}' for v in run['images_per_second'])} | "
             f"{', '.join(f'{v:.2f}' for v in run['test_accuracy'])} | {run['train_seconds']:.1f} | "
-            f"{run['wall_seconds']:.1f} | {run['precision']}, {run['channels_last']} | {other} |"
+            f"{_seconds(run.get('eval_seconds'))} | {run['wall_seconds']:.1f} | {run['precision']}, "
+            f"{run['channels_last']} | {other} |"
         )
     lines += ["", "| commit | median images/s (all epochs, all rounds) |", "| --- | ---: |"]
     for commit in commits:
