@@ -7,6 +7,7 @@ One test for all of them: torch's BatchNorm1d/2d/3d, their lazy forms and SyncBa
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
@@ -17,3 +18,31 @@ def is_batch_norm(module: nn.Module) -> bool:
 def has_batch_norm(model: nn.Module) -> bool:
     """Whether any layer of `model`, at any depth, is batch norm."""
     return any(is_batch_norm(module) for module in model.modules())
+
+
+def folded_for_inference(model: nn.Module) -> nn.Module:
+    """A copy of `model` for evaluation with each batch norm that directly follows a convolution or linear layer
+    folded into that layer's weights and bias (torch.fx's `fuse`): the same function in evaluation mode, one
+    memory-bound pass less per layer (on a 2-core Zen 4, hasten's fashion-fast ResNet evaluated 1.35x faster per
+    image at batch 64, bf16; docs/results/zen4.md). `model` itself, unchanged, when it has no batch norm or cannot be
+    traced (control flow on its inputs, say). Weights keep their memory layout."""
+    if not has_batch_norm(model):
+        return model
+    import warnings
+
+    from torch.fx.experimental.optimization import fuse
+
+    was_training = model.training
+    model.eval()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            folded = fuse(model)
+    except Exception:  # (fx raises many kinds on a model it cannot trace): evaluate the model as it is
+        return model
+    finally:
+        model.train(was_training)
+    convs = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d)]
+    if any(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous() for w in convs):
+        folded = folded.to(memory_format=torch.channels_last)  # (the folded weights are made contiguous)
+    return folded.eval()

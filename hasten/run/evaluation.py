@@ -6,7 +6,9 @@ Per batch: the forward passes of each asked test-time augmentation setting, in t
 precision autocast (hasten/techniques/tta.py `tta_views`: float logits with the augmentation, and of the plain view
 that comes on the way); then, outside autocast, the summed cross-entropy, the correct predictions with and without
 the augmentation and the image count, added batch by batch on the device (float32 and int64). The model is
-evaluated in eval mode and left in the mode it was in. The sums are this process's: a data-parallel run reduces
+evaluated in eval mode and left in the mode it was in; on a CPU, a copy with its batch norms folded into the
+convolutions before them is what runs (hasten.engine.norms.folded_for_inference: the same function, one
+memory-bound pass less per layer). The sums are this process's: a data-parallel run reduces
 them over its ranks.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from hasten.engine.norms import folded_for_inference
 from hasten.engine.precision import Precision
 from hasten.techniques.tta import black_fill, tta_views
 
@@ -63,9 +66,10 @@ def evaluate_loader(
     fill = black_fill(loader.mean, loader.std) if shifted else 0.0  # what training's translate pads
     was_training = model.training
     model.eval()
+    evaluated = folded_for_inference(model) if device.type == "cpu" else model  # batch norm folded into the convs
     for images, labels in loader:
         with precision.autocast():
-            outputs = [tta_views(model, images, flip, translate, fill) for flip, translate in settings]
+            outputs = [tta_views(evaluated, images, flip, translate, fill) for flip, translate in settings]
         kept_labels = labels.cpu() if keep_predictions else labels
         for result, (logits, plain) in zip(results, outputs, strict=True):
             result.loss_sum += torch.nn.functional.cross_entropy(logits, labels, reduction="sum")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from torch import nn
 
 from hasten.engine.norms import has_batch_norm, is_batch_norm
@@ -34,3 +35,44 @@ def test_other_norms_are_not_batch_norm(norm: nn.Module) -> None:
 def test_hastens_resnet_has_batch_norm_and_an_mlp_has_none() -> None:
     assert has_batch_norm(ResNet(1, 10, width=4, blocks=[1, 1]))
     assert not has_batch_norm(nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10)))
+
+
+def test_batch_norm_is_folded_into_the_convolution_before_it_for_evaluation_and_the_model_is_left_as_it_was():
+    from hasten.engine.norms import folded_for_inference
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3),
+                          nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(8, 4))  # fmt: skip
+    for bn in (model[1], model[4]):  # statistics and affine parameters away from their initial values
+        bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2), bn.weight.data.uniform_(0.5, 2)
+    model = model.to(memory_format=torch.channels_last).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    folded = folded_for_inference(model)
+    assert not has_batch_norm(folded) and sum(isinstance(m, nn.Conv2d) for m in folded.modules()) == 2
+    assert model.training and not folded.training  # the model keeps its mode; the copy evaluates
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # and its weights
+    convs = [m for m in folded.modules() if isinstance(m, nn.Conv2d)]
+    assert all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)  # the layout kept
+    images = torch.randn(16, 3, 12, 12).to(memory_format=torch.channels_last)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(folded(images), model(images), rtol=1e-4, atol=1e-5)  # the same function
+
+
+def test_a_model_without_batch_norm_or_one_fx_cannot_trace_is_evaluated_as_it_is():
+    from hasten.engine.norms import folded_for_inference
+
+    plain = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU())
+    assert folded_for_inference(plain) is plain
+
+    class Branching(nn.Module):  # control flow on the input: symbolic tracing raises
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return self.bn(self.conv(x)) if x.sum() > 0 else self.conv(x)
+
+    branching = Branching().train()
+    assert folded_for_inference(branching) is branching and branching.training
