@@ -23,7 +23,7 @@ def has_batch_norm(model: nn.Module) -> bool:
 def folded_for_inference(model: nn.Module) -> nn.Module:
     """A copy of `model` for evaluation with each batch norm that directly follows a convolution or linear layer
     folded into that layer's weights and bias (torch.fx's `fuse`): the same function in evaluation mode, one
-    memory-bound pass less per layer (on a 2-core Zen 4, hasten's fashion-fast ResNet evaluated 1.2-1.5x faster per
+    memory-bound pass less per layer (on a 2-core Zen 4, hasten's fashion-fast ResNet evaluated 1.05-1.5x faster per
     image at batch 64, bf16; docs/results/zen4.md). `model` itself, unchanged, when it has no batch norm or cannot be
     traced (control flow on its inputs, say). Weights keep their memory layout."""
     if not has_batch_norm(model):
