@@ -24,10 +24,13 @@ def folded_for_inference(model: nn.Module) -> nn.Module:
     """A copy of `model` for evaluation with each batch norm that directly follows a convolution or linear layer
     folded into that layer's weights and bias (torch.fx's `fuse`): the same function in evaluation mode, one
     memory-bound pass less per layer (on a 2-core Zen 4, hasten's fashion-fast ResNet evaluated 1.05-1.5x faster per
-    image at batch 64, bf16; docs/results/zen4.md). `model` itself, unchanged, when it has no batch norm or cannot be
-    traced (control flow on its inputs, say). Weights keep their memory layout."""
+    image at batch 64, bf16; docs/results/zen4.md). `model` itself, unchanged, when it has no batch norm, cannot be
+    traced (control flow on its inputs, say) or has forward hooks on any of its modules (the traced copy inlines
+    containers and starts a new top-level module: their hooks would not run). Weights keep their memory layout."""
     if not has_batch_norm(model):
         return model
+    if any(m._forward_pre_hooks or m._forward_hooks for m in model.modules()):  # (torch lists them nowhere public)
+        return model  # the traced copy would drop a container's: fp16's input and output casts, a caller's recording
     import warnings
 
     from torch.fx.experimental.optimization import fuse

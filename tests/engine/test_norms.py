@@ -60,7 +60,7 @@ def test_batch_norm_is_folded_into_the_convolution_before_it_for_evaluation_and_
         torch.testing.assert_close(folded(images), model(images), rtol=1e-4, atol=1e-5)  # the same function
 
 
-def test_a_model_without_batch_norm_or_one_fx_cannot_trace_is_evaluated_as_it_is():
+def test_a_model_without_batch_norm_one_fx_cannot_trace_or_one_with_hooks_is_evaluated_as_it_is():
     from hasten.engine.norms import folded_for_inference
 
     plain = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU())
@@ -76,3 +76,6 @@ def test_a_model_without_batch_norm_or_one_fx_cannot_trace_is_evaluated_as_it_is
 
     branching = Branching().train()
     assert folded_for_inference(branching) is branching and branching.training
+    hooked = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4))  # fp16's casts are hooks on the model itself
+    hooked.register_forward_pre_hook(lambda _module, args: tuple(a.half() for a in args))
+    assert folded_for_inference(hooked) is hooked
