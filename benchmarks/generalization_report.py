@@ -207,8 +207,13 @@ def estimate(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 total = None
                 break
             fixed, per_epoch = _line(points)
+            if per_epoch <= 0:  # (runs at other loads or from other passes): a line that says nothing of the grid
+                total = None
+                break
             fits[arm] = {"fixed_seconds": round(fixed, 1), "seconds_per_epoch": round(per_epoch, 2)}
             total += FULL_SEEDS * sum(fixed + per_epoch * e for e in budgets)
+        if total is not None and total <= 0:
+            total = None
         per_dataset[name] = {"fits": fits, "full_grid_seconds": None if total is None else round(total)}
     return {"seconds_spent": round(spent), "datasets": per_dataset}
 

@@ -370,3 +370,11 @@ def test_merging_passes_takes_the_later_default_or_with_cells_every_arm_of_the_c
     rows = {row["dataset"]: row for row in whole["cells"]}
     assert rows["b"]["default"]["accuracy_median"] == pytest.approx(0.91) and rows["c"]["chance"] == pytest.approx(0.1)
     assert "every arm of b, c" in whole["command"] and whole["epochs_differ"] == []
+
+
+def test_a_cost_line_that_falls_with_the_epochs_estimates_nothing() -> None:
+    # runs of one cell from passes at other loads: the longer run took less time, and a line through them would
+    # put a negative number of hours in the report
+    runs = [{"dataset": "d", "budget": "recipe", "arm": arm, "seed": 0, "epochs": e, "key": f"{arm}{e}",
+             "process_seconds": 100.0 - 3 * e} for e in (10, 30) for arm in ("default", "plain", "naive")]  # fmt: skip
+    assert report.estimate(runs)["datasets"]["d"]["full_grid_seconds"] is None
