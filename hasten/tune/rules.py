@@ -88,11 +88,8 @@ def batch_candidates(
     short: the run is then as long as its budget allows."""
     candidates, batch = [MIN_BATCH], 2 * MIN_BATCH
     while batch <= MAX_BATCH:
-        if epochs is not None:
-            run_epochs, needed = epochs, MIN_RUN_STEPS
-        else:
-            run_epochs = auto_epochs(images, batch, world, accumulate, budget)
-            needed = budget_steps(budget, batch, world, accumulate)
+        run_epochs = epochs if epochs is not None else auto_epochs(images, batch, world, accumulate, budget)
+        needed = steps_needed(epochs, budget_steps(budget, batch, world, accumulate))
         if run_epochs * steps_per_epoch(images, batch, world, accumulate) < needed:
             break
         candidates.append(batch)
