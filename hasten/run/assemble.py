@@ -31,6 +31,7 @@ from hasten.data.user import StreamedData
 from hasten.engine import distributed, step
 from hasten.engine.compiling import compile_model
 from hasten.engine.distributed import world_size
+from hasten.engine.fan_in import fan_in_groups
 from hasten.engine.norms import has_batch_norm
 from hasten.engine.optimizers import Muon, muon_groups
 from hasten.engine.precision import Precision, make_precision
@@ -282,6 +283,8 @@ def assemble(
         groups = discriminative_groups(model, lr, recipe.optim.layer_lr_decay, decay, no_bias_decay=False)
     else:
         groups = [{"params": [p for p in model.parameters() if p.requires_grad], "weight_decay": decay}]
+    if recipe.optim.fan_in_lr is True:  # decided in resolve: wide layers at a share of the LR (engine/fan_in.py)
+        groups = fan_in_groups(groups, model, lr)
     for technique in _at(made, "param_groups"):  # no-bias-decay
         groups = technique.param_groups(groups)
     opt = optimizer(recipe.optim, precision.optimizer_groups(groups), lr)  # fp16-master: the fp32 masters

@@ -22,6 +22,7 @@ from hasten.data.registry import mirror_invariant
 from hasten.data.user import StreamedData
 from hasten.engine import distributed
 from hasten.engine.distributed import world_size
+from hasten.engine.fan_in import FAN_IN_REFERENCE, scaled_weights
 from hasten.engine.norms import has_batch_norm
 from hasten.errors import CheckpointError, RecipeError
 from hasten.machine import Machine
@@ -159,6 +160,8 @@ def resolve(
     notes += more
     recipe, more = resolve_default_lr(recipe, model, given_model is not None)
     notes += more
+    recipe, more = resolve_fan_in_lr(recipe, model)
+    notes += more
     checkpoint = resume_from(recipe, run_dir(recipe) / "checkpoints")  # read once: the run continues from it
     resumed = resumed_choices(recipe, checkpoint)  # a resume continues with what its run chose: exact, as resumes are
     budget = rules.run_steps(has_batch_norm(model))  # train.epochs=auto's steps, which the batch's candidates keep
@@ -282,6 +285,28 @@ def resolve_default_lr(recipe: Recipe, model: nn.Module, model_given: bool = Fal
         else "has no batch norm: a lower LR than hasten's batch-norm ResNet was tuned at (docs/defaults.md)"
     )
     return recipe, [f"optim.lr unset -> {lr:g}{per}: {which} {why}"]
+
+
+def resolve_fan_in_lr(recipe: Recipe, model: nn.Module) -> tuple[Recipe, list[str]]:
+    """`optim.fan_in_lr: auto` decided from the optimizer and the model (hasten/tune/rules.py's default_fan_in_lr),
+    recorded; said when the model has a weight it would slow (a fan-in over FAN_IN_REFERENCE), with those weights."""
+    if recipe.optim.fan_in_lr != "auto":
+        return recipe, []
+    batch_norm = has_batch_norm(model)
+    on = rules.default_fan_in_lr(recipe.optim.name, batch_norm)
+    recipe = replaced(recipe, {"optim.fan_in_lr": on})
+    wide = scaled_weights(model)
+    if not wide:
+        return recipe, []
+    if not on:
+        why = "the model has batch norm" if batch_norm else f"optim.name={recipe.optim.name} (adam and adamw only)"
+        return recipe, [f"optim.fan_in_lr=auto -> false: {why}; one LR for every layer"]
+    shown = ", ".join(f"{name} (fan-in {fan_in:,}: {share:.2g}x)" for name, (fan_in, share) in list(wide.items())[:4])
+    more = f" and {len(wide) - 4} more" if len(wide) > 4 else ""
+    return recipe, [
+        f"optim.fan_in_lr=auto -> true: weights with a fan-in over {FAN_IN_REFERENCE} take optim.lr x "
+        f"{FAN_IN_REFERENCE} / fan-in (Adam moves each weight by about the LR): {shown}{more}"
+    ]
 
 
 def resolve_budget(

@@ -194,9 +194,12 @@ def lr_find(
     )
     accumulate = parts.recipe.train.accumulate  # a step spans the run's global batch, as the LR will
 
+    # each group keeps its share of the run's LR (optim.fan_in_lr, discriminative fine-tuning), as the schedule does
+    shares = [group.get("initial_lr", parts.lr) / parts.lr if parts.lr else 1.0 for group in optimizer.param_groups]
+
     def step(lr: float) -> float:
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        for group, share in zip(optimizer.param_groups, shares, strict=True):
+            group["lr"] = lr * share
         return train_step([next(batches) for _ in range(accumulate)]).loss
 
     was_training = model.training

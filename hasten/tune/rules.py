@@ -211,6 +211,16 @@ def default_lr(optimizer: str, batch_norm: bool) -> float | str:
     return BATCH_NORM_LR if batch_norm else NO_BATCH_NORM_LR
 
 
+FAN_IN_OPTIMIZERS = ("adam", "adamw")  # optim.fan_in_lr=auto: the optimizers whose steps ignore the gradient's size
+
+
+def default_fan_in_lr(optimizer: str, batch_norm: bool) -> bool:
+    """optim.fan_in_lr=auto, decided: on for Adam and AdamW on a model without batch norm (hasten/engine/fan_in.py).
+    Measured on the model suite (docs/defaults.md, "A model hasten did not write"). A model with batch norm keeps one
+    LR: the layers before a batch norm are blind to their weights' scale, and those nets were measured as they are."""
+    return optimizer in FAN_IN_OPTIMIZERS and not batch_norm
+
+
 LR_AUTO_CALIBRATED = ("sgd",)  # optim.lr=auto's rule was measured for these optimizers (docs/lr-auto.md)
 
 AUTO_TRANSLATE_FRACTION = 1 / 32  # data.augment.translate=auto: shifts of up to this share of the image side

@@ -1,0 +1,83 @@
+"""`optim.fan_in_lr`: Adam's LR per layer by the layer's fan-in, so a wide dense layer does not take steps that a
+3x3 convolution's LR sets.
+
+Adam moves every weight by about its LR a step whatever its gradient's size, so a unit's input sum moves by about
+the LR times the number of inputs it reads, its fan-in: an MLP's first layer on 32x32 RGB images (3,072 inputs)
+moves five times as far a step as a 3x3 convolution over 64 channels (576) at the same LR. The maximal-update
+parametrisation (Yang et al., 2022, "Tensor Programs V") gives Adam's hidden layers an LR proportional to
+1 / fan-in for this reason. Here a weight whose fan-in is over `FAN_IN_REFERENCE` takes `optim.lr` x
+FAN_IN_REFERENCE / fan-in; every other parameter (narrower layers, biases, norms, embeddings) takes `optim.lr`.
+FAN_IN_REFERENCE is the widest layer of the convolutional nets the default LR for a model without batch norm was
+measured on (docs/defaults.md): the rule leaves those nets as measured and slows only wider layers.
+
+The fan-in of a weight: a linear layer's inputs; a convolution's input channels per group times its kernel's
+size; an attention layer's embedding width for its input projections. Transposed convolutions, embeddings and
+any other parameter keep `optim.lr`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch import Tensor, nn
+from torch.nn.parameter import UninitializedParameter
+
+FAN_IN_REFERENCE = 576  # 3x3 over 64 channels: the widest layer of the conv nets the no-batch-norm LR was measured on
+
+
+def weight_fan_ins(model: nn.Module) -> dict[str, tuple[Tensor, int]]:
+    """The fan-in of each dense weight of `model`, by parameter name: linear layers, convolutions (not
+    transposed) and attention's input projections; lazy weights not yet materialised are left out."""
+    found: dict[str, tuple[Tensor, int]] = {}
+
+    def add(name: str, weight: Any, fan_in: int) -> None:
+        if isinstance(weight, nn.Parameter) and not isinstance(weight, UninitializedParameter):
+            found[name] = (weight, fan_in)
+
+    for prefix, module in model.named_modules():
+        dot = f"{prefix}." if prefix else ""
+        if isinstance(module, nn.Linear):
+            add(f"{dot}weight", module.weight, module.in_features)
+        elif isinstance(module, nn.modules.conv._ConvNd) and not module.transposed:
+            add(f"{dot}weight", module.weight, module.in_channels // module.groups * math.prod(module.kernel_size))
+        elif isinstance(module, nn.MultiheadAttention):
+            for part in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight"):
+                weight = getattr(module, part, None)
+                if weight is not None:
+                    add(f"{dot}{part}", weight, weight.shape[1])
+    return found
+
+
+def lr_scale(fan_in: int) -> float:
+    """The share of optim.lr a weight with this fan-in takes: 1 up to FAN_IN_REFERENCE, then reference / fan-in."""
+    return min(1.0, FAN_IN_REFERENCE / fan_in) if fan_in > 0 else 1.0
+
+
+def scaled_weights(model: nn.Module) -> dict[str, tuple[int, float]]:
+    """The weights that take less than optim.lr, by name: (fan-in, share of the LR)."""
+    return {
+        name: (fan_in, lr_scale(fan_in)) for name, (_, fan_in) in weight_fan_ins(model).items() if lr_scale(fan_in) < 1
+    }
+
+
+def fan_in_groups(groups: list[dict[str, Any]], model: nn.Module, lr: float) -> list[dict[str, Any]]:
+    """`groups` (each with its weight decay, maybe its own LR) with the weights of a fan-in over FAN_IN_REFERENCE
+    moved to groups of their own at the group's LR times `lr_scale` (one group per share). The parameters at the
+    full LR stay first, in their groups as given, so the first group's LR (which the logs report) is optim.lr's;
+    `groups` itself when no weight is scaled (the groups, and so the checkpoints, of a run without such a layer are
+    as before)."""
+    shares = {id(weight): lr_scale(fan_in) for weight, fan_in in weight_fan_ins(model).values()}
+    if all(share >= 1 for share in shares.values()):
+        return groups
+    kept, scaled = [], []
+    for group in groups:
+        full = [p for p in group["params"] if shares.get(id(p), 1.0) >= 1]
+        kept.append({**group, "params": full})
+        by_share: dict[float, list[Tensor]] = {}
+        for p in group["params"]:
+            if shares.get(id(p), 1.0) < 1:
+                by_share.setdefault(shares[id(p)], []).append(p)
+        for share, params in sorted(by_share.items(), reverse=True):
+            scaled.append({**group, "params": params, "lr": group.get("lr", lr) * share})
+    return kept + scaled
