@@ -298,8 +298,9 @@ class OptimConfig(Section):
         description="Peak learning rate, per optim.base_batch examples when that is set. auto: picked by a short LR "
         "range test before training (hasten/tune/lr_find.py; calibrated in benchmarks/lr_auto.py). null: decided "
         "from the optimizer and the model, said at start and recorded: adam/adamw (and muon's non-filter parameters) "
-        "0.002 for a model with batch norm (hasten's ResNet was tuned at it), 0.0007 for one without (an MLP, "
-        "GroupNorm or LayerNorm nets, a transformer; measured on the model suite, docs/defaults.md); "
+        "0.002 for a model with batch norm (hasten's ResNet was tuned at it), 0.0015 for one without (an MLP, "
+        "GroupNorm or LayerNorm nets, a transformer; its wide layers slowed by optim.fan_in_lr; measured on the "
+        "model suite, docs/defaults.md); "
         "sgd: auto.",
     )
     base_batch: Annotated[int, Field(ge=1)] | None = Field(
