@@ -54,7 +54,10 @@ IN_PARTS: dict[str, Callable[[Parts], bool]] = {
     "train.compile": lambda parts: parts.compiled,
     "train.checkpoint_activations": lambda parts: parts.model.checkpoint_activations,  # hasten's ResNet's own
     "optim.layer_lr_decay": lambda parts: len({group["lr"] for group in parts.optimizer.param_groups}) > 1,
+    "optim.fan_in_lr": lambda parts: len({group["lr"] for group in parts.optimizer.param_groups}) > 1,
 }
+# what a switch needs to show in the tiny run: a layer wider than the fan-in rule's reference (3x3 over 72 channels)
+WITH: dict[str, list[str]] = {"optim.fan_in_lr": ["model.width=72", "optim.name=adamw", "optim.lr=0.001"]}
 # read at evaluation, which a training step does not reach: what the final evaluation of a 1-epoch run did
 IN_EVALUATION: dict[str, Callable[[tuple[bool, int]], bool]] = {
     "train.tta_flip": lambda views: views[0],
@@ -77,7 +80,11 @@ def test_each_switch_builds_a_run_that_trains_and_shows_the_technique_on_or_off(
 ):
     monkeypatch.setattr(compiling, "BACKEND", "eager")  # Dynamo without Inductor: the plumbing, in seconds
     on = state == "on"
-    parts = build(recipe_with(tiny_overrides, technique.switched_on if on else technique.switched_off))
+    parts = build(
+        recipe_with(
+            tiny_overrides, *WITH.get(technique.key, []), technique.switched_on if on else technique.switched_off
+        )
+    )
     images, labels = next(iter(parts.train_loader))
     plan = Plan(epochs=1, num_classes=len(parts.data.classes), progress=False, measure_step_memory=False)
     loss, _ = trainer_for(parts, plan, RunLog("", enabled=False)).train_step(images, labels)
