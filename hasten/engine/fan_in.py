@@ -10,6 +10,13 @@ FAN_IN_REFERENCE / fan-in; every other parameter (narrower layers, biases, norms
 FAN_IN_REFERENCE is the widest layer of the convolutional nets the default LR for a model without batch norm was
 measured on (docs/defaults.md): the rule leaves those nets as measured and slows only wider layers.
 
+A weight that feeds a batch norm keeps `optim.lr`: the batch norm divides out the scale of what the layer gives
+it, so that layer's steps do not grow with its fan-in the same way (and the batch-norm nets were measured at
+optim.lr as they are). Which layer feeds one is read from the order the modules were made in: a convolution or
+linear layer whose next module without children is a batch norm (`nn.Sequential(conv, bn, relu)`, a ResNet
+block's `conv1, bn1`), the order nearly every model is written in; a model written otherwise has that layer
+treated as any other.
+
 The fan-in of a weight: a linear layer's inputs; a convolution's input channels per group times its kernel's
 size; an attention layer's embedding width for its input projections. Transposed convolutions, embeddings and
 any other parameter keep `optim.lr`.
@@ -17,11 +24,14 @@ any other parameter keep `optim.lr`.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
 from torch import Tensor, nn
 from torch.nn.parameter import UninitializedParameter
+
+from hasten.engine.norms import is_batch_norm
 
 FAN_IN_REFERENCE = 576  # 3x3 over 64 channels: the widest layer of the conv nets the no-batch-norm LR was measured on
 
@@ -49,16 +59,35 @@ def weight_fan_ins(model: nn.Module) -> dict[str, tuple[Tensor, int]]:
     return found
 
 
+def feeding_batch_norm(model: nn.Module) -> set[int]:
+    """ids of the weights of the layers whose next module without children, in the order they were made, is a
+    batch norm: what that batch norm normalises."""
+    leaves = [module for module in model.modules() if not list(module.children())]
+    return {
+        id(layer.weight)
+        for layer, after in itertools.pairwise(leaves)
+        if isinstance(layer, nn.Linear | nn.modules.conv._ConvNd) and is_batch_norm(after)
+    }
+
+
 def lr_scale(fan_in: int) -> float:
     """The share of optim.lr a weight with this fan-in takes: 1 up to FAN_IN_REFERENCE, then reference / fan-in."""
     return min(1.0, FAN_IN_REFERENCE / fan_in) if fan_in > 0 else 1.0
 
 
+def lr_shares(model: nn.Module) -> dict[str, tuple[Tensor, int, float]]:
+    """Each dense weight by name: the weight, its fan-in and the share of optim.lr it takes (1 for a weight that
+    feeds a batch norm)."""
+    normalised = feeding_batch_norm(model)
+    return {
+        name: (weight, fan_in, 1.0 if id(weight) in normalised else lr_scale(fan_in))
+        for name, (weight, fan_in) in weight_fan_ins(model).items()
+    }
+
+
 def scaled_weights(model: nn.Module) -> dict[str, tuple[int, float]]:
     """The weights that take less than optim.lr, by name: (fan-in, share of the LR)."""
-    return {
-        name: (fan_in, lr_scale(fan_in)) for name, (_, fan_in) in weight_fan_ins(model).items() if lr_scale(fan_in) < 1
-    }
+    return {name: (fan_in, share) for name, (_, fan_in, share) in lr_shares(model).items() if share < 1}
 
 
 def fan_in_groups(groups: list[dict[str, Any]], model: nn.Module, lr: float) -> list[dict[str, Any]]:
@@ -67,7 +96,7 @@ def fan_in_groups(groups: list[dict[str, Any]], model: nn.Module, lr: float) -> 
     full LR stay first, in their groups as given, so the first group's LR (which the logs report) is optim.lr's;
     `groups` itself when no weight is scaled (the groups, and so the checkpoints, of a run without such a layer are
     as before)."""
-    shares = {id(weight): lr_scale(fan_in) for weight, fan_in in weight_fan_ins(model).values()}
+    shares = {id(weight): share for weight, _, share in lr_shares(model).values()}
     if all(share >= 1 for share in shares.values()):
         return groups
     kept, scaled = [], []

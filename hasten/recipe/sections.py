@@ -341,7 +341,8 @@ class OptimConfig(Section):
         description="adam, adamw: each weight whose fan-in (the inputs a unit reads) is over 576 takes optim.lr x "
         "576 / fan-in, as the maximal-update parametrisation scales Adam's hidden layers (hasten/engine/fan_in.py): "
         "an MLP's 3,072-input first layer would otherwise move 5x as far a step as a 3x3 convolution over 64 "
-        "channels. auto: on for adam and adamw on a model without batch norm, decided at start and recorded.",
+        "channels. A weight that feeds a batch norm keeps optim.lr. auto: on for adam and adamw, decided at start "
+        "and recorded.",
     )
     # no scaling rule: the orthogonalised update has the same size at any batch
     muon_lr: PositiveFloat = Field(

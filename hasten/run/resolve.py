@@ -288,19 +288,19 @@ def resolve_default_lr(recipe: Recipe, model: nn.Module, model_given: bool = Fal
 
 
 def resolve_fan_in_lr(recipe: Recipe, model: nn.Module) -> tuple[Recipe, list[str]]:
-    """`optim.fan_in_lr: auto` decided from the optimizer and the model (hasten/tune/rules.py's default_fan_in_lr),
-    recorded; said when the model has a weight it would slow (a fan-in over FAN_IN_REFERENCE), with those weights."""
+    """`optim.fan_in_lr: auto` decided from the optimizer (hasten/tune/rules.py's default_fan_in_lr), recorded; said
+    when the model has a weight it would slow (a fan-in over FAN_IN_REFERENCE, not feeding a batch norm), with those
+    weights."""
     if recipe.optim.fan_in_lr != "auto":
         return recipe, []
-    batch_norm = has_batch_norm(model)
-    on = rules.default_fan_in_lr(recipe.optim.name, batch_norm)
+    on = rules.default_fan_in_lr(recipe.optim.name)
     recipe = replaced(recipe, {"optim.fan_in_lr": on})
     wide = scaled_weights(model)
     if not wide:
         return recipe, []
     if not on:
-        why = "the model has batch norm" if batch_norm else f"optim.name={recipe.optim.name} (adam and adamw only)"
-        return recipe, [f"optim.fan_in_lr=auto -> false: {why}; one LR for every layer"]
+        return recipe, [f"optim.fan_in_lr=auto -> false: optim.name={recipe.optim.name} (adam and adamw only); "
+                        "one LR for every layer"]  # fmt: skip
     shown = ", ".join(f"{name} (fan-in {fan_in:,}: {share:.2g}x)" for name, (fan_in, share) in list(wide.items())[:4])
     more = f" and {len(wide) - 4} more" if len(wide) > 4 else ""
     return recipe, [

@@ -57,20 +57,41 @@ def test_the_wide_weights_get_groups_of_their_own_and_the_rest_keeps_its_groups_
     assert fan_in_groups(given, narrow, 0.002) is given
 
 
-def test_auto_is_on_for_adam_without_batch_norm_said_with_the_weights_and_off_with_batch_norm_or_sgd():
+def test_a_weight_that_feeds_a_batch_norm_keeps_the_lr_and_a_dense_layer_after_the_convs_does_not():
+    """A VGG-style net with batch norm: its 3x3 convolutions over 128 channels (1,152 inputs) feed batch norms and
+    keep the LR; its flatten into a dense layer (2,048 inputs) does not feed one and takes 576 / 2,048 of it."""
+    vgg = nn.Sequential(
+        nn.Conv2d(3, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(),
+        nn.Conv2d(128, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(), nn.Linear(2048, 64), nn.ReLU(), nn.Linear(64, 10),
+    )  # fmt: skip
+    assert scaled_weights(vgg) == {"8.weight": (2048, pytest.approx(576 / 2048))}
+
+    class Block(nn.Module):  # a ResNet block, made conv1, bn1, conv2, bn2 as torchvision and timm write them
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(128, 128, 3, padding=1), nn.BatchNorm2d(128)
+            self.conv2, self.bn2 = nn.Conv2d(128, 128, 3, padding=1), nn.BatchNorm2d(128)
+
+    assert scaled_weights(Block()) == {}
+    no_norm = nn.Sequential(nn.Conv2d(128, 128, 3), nn.ReLU(), nn.BatchNorm2d(128))  # a ReLU between: counted
+    assert scaled_weights(no_norm) == {"0.weight": (1152, 0.5)}
+
+
+def test_auto_is_on_for_adam_said_with_the_weights_it_slows_and_off_for_sgd():
     recipe, notes = resolve_fan_in_lr(Recipe(), wide_mlp())
     assert recipe.optim.fan_in_lr is True and "fan-in 3,072: 0.19x" in notes[0] and "0.weight" not in notes[0]
     assert "1.weight" in notes[0]
     batch_norm = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8 * 30 * 30, 10))
     recipe, notes = resolve_fan_in_lr(Recipe(), batch_norm)
-    assert recipe.optim.fan_in_lr is False and "has batch norm" in notes[0]
+    assert recipe.optim.fan_in_lr is True and "3.weight (fan-in 7,200" in notes[0]
     recipe, notes = resolve_fan_in_lr(load_recipe(None, ["optim.name=sgd"]), wide_mlp())
     assert recipe.optim.fan_in_lr is False and "optim.name=sgd" in notes[0]
     recipe, notes = resolve_fan_in_lr(Recipe(), nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
     assert recipe.optim.fan_in_lr is True and notes == []  # nothing to slow: nothing said
     kept, notes = resolve_fan_in_lr(load_recipe(None, ["optim.fan_in_lr=false"]), wide_mlp())
     assert kept.optim.fan_in_lr is False and notes == []
-    assert rules.default_fan_in_lr("adamw", batch_norm=False) and not rules.default_fan_in_lr("muon", False)
+    assert rules.default_fan_in_lr("adamw") and rules.default_fan_in_lr("adam") and not rules.default_fan_in_lr("muon")
 
 
 class WideNet(nn.Module):

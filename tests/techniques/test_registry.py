@@ -56,8 +56,12 @@ IN_PARTS: dict[str, Callable[[Parts], bool]] = {
     "optim.layer_lr_decay": lambda parts: len({group["lr"] for group in parts.optimizer.param_groups}) > 1,
     "optim.fan_in_lr": lambda parts: len({group["lr"] for group in parts.optimizer.param_groups}) > 1,
 }
-# what a switch needs to show in the tiny run: a layer wider than the fan-in rule's reference (3x3 over 72 channels)
-WITH: dict[str, list[str]] = {"optim.fan_in_lr": ["model.width=72", "optim.name=adamw", "optim.lr=0.001"]}
+# what a switch needs to show in the tiny run: a layer wider than the fan-in rule's reference (a dense layer over the
+# flattened images, a sequential model of the layer list)
+WITH: dict[str, list[str]] = {
+    "optim.fan_in_lr": ["model.name=sequential", "model.layers=[flatten, {dense: 16}, relu, {dense: classes}]",
+                        "optim.name=adamw", "optim.lr=0.001"],
+}  # fmt: skip
 # read at evaluation, which a training step does not reach: what the final evaluation of a 1-epoch run did
 IN_EVALUATION: dict[str, Callable[[tuple[bool, int]], bool]] = {
     "train.tta_flip": lambda views: views[0],
