@@ -15,6 +15,7 @@ from hasten.recipe.schema import Recipe, load_recipe
 from hasten.run.resolve import resolve_fan_in_lr
 from hasten.techniques.no_bias_decay import split_no_decay
 from hasten.tune import rules
+from tests.run.test_model_rules import Net  # flatten, a lazy dense layer, the head
 
 
 def wide_mlp(inputs: int = 3072) -> nn.Module:
@@ -94,15 +95,6 @@ def test_auto_is_on_for_adam_said_with_the_weights_it_slows_and_off_for_sgd():
     assert rules.default_fan_in_lr("adamw") and rules.default_fan_in_lr("adam") and not rules.default_fan_in_lr("muon")
 
 
-class WideNet(nn.Module):
-    def __init__(self, num_classes: int, in_channels: int = 3):
-        super().__init__()
-        self.layers = nn.Sequential(nn.Flatten(), nn.LazyLinear(32), nn.ReLU(), nn.Linear(32, num_classes))
-
-    def forward(self, x):
-        return self.layers(x)
-
-
 def test_a_run_records_the_choice_and_its_optimizer_takes_the_wide_layer_at_its_share(tmp_path, capsys):
     """A user's model with a lazy 768-input layer (16x16 RGB): materialised, then given 576/768 of the LR."""
     rng = np.random.default_rng(0)
@@ -110,7 +102,7 @@ def test_a_run_records_the_choice_and_its_optimizer_takes_the_wide_layer_at_its_
     run = tmp_path / "run"
     overrides = ["train.epochs=1", "train.batch_size=16", "precision=fp32", "run.progress=false",
                  "run.tensorboard=false", "optim.lr=0.004", f"run.dir={run}", "run.save_weights=true"]  # fmt: skip
-    hasten.train(None, overrides, model=WideNet, data=((images, labels), (images[:16], labels[:16]), ["a", "b"]))
+    hasten.train(None, overrides, model=Net, data=((images, labels), (images[:16], labels[:16]), ["a", "b"]))
     assert yaml.safe_load((run / "recipe.yaml").read_text())["optim"]["fan_in_lr"] is True
     assert "optim.fan_in_lr=auto -> true" in capsys.readouterr().err
     state = torch.load(next((run / "checkpoints").glob("*.pt")), weights_only=True)["optimizer"]
