@@ -101,12 +101,10 @@ def fan_in_groups(groups: list[dict[str, Any]], model: nn.Module, lr: float) -> 
         return groups
     kept, scaled = [], []
     for group in groups:
-        full = [p for p in group["params"] if shares.get(id(p), 1.0) >= 1]
-        kept.append({**group, "params": full})
         by_share: dict[float, list[Tensor]] = {}
         for p in group["params"]:
-            if shares.get(id(p), 1.0) < 1:
-                by_share.setdefault(shares[id(p)], []).append(p)
-        for share, params in sorted(by_share.items(), reverse=True):
-            scaled.append({**group, "params": params, "lr": group.get("lr", lr) * share})
+            by_share.setdefault(shares.get(id(p), 1.0), []).append(p)
+        kept.append({**group, "params": by_share.pop(1.0, [])})
+        scaled += [{**group, "params": params, "lr": group.get("lr", lr) * share}
+                   for share, params in sorted(by_share.items(), reverse=True)]  # fmt: skip
     return kept + scaled

@@ -43,6 +43,11 @@ def augment(parts: Parts) -> Augment:
 
 
 # the settings the run reads itself: how each shows in the built parts (a class's switch: its object in the hooks)
+def several_lrs(parts: Parts) -> bool:
+    """Whether the optimizer's param groups train at more than one LR (per-layer LRs)."""
+    return len({group["lr"] for group in parts.optimizer.param_groups}) > 1
+
+
 IN_PARTS: dict[str, Callable[[Parts], bool]] = {
     "precision": lambda parts: parts.precision.compute_dtype != torch.float32,
     "train.channels_last": lambda parts: all(
@@ -53,8 +58,8 @@ IN_PARTS: dict[str, Callable[[Parts], bool]] = {
     "schedule.name": lambda parts: parts.scheduler.lr(0.6) != parts.scheduler.lr(0.95),  # constant after warm-up
     "train.compile": lambda parts: parts.compiled,
     "train.checkpoint_activations": lambda parts: parts.model.checkpoint_activations,  # hasten's ResNet's own
-    "optim.layer_lr_decay": lambda parts: len({group["lr"] for group in parts.optimizer.param_groups}) > 1,
-    "optim.fan_in_lr": lambda parts: len({group["lr"] for group in parts.optimizer.param_groups}) > 1,
+    "optim.layer_lr_decay": several_lrs,
+    "optim.fan_in_lr": several_lrs,
 }
 # what a switch needs to show in the tiny run: a layer wider than the fan-in rule's reference (a dense layer over the
 # flattened images, a sequential model of the layer list)
