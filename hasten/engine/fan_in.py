@@ -59,10 +59,14 @@ def weight_fan_ins(model: nn.Module) -> dict[str, tuple[Tensor, int]]:
     return found
 
 
+POOLS = (nn.modules.pooling._MaxPoolNd, nn.modules.pooling._AvgPoolNd)  # a positive scale passes through unchanged
+
+
 def feeding_batch_norm(model: nn.Module) -> set[int]:
-    """ids of the weights of the layers whose next module without children, in the order they were made, is a
-    batch norm: what that batch norm normalises."""
-    leaves = [module for module in model.modules() if not list(module.children())]
+    """ids of the weights of the layers whose next module without children, in the order they were made (a max or
+    average pool between skipped: it passes the layer's scale on), is a batch norm: what that batch norm
+    normalises."""
+    leaves = [module for module in model.modules() if not list(module.children()) and not isinstance(module, POOLS)]
     return {
         id(layer.weight)
         for layer, after in itertools.pairwise(leaves)

@@ -24,7 +24,14 @@ def build_model(config: ModelConfig, input_shape: tuple[int, int, int], num_clas
         return own_model(config, None, input_shape, num_classes)
     if config.name == "sequential":
         return build_sequential(config.layers or [], input_shape, num_classes)
-    return ResNet(input_shape[0], num_classes, width=config.width, blocks=config.blocks, widths=config.widths)
+    return ResNet(
+        input_shape[0],
+        num_classes,
+        width=config.width,
+        blocks=config.blocks,
+        widths=config.widths,
+        pool_first=config.pool_first,
+    )
 
 
 def meta_parameter_count(

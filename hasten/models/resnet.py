@@ -4,7 +4,8 @@ Channels are `width`, 2*`width`, 4*`width`, ... per stage, so `width` scales the
 et al. (Deep Double Descent, 2019) scale ResNet18; `blocks` sets the residual blocks per stage. `widths` gives
 each stage's channels outright instead (the stem gets the first stage's), for layouts that suit the hardware's
 kernels, e.g. multiples of 16, 32 or 64 for oneDNN's bf16 convolutions. The stem
-and each stage's downsampling follow Page's ResNet-9 (conv-BN-ReLU then max-pool), which is cheap on CPU.
+and each stage's downsampling follow Page's ResNet-9 (conv-BN-ReLU then max-pool; the ReLU computed after the
+pool, which gives the same numbers on a quarter of the pixels), which is cheap on CPU.
 
 With `checkpoint_activations` (Chen et al., 2016; `train.checkpoint_activations`), the forward pass runs as
 segments -- the stem, each stage's downsampling unit (conv-BN-ReLU + max-pool) and each residual block -- and the
@@ -28,6 +29,24 @@ from hasten.engine.norms import is_batch_norm
 
 def conv_bn(c_in: int, c_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True))
+
+
+def downsampling(c_in: int, c_out: int, pool_first: bool = False) -> tuple[nn.Sequential, nn.Sequential]:
+    """A stage's downsampling unit, conv-BN-ReLU then a 2x2 max-pool, as two modules: (conv, BN) and (max-pool,
+    ReLU). The ReLU runs after the pool, on a quarter of the pixels: the same numbers, forward and backward, as
+    before it (ReLU is monotone, so it commutes with a max; where a window's maximum is not positive both orders
+    give 0 and a zero gradient), and a full-resolution pass fewer each way (a ReLU and its backward over the
+    stage's largest activations). Parameter names are those of conv_bn followed by a pool (stages.N.0.0 the conv,
+    stages.N.0.1 the BN), so checkpoints load either way.
+
+    `pool_first` (`model.pool_first`): conv, then the max-pool, then BN and ReLU (airbench's order, Jordan 2024):
+    the batch norm, too, on a quarter of the pixels. Another model, not the same numbers (the batch norm's
+    statistics are the pooled values', and a negative BN scale does not commute with a max): (conv) and (max-pool,
+    BN, ReLU), the BN named stages.N.1.1."""
+    conv = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
+    if pool_first:
+        return nn.Sequential(conv), nn.Sequential(nn.MaxPool2d(2), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True))
+    return nn.Sequential(conv, nn.BatchNorm2d(c_out)), nn.Sequential(nn.MaxPool2d(2), nn.ReLU(inplace=True))
 
 
 class Residual(nn.Module):
@@ -55,6 +74,7 @@ class ResNet(nn.Module):
         blocks: list[int] | None = None,
         checkpoint_activations: bool = False,
         widths: list[int] | None = None,
+        pool_first: bool = False,
     ):
         super().__init__()
         blocks = blocks or [1, 1, 1]
@@ -66,9 +86,8 @@ class ResNet(nn.Module):
         stages = []
         c_in = widths[0]
         for count, c_out in zip(blocks, widths, strict=True):
-            stages.append(
-                nn.Sequential(conv_bn(c_in, c_out), nn.MaxPool2d(2), *(Residual(c_out) for _ in range(count)))
-            )
+            unit = downsampling(c_in, c_out, pool_first)
+            stages.append(nn.Sequential(*unit, *(Residual(c_out) for _ in range(count))))
             c_in = c_out
         self.stages = nn.Sequential(*stages)
         self.pool = nn.AdaptiveMaxPool2d(1)

@@ -11,6 +11,7 @@ from torch import nn
 
 import hasten
 from hasten.engine.fan_in import FAN_IN_REFERENCE, fan_in_groups, lr_scale, scaled_weights, weight_fan_ins
+from hasten.models.resnet import ResNet
 from hasten.recipe.schema import Recipe, load_recipe
 from hasten.run.resolve import resolve_fan_in_lr
 from hasten.techniques.no_bias_decay import split_no_decay
@@ -77,6 +78,10 @@ def test_a_weight_that_feeds_a_batch_norm_keeps_the_lr_and_a_dense_layer_after_t
     assert scaled_weights(Block()) == {}
     no_norm = nn.Sequential(nn.Conv2d(128, 128, 3), nn.ReLU(), nn.BatchNorm2d(128))  # a ReLU between: counted
     assert scaled_weights(no_norm) == {"0.weight": (1152, 0.5)}
+    pooled = nn.Sequential(nn.Conv2d(128, 128, 3), nn.MaxPool2d(2), nn.BatchNorm2d(128))  # a pool between: kept
+    assert scaled_weights(pooled) == {}
+    assert scaled_weights(ResNet(3, 10, width=128, pool_first=True)) == {}  # every stage's conv, pooled, then BN
+    assert scaled_weights(ResNet(3, 10, width=128, pool_first=False)) == {}
 
 
 def test_auto_is_on_for_adam_said_with_the_weights_it_slows_and_off_for_sgd():

@@ -60,6 +60,34 @@ def test_batch_norm_is_folded_into_the_convolution_before_it_for_evaluation_and_
         torch.testing.assert_close(folded(images), model(images), rtol=1e-4, atol=1e-5)  # the same function
 
 
+def test_a_batch_norm_after_a_max_pool_is_folded_into_the_convolution_where_its_scale_is_positive():
+    """model.pool_first's order, conv -> max-pool -> BN -> ReLU: a positive per-channel scale commutes with the max,
+    so the BN folds into the convolution; a BN with a negative scale in any channel does not, and stays."""
+    from hasten.engine.norms import folded_for_inference
+
+    torch.manual_seed(0)
+    model = ResNet(1, 10, width=8, blocks=[1, 1], pool_first=True)
+    for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):
+        bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2), bn.weight.data.uniform_(0.5, 2)
+    negative = model.stages[1][1][1]
+    negative.weight.data[3] = -0.7  # one channel's scale below 0: max(-x) is not -max(x)
+    model.eval()
+    folded = folded_for_inference(model)
+    kept = [m for m in folded.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert len(kept) == 1 and torch.equal(kept[0].weight, negative.weight)  # the second stage's, and only it
+    assert sum(isinstance(m, nn.Conv2d) for m in folded.modules()) == sum(
+        isinstance(m, nn.Conv2d) for m in model.modules()
+    )
+    images = torch.randn(8, 1, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(folded(images), model(images), rtol=1e-4, atol=1e-5)  # the same function
+    negative.weight.data[3] = 0.7
+    refolded = folded_for_inference(model)
+    assert not has_batch_norm(refolded)
+    with torch.no_grad():
+        torch.testing.assert_close(refolded(images), model(images), rtol=1e-4, atol=1e-5)
+
+
 def test_a_model_without_batch_norm_one_fx_cannot_trace_or_one_with_hooks_is_evaluated_as_it_is():
     from hasten.engine.norms import folded_for_inference
 
