@@ -52,12 +52,6 @@ TECHNIQUES: tuple[type[Technique] | Switch, ...] = (
     Switch("train.checkpoint_activations", "false", "true", "activations recomputed in backward", speed=True),
     Switch("optim.layer_lr_decay", "1.0", "0.5", "discriminative fine-tuning: each layer down gets decay x the LR"),
     Switch("optim.fan_in_lr", "false", "true", "Adam's LR by fan-in: a weight reading over 576 inputs at 576 / fan-in"),
-    Switch(
-        "model.pool_first",
-        "false",
-        "true",
-        "ResNet: each stage's batch norm and ReLU after its max-pool, on a quarter of the pixels",
-    ),
 )
 
 SWITCHES: tuple[Switch, ...] = tuple(

@@ -60,8 +60,6 @@ IN_PARTS: dict[str, Callable[[Parts], bool]] = {
     "train.checkpoint_activations": lambda parts: parts.model.checkpoint_activations,  # hasten's ResNet's own
     "optim.layer_lr_decay": several_lrs,
     "optim.fan_in_lr": several_lrs,
-    # hasten's ResNet: the first stage's batch norm comes after its max-pool
-    "model.pool_first": lambda parts: isinstance(parts.model.stages[0][1][1], torch.nn.BatchNorm2d),
 }
 # what a switch needs to show in the tiny run: a layer wider than the fan-in rule's reference (a dense layer over the
 # flattened images, a sequential model of the layer list)
