@@ -245,7 +245,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
-            problems.append(f"{item!r}: an override is written key=value, e.g. optim.lr=0.2")
+            folder = f"; a folder of images is data.name=imagefolder data.root={item}" if Path(item).is_dir() else ""
+            problems.append(f"{item!r}: an override is written key=value, e.g. optim.lr=0.2{folder}")
             continue
         *parents, leaf = key.split(".")
         node = result

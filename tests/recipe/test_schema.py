@@ -52,6 +52,14 @@ def test_override_without_equals_is_named():
         apply_overrides({}, ["optim.lr"])
 
 
+def test_a_folder_after_a_recipe_is_named_with_the_keys_that_read_it(tmp_path):
+    with pytest.raises(RecipeError, match=f"data.name=imagefolder data.root={tmp_path}"):
+        apply_overrides({}, [str(tmp_path)])
+    with pytest.raises(RecipeError) as raised:
+        apply_overrides({}, ["optim.lr"])
+    assert "imagefolder" not in str(raised.value)
+
+
 def test_override_into_a_value_is_named():
     with pytest.raises(RecipeError, match="seed is a value"):
         apply_overrides({"seed": 1}, ["seed.x=2"])
