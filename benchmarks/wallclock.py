@@ -426,31 +426,34 @@ def main() -> int:
     except (OSError, StopIteration):
         pass
     runs: list[dict[str, Any]] = []
-    for repeat in range(ns.repeats):
-        for which in rotated(["before", "now"], repeat):
-            tree, python = trees[which]
-            if which == "before":
-                kinds = [("before", work / f"r{repeat}-before-cache")]
-            else:  # a fresh cache, then the same one again
-                cache = work / f"r{repeat}-cache"
-                kinds = [("first", cache), ("second", cache)]
-            for kind, cache in kinds:
-                out = work / f"r{repeat + 1}"
-                out.mkdir(parents=True, exist_ok=True)
-                record = one_run(kind, tree, python, ns.recipe, ns.overrides, out, cache, ns.thresholds)
-                record["repeat"] = repeat + 1
-                runs.append(record)
-                to_top = record["to_accuracy"][ns.thresholds[-1]]
-                to_top = to_top if to_top is None else round(to_top, 1)
-                print(f"r{repeat + 1} {kind}: {record['wall_seconds']:.1f} s command, {record['train_seconds']:.1f} s "
-                      f"training, to {float(ns.thresholds[-1]):.0%}: {to_top} s, first step at "
-                      f"{record['to_first_step']} s", file=sys.stderr, flush=True)  # fmt: skip
-        meta["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        out_file.parent.mkdir(parents=True, exist_ok=True)  # after every repeat: a stopped bench leaves its numbers
-        out_file.write_text(report(runs, meta))
-        out_file.with_suffix(".json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
-    if before.parent == work:  # the sitting's own checkout of a commit
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], capture_output=True)
+    try:
+        for repeat in range(ns.repeats):
+            for which in rotated(["before", "now"], repeat):
+                tree, python = trees[which]
+                if which == "before":
+                    kinds = [("before", work / f"r{repeat}-before-cache")]
+                else:  # a fresh cache, then the same one again
+                    cache = work / f"r{repeat}-cache"
+                    kinds = [("first", cache), ("second", cache)]
+                for kind, cache in kinds:
+                    out = work / f"r{repeat + 1}"
+                    out.mkdir(parents=True, exist_ok=True)
+                    record = one_run(kind, tree, python, ns.recipe, ns.overrides, out, cache, ns.thresholds)
+                    record["repeat"] = repeat + 1
+                    runs.append(record)
+                    to_top = record["to_accuracy"][ns.thresholds[-1]]
+                    to_top = to_top if to_top is None else round(to_top, 1)
+                    seconds = f"{record['wall_seconds']:.1f} s command, {record['train_seconds']:.1f} s"
+                    print(f"r{repeat + 1} {kind}: {seconds} "
+                          f"training, to {float(ns.thresholds[-1]):.0%}: {to_top} s, first step at "
+                          f"{record['to_first_step']} s", file=sys.stderr, flush=True)  # fmt: skip
+            meta["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            out_file.parent.mkdir(parents=True, exist_ok=True)  # after every repeat: a stopped bench leaves its numbers
+            out_file.write_text(report(runs, meta))
+            out_file.with_suffix(".json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
+    finally:  # a failed run too: the sitting's own checkout of a commit goes
+        if before.parent == work:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], capture_output=True)
     print(out_file.read_text())
     return 0
 
