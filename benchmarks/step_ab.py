@@ -23,25 +23,14 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hasten.experiments.bench import bare_step  # noqa: E402
 from hasten.machine import current as current_machine  # noqa: E402
 from hasten.recipe.schema import load_recipe  # noqa: E402
 
 
 def arm(recipe_name: str, overrides: list[str]):
-    """A trainer for the recipe with `overrides`, its first batch, warmed up by 5 steps."""
-    from hasten.run.build import build, trainer_for
-    from hasten.run.plan import Plan
-    from hasten.runfolder.log import RunLog
-
-    recipe = load_recipe(recipe_name, overrides)
-    parts = build(recipe)
-    plan = Plan(recipe.train.epochs, len(parts.data.classes), measure_step_memory=False, progress=False)
-    trainer = trainer_for(parts, plan, RunLog(".", enabled=False))
-    images, labels = next(iter(parts.train_loader))
-    parts.model.train()
-    for _ in range(5):
-        trainer.train_step(images, labels)
-    return trainer, images, labels
+    """The recipe's bare step with `overrides` (hasten.experiments.bench.bare_step), warmed up by 5 steps."""
+    return bare_step(load_recipe(recipe_name, overrides), warmup=5)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,10 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     seconds: dict[str, list[float]] = {"A": [], "B": []}
     for round_ in range(ns.rounds):
         for name in ("A", "B") if round_ % 2 == 0 else ("B", "A"):
-            trainer, images, labels = arms[name]
+            trainer, images, labels, sync = arms[name]
+            sync()
             started = time.perf_counter()
             for _ in range(ns.steps):
                 trainer.train_step(images, labels)
+            sync()
             seconds[name].append((time.perf_counter() - started) / ns.steps)
     ratios = [b / a for a, b in zip(seconds["A"], seconds["B"], strict=True)]
     low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0], None, ratios[0])

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from hasten.clock import Clock, command_started
 from hasten.engine.distributed import resolve_device
@@ -101,10 +102,10 @@ def flops_per_image(recipe: Recipe) -> float:
     return train_step_flops(model, data.image_shape, data.num_classes)
 
 
-def bare_step_images_per_second(recipe: Recipe, steps: int = 20, warmup: int = 3) -> float:
-    """Images/s of the recipe's training step alone: the loop's own `train_step` (hooks, precision, optimizer,
-    schedule) repeated on one batch already in memory; no data slicing, augmentation, evaluation or logging.
-    What the whole run's throughput is measured against: the gap is the loop's overhead."""
+def bare_step(recipe: Recipe, warmup: int = 3) -> tuple[Any, Tensor, Tensor, Callable[[], None]]:
+    """The recipe's training step alone, ready to repeat: the loop's own trainer (its `train_step`: hooks,
+    precision, optimizer, schedule), the first training batch already in memory, `warmup` steps taken, and the
+    device's synchronisation (a no-op on a CPU) to call before reading a clock."""
     from hasten.run.build import build, trainer_for
     from hasten.run.plan import Plan
     from hasten.runfolder.log import RunLog
@@ -117,6 +118,14 @@ def bare_step_images_per_second(recipe: Recipe, steps: int = 20, warmup: int = 3
     for _ in range(warmup):
         trainer.train_step(images, labels)
     sync = torch.cuda.synchronize if parts.device.type == "cuda" else lambda: None
+    return trainer, images, labels, sync
+
+
+def bare_step_images_per_second(recipe: Recipe, steps: int = 20, warmup: int = 3) -> float:
+    """Images/s of the recipe's training step alone (`bare_step`) repeated on one batch already in memory; no data
+    slicing, augmentation, evaluation or logging. What the whole run's throughput is measured against: the gap is
+    the loop's overhead."""
+    trainer, images, labels, sync = bare_step(recipe, warmup)
     sync()
     started = time.perf_counter()
     for _ in range(steps):

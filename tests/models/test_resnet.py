@@ -11,11 +11,11 @@ from hasten.models.resnet import ResNet, conv_bn
 
 def relu_then_pool(model: ResNet) -> nn.Module:
     """The same modules in the textbook order: each stage's conv-BN-ReLU, then the max-pool, then its blocks."""
+    assert [type(m) for m in conv_bn(1, 1)] == [nn.Conv2d, nn.BatchNorm2d, nn.ReLU]  # the stem's unit's order
     stages = []
     for stage in model.stages:
         (conv, norm), pool_relu, *blocks = stage
         assert isinstance(pool_relu[0], nn.MaxPool2d) and isinstance(pool_relu[1], nn.ReLU)
-        assert [type(m) for m in conv_bn(1, 1)] == [nn.Conv2d, nn.BatchNorm2d, nn.ReLU]  # the stem's unit's order
         stages.append(nn.Sequential(nn.Sequential(conv, norm, nn.ReLU()), nn.MaxPool2d(2), *blocks))
 
     class Textbook(nn.Module):
