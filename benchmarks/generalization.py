@@ -398,6 +398,7 @@ def read_run(run_dir: Path, code: int) -> dict[str, Any]:
             "train_seconds", "images_per_second", "global_batch", "lr", "precision", "channels_last")  # fmt: skip
     record = {key: summary.get(key) for key in keep} | {"warnings": summary.get("warnings", [])}
     record["seconds_to_93"] = (summary.get("time_to_accuracy") or {}).get("0.93")  # training seconds; None: never
+    record["accuracy_curve"] = summary.get("accuracy_curve")  # per epoch: training s, step, test accuracy, wall s
     recorded = yaml.safe_load((run_dir / "recipe.yaml").read_text()) if (run_dir / "recipe.yaml").is_file() else {}
     train, optim = recorded.get("train", {}), recorded.get("optim", {})
     record["recorded_epochs"] = train.get("epochs", summary.get("epochs"))
@@ -523,7 +524,19 @@ def _main(argv: list[str] | None) -> int:
 def task_row(task: Task) -> dict[str, Any]:
     """A task's run as results.json lists it: the task, then its record (None fields for a run not made)."""
     row = {"dataset": task.dataset, "budget": task.budget, "seed": task.seed, "arm": task.arm, "epochs": task.epochs}
-    return (task.record or {"missing": True, "test_accuracy": None}) | row  # a run shared by two cells: this one's
+    made = with_curve(task.record) or {"missing": True, "test_accuracy": None}
+    return made | row  # a run shared by two cells: this one's
+
+
+def with_curve(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A cached record made before records kept the run's accuracy curve, with it read from the run's summary.json
+    where the run folder is still there (the report times the default to the plain loop's accuracy from it)."""
+    if record is None or "accuracy_curve" in record or not record.get("run_dir"):
+        return record
+    summary = Path(record["run_dir"]) / "summary.json"
+    if record.get("exit_code") != 0 or not summary.is_file():
+        return record
+    return record | {"accuracy_curve": json.loads(summary.read_text()).get("accuracy_curve")}
 
 
 def dataset_note(name: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -105,6 +105,51 @@ def judge(
     return checks
 
 
+def wall_to(curve: Sequence[Sequence[float]] | None, accuracy: float) -> tuple[float, int] | None:
+    """(wall seconds from the command, epoch) of the first epoch whose test accuracy reached `accuracy`, from a
+    run's accuracy curve (per epoch: training seconds, step, test accuracy, wall seconds); None: never."""
+    for epoch, point in enumerate(curve or [], start=1):
+        if len(point) >= 4 and point[2] >= accuracy - EPS:
+            return point[3], epoch
+    return None
+
+
+def slower_because(default: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
+    """Why a cell's default took longer than the plain loop, in what the runs recorded: its optimizer steps
+    against plain's at the same epochs (and the batches behind them), and when its runs passed the plain loop's
+    median accuracy on the wall clock (what a user content with the plain loop's result waits for). Returns
+    {"why": text, "to_plain": {seed: seconds or None}}; seeds without a recorded curve are left out."""
+    parts = []
+    steps = [v for v in default["steps"].values() if v]
+    plain_steps = [v for v in plain["steps"].values() if v]
+    if steps and plain_steps:
+        ratio = statistics.median(steps) / statistics.median(plain_steps)
+        batches = sorted({v for v in default["batch"].values() if v})
+        batch_text = "/".join(map(str, batches)) or "?"
+        plain_batch = "/".join(map(str, sorted({v for v in plain["batch"].values() if v}))) or "?"
+        parts.append(f"{ratio:.1f}x plain's optimizer steps (batch {batch_text} against {plain_batch})")
+    target = plain["accuracy_median"]
+    reached: dict[int, tuple[float, int] | None] = {}
+    if target is not None:
+        reached = {seed: wall_to(curve, target) for seed, curve in default["curve"].items() if curve}
+    if reached:
+        times = [hit for hit in reached.values() if hit is not None]
+        epochs = sorted({epoch for _, epoch in times})
+        plain_wall = plain["wall_median"]
+        if times:
+            when = statistics.median(seconds for seconds, _ in times)
+            at = f"epoch {epochs[0]}" if len(epochs) == 1 else f"epochs {epochs[0]}-{epochs[-1]}"
+            side = "before" if when <= plain_wall else "after"
+            parts.append(
+                f"passed plain's median {_pts(target)}% at {when:.1f} s ({at}; {len(times)} of {len(reached)} "
+                f"seeds), {side} plain's {plain_wall:.1f} s"
+            )
+        else:
+            parts.append(f"no seed reached plain's median {_pts(target)}%")
+    seconds = {seed: None if hit is None else hit[0] for seed, hit in reached.items()}
+    return {"why": "; ".join(parts), "to_plain": seconds}
+
+
 def verdict(checks: dict[str, dict[str, Any]], complete: bool) -> str:
     """OK when all four targets hold on every planned run, FAIL when one does not, else incomplete."""
     if any(check["ok"] is False for check in checks.values()):
@@ -140,6 +185,9 @@ def cells(runs: list[dict[str, Any]], shares: dict[str, list[float]]) -> list[di
                 "errors": sorted({r["error"] for r in made if r.get("error")}),
                 "warnings": sorted({str(w) for r in made for w in (r.get("warnings") or [])}),
                 "epochs": sorted({r["epochs"] for r in made if r.get("epochs") is not None}),
+                "steps": {r["seed"]: r.get("steps") for r in made},
+                "batch": {r["seed"]: r.get("global_batch") for r in made},
+                "curve": {r["seed"]: r.get("accuracy_curve") for r in made},
             }
             row[arm] |= {f"accuracy_{k}": v for k, v in _stats(list(row[arm]["accuracy"].values())).items()}
             row[arm]["wall_median"] = _stats(list(row[arm]["wall"].values()))["median"]
@@ -149,6 +197,8 @@ def cells(runs: list[dict[str, Any]], shares: dict[str, list[float]]) -> list[di
             {r.get("recorded_epochs") or r.get("epochs") for r in mine if r["arm"] == "default"} - {None}
         )
         row["targets"] = judge(default["accuracy"], plain["accuracy"], default["wall"], plain["wall"], chance)
+        if row["targets"]["c"]["ok"] is False:
+            row["targets"]["c"] |= slower_because(default, plain)
         complete = not default["missing"] and not plain["missing"]
         row["verdict"] = verdict(row["targets"], complete)
         rows.append(row)
@@ -175,7 +225,11 @@ def _epochs(row: dict[str, Any]) -> str:
 
 
 def _verdict_text(row: dict[str, Any]) -> str:
-    failing = [f"{t}: {c['text']}" for t, c in row["targets"].items() if c["ok"] is False]
+    failing = [
+        f"{t}: {c['text']}" + (f" ({c['why']})" if c.get("why") else "")
+        for t, c in row["targets"].items()
+        if c["ok"] is False
+    ]
     if row["verdict"] == "OK":
         return "OK"
     missing = len(row["default"]["missing"]) + len(row["plain"]["missing"])

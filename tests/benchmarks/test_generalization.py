@@ -318,6 +318,38 @@ def test_the_report_names_the_failing_targets_and_counts_them(tmp_path: Path) ->
     assert (tmp_path / "plot.png").stat().st_size > 1000
 
 
+def test_a_slower_default_says_its_steps_and_when_it_passed_the_plain_loops_accuracy(tmp_path: Path) -> None:
+    runs = []
+    curves = {0: [[1, 10, 0.4, 5.0], [2, 20, 0.65, 8.0], [3, 30, 0.7, 12.0]], 1: [[1, 10, 0.6, 6.0]]}
+    curves[2] = [[1, 10, 0.3, 9.0]]
+    for seed in range(3):
+        mine = _run("letters", "default", seed, 0.7, 20.0) | {"steps": 2000, "global_batch": 16}
+        runs += [mine | {"accuracy_curve": curves[seed]}]
+        runs += [_run("letters", "plain", seed, [0.5, 0.6, 0.62][seed]) | {"steps": 500, "global_batch": 64}]
+    (row,) = report.cells(runs, {"letters": [0.1] * 10})
+    c = row["targets"]["c"]
+    assert c["ok"] is False and c["to_plain"] == {0: 8.0, 1: 6.0, 2: None}
+    assert c["why"] == (
+        "4.0x plain's optimizer steps (batch 16 against 64); passed plain's median 60.0% at 7.0 s "
+        "(epochs 1-2; 2 of 3 seeds), before plain's 10.0 s"
+    )
+    assert f"c: median 20.0 s vs plain 10.0 s (2.00x): 10.0 s slower ({c['why']})" in report._verdict_text(row)
+    late = [r | {"accuracy_curve": [[1, 10, 0.6, 11.0]]} if r["arm"] == "default" else r for r in runs]
+    assert (
+        "at 11.0 s (epoch 1; 3 of 3 seeds), after plain's 10.0 s"
+        in report.cells(late, {"letters": [0.1] * 10})[0]["targets"]["c"]["why"]
+    )
+    never = [r | {"accuracy_curve": [[1, 10, 0.2, 11.0]]} if r["arm"] == "default" else r for r in runs]
+    assert report.cells(never, {"letters": [0.1] * 10})[0]["targets"]["c"]["why"].endswith(
+        "no seed reached plain's median 60.0%"
+    )
+    # a record cached before records kept the curve takes it from its run folder's summary.json
+    (tmp_path / "summary.json").write_text(json.dumps({"accuracy_curve": curves[0]}))
+    old = {"run_dir": str(tmp_path), "exit_code": 0, "test_accuracy": 0.7}
+    assert generalization.with_curve(old)["accuracy_curve"] == curves[0]
+    assert generalization.with_curve(old | {"exit_code": 1}) == old | {"exit_code": 1}
+
+
 def test_the_cost_estimate_fits_fixed_and_per_epoch_seconds() -> None:
     runs = [
         {
