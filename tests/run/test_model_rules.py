@@ -95,6 +95,37 @@ def test_a_run_at_chance_at_its_budget_is_advised_longer_first_and_a_short_one_i
     assert len(said) == 2
 
 
+def test_a_run_that_sat_at_chance_for_a_third_of_its_steps_before_it_learnt_is_told_to_train_longer():
+    from types import SimpleNamespace
+
+    from hasten.run.trainer import LATE_LONGER, Trainer, learnt_late
+
+    def curve(accuracies, steps_per_epoch=100):
+        return [[epoch, epoch * steps_per_epoch, accuracy, epoch] for epoch, accuracy in enumerate(accuracies, 1)]
+
+    # 10 classes: chance level is under 19%
+    assert learnt_late(curve([0.10, 0.12, 0.18, 0.40, 0.50, 0.60]), 10) == (300, 600)  # half of it at chance
+    assert learnt_late(curve([0.10, 0.18, 0.40, 0.50, 0.55, 0.60]), 10) == (200, 600)  # a third: on the line
+    assert learnt_late(curve([0.10, 0.30, 0.40, 0.50, 0.55, 0.60]), 10) is None  # a sixth: a usual start
+    assert learnt_late(curve([0.30, 0.10, 0.12, 0.40, 0.50, 0.60]), 10) is None  # off chance from the first epoch
+    assert learnt_late(curve([0.10, 0.10, 0.12, 0.12, 0.15, 0.18]), 10) is None  # ended at chance: the end's warning
+    assert learnt_late(curve([0.40, 0.60]), 2) == (100, 200)  # 2 classes: chance level is under 55%
+    assert learnt_late(curve([0.60]), 10) is None and learnt_late([], 10) is None
+    said: list[str] = []
+    plan = SimpleNamespace(num_classes=10, epochs=27)
+    late = SimpleNamespace(accuracy_curve=curve([0.1] * 12 + [0.3] * 15, steps_per_epoch=75))
+    Trainer.check_start(SimpleNamespace(plan=plan, state=late, warn=said.append))
+    assert said == [
+        "the test accuracy was at chance level until step 900 of 2,025 (44% of the run) before the model learnt: a "
+        f"longer run may end higher; try train.epochs={LATE_LONGER * 27}"
+    ]
+    load_recipe(None, [f"train.epochs={LATE_LONGER * 27}"])  # the advice is a valid override
+    Trainer.check_start(
+        SimpleNamespace(plan=plan, state=SimpleNamespace(accuracy_curve=curve([0.5] * 27)), warn=said.append)
+    )
+    assert len(said) == 1  # learnt from the start: nothing said
+
+
 def test_a_model_without_batch_norm_gets_the_longer_budget_and_the_batch_candidates_keep_it():
     assert rules.run_steps(batch_norm=True) == rules.RUN_STEPS == 600  # hasten's ResNet: as tuned
     assert rules.run_steps(batch_norm=False) == rules.NO_BATCH_NORM_RUN_STEPS == 1200
