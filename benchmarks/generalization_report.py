@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hasten.run.trainer import learnt_late
 from hasten.runfolder.log import write_atomic
 
 MARGIN = 0.02  # (a): how far the default's worst seed may lag the plain median
@@ -150,6 +151,21 @@ def slower_because(default: dict[str, Any], plain: dict[str, Any]) -> dict[str, 
     return {"why": "; ".join(parts), "to_plain": seconds}
 
 
+def short_because(default: dict[str, Any], classes: int) -> dict[str, Any]:
+    """Why a cell's worst default seed fell short, where its run shows it: it sat at chance for a large share of
+    its steps before it learnt (hasten's own end-of-run warning says so to the user: `learnt_late`)."""
+    finished = {seed: accuracy for seed, accuracy in default["accuracy"].items() if accuracy is not None}
+    if not finished:
+        return {}
+    worst = min(finished, key=lambda seed: finished[seed])
+    late = learnt_late(default["curve"].get(worst) or [], classes)
+    if late is None:
+        return {}
+    until, total = late
+    text = f"seed {worst} was at chance until step {until:,} of {total:,} ({until / total:.0%}) before it learnt"
+    return {"why": text}
+
+
 def verdict(checks: dict[str, dict[str, Any]], complete: bool) -> str:
     """OK when all four targets hold on every planned run, FAIL when one does not, else incomplete."""
     if any(check["ok"] is False for check in checks.values()):
@@ -199,6 +215,8 @@ def cells(runs: list[dict[str, Any]], shares: dict[str, list[float]]) -> list[di
         row["targets"] = judge(default["accuracy"], plain["accuracy"], default["wall"], plain["wall"], chance)
         if row["targets"]["c"]["ok"] is False:
             row["targets"]["c"] |= slower_because(default, plain)
+        if row["targets"]["a"]["ok"] is False:
+            row["targets"]["a"] |= short_because(default, row["classes"])
         complete = not default["missing"] and not plain["missing"]
         row["verdict"] = verdict(row["targets"], complete)
         rows.append(row)

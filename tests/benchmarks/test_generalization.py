@@ -350,6 +350,23 @@ def test_a_slower_default_says_its_steps_and_when_it_passed_the_plain_loops_accu
     assert generalization.with_curve(old | {"exit_code": 1}) == old | {"exit_code": 1}
 
 
+def test_a_default_seed_short_of_the_plain_loop_says_when_it_sat_at_chance() -> None:
+    late = [[epoch, 100 * epoch, 0.1 if epoch <= 5 else 0.5, epoch] for epoch in range(1, 11)]  # chance to step 500
+    early = [[epoch, 100 * epoch, 0.8, epoch] for epoch in range(1, 11)]
+    runs = []
+    for seed, (accuracy, curve) in enumerate([(0.8, early), (0.5, late), (0.8, early)]):
+        runs += [
+            _run("scenes", "default", seed, accuracy) | {"accuracy_curve": curve},
+            _run("scenes", "plain", seed, 0.7),
+        ]
+    (row,) = report.cells(runs, {"scenes": [0.1] * 10})
+    assert row["targets"]["a"]["why"] == "seed 1 was at chance until step 500 of 1,000 (50%) before it learnt"
+    assert "(seed 1 was at chance until step 500" in report._verdict_text(row)
+    runs[2]["accuracy_curve"] = early  # the short seed learnt from its start: nothing to say why
+    (row,) = report.cells(runs, {"scenes": [0.1] * 10})
+    assert row["targets"]["a"]["ok"] is False and "why" not in row["targets"]["a"]
+
+
 def test_the_cost_estimate_fits_fixed_and_per_epoch_seconds() -> None:
     runs = [
         {
