@@ -151,19 +151,23 @@ def slower_because(default: dict[str, Any], plain: dict[str, Any]) -> dict[str, 
     return {"why": "; ".join(parts), "to_plain": seconds}
 
 
-def short_because(default: dict[str, Any], classes: int) -> dict[str, Any]:
-    """Why a cell's worst default seed fell short, where its run shows it: it sat at chance for a large share of
-    its steps before it learnt (hasten's own end-of-run warning says so to the user: `learnt_late`)."""
+def short_because(default: dict[str, Any], plain: dict[str, Any], classes: int) -> dict[str, Any]:
+    """Why a cell's worst default seed fell short, where its runs show it: it was at chance late in its run
+    (hasten's own end-of-run warning says so to the user: `learnt_late`), and how the plain loop did on the same
+    seed (the same initial weights and data order)."""
     finished = {seed: accuracy for seed, accuracy in default["accuracy"].items() if accuracy is not None}
     if not finished:
         return {}
     worst = min(finished, key=lambda seed: finished[seed])
+    parts = []
     late = learnt_late(default["curve"].get(worst) or [], classes)
-    if late is None:
-        return {}
-    until, total = late
-    text = f"seed {worst} was at chance until step {until:,} of {total:,} ({until / total:.0%}) before it learnt"
-    return {"why": text}
+    if late is not None:
+        until, total = late
+        parts.append(f"seed {worst} was at chance until step {until:,} of {total:,} ({until / total:.0%})")
+    theirs = plain["accuracy"].get(worst)
+    if theirs is not None:
+        parts.append(f"plain's seed {worst}: {_pts(theirs)}%")  # the same initial weights and order are slow for both
+    return {"why": "; ".join(parts)} if parts else {}
 
 
 def verdict(checks: dict[str, dict[str, Any]], complete: bool) -> str:
@@ -216,7 +220,7 @@ def cells(runs: list[dict[str, Any]], shares: dict[str, list[float]]) -> list[di
         if row["targets"]["c"]["ok"] is False:
             row["targets"]["c"] |= slower_because(default, plain)
         if row["targets"]["a"]["ok"] is False:
-            row["targets"]["a"] |= short_because(default, row["classes"])
+            row["targets"]["a"] |= short_because(default, plain, row["classes"])
         complete = not default["missing"] and not plain["missing"]
         row["verdict"] = verdict(row["targets"], complete)
         rows.append(row)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import math
 import signal
 import statistics
@@ -108,12 +107,13 @@ def at_chance(accuracy: float, num_classes: int) -> bool:
 
 
 def learnt_late(curve: Sequence[Sequence[float]], num_classes: int) -> tuple[int, int] | None:
-    """(the step of the last evaluation at chance, the run's last step) when a run's first evaluations were at chance
-    for at least LATE_SHARE of its steps and it ended off chance; None otherwise (a run that ended at chance is the
-    end-of-run check's). `curve`: the run's evaluations, [training seconds, step, test accuracy, wall seconds]."""
+    """(the step of the last evaluation at chance, the run's last step) when a run was at chance as late as
+    LATE_SHARE of its steps and ended off it; None otherwise (a run that ended at chance is the end-of-run check's).
+    The last evaluation at chance, not the first off it: on a small test set an accuracy near the line crosses it
+    and back. `curve`: the run's evaluations, [training seconds, step, test accuracy, wall seconds]."""
     if len(curve) < 2 or at_chance(curve[-1][2], num_classes):
         return None
-    waited = list(itertools.takewhile(lambda point: at_chance(point[2], num_classes), curve))
+    waited = [point for point in curve if at_chance(point[2], num_classes)]
     if not waited:
         return None
     until, total = int(waited[-1][1]), int(curve[-1][1])

@@ -107,7 +107,8 @@ def test_a_run_that_sat_at_chance_for_a_third_of_its_steps_before_it_learnt_is_t
     assert learnt_late(curve([0.10, 0.12, 0.18, 0.40, 0.50, 0.60]), 10) == (300, 600)  # half of it at chance
     assert learnt_late(curve([0.10, 0.18, 0.40, 0.50, 0.55, 0.60]), 10) == (200, 600)  # a third: on the line
     assert learnt_late(curve([0.10, 0.30, 0.40, 0.50, 0.55, 0.60]), 10) is None  # a sixth: a usual start
-    assert learnt_late(curve([0.30, 0.10, 0.12, 0.40, 0.50, 0.60]), 10) is None  # off chance from the first epoch
+    assert learnt_late(curve([0.30, 0.12, 0.40, 0.45, 0.50, 0.55, 0.6, 0.6, 0.6]), 10) is None  # back at 2 of 9
+    assert learnt_late(curve([0.20, 0.10, 0.12, 0.40, 0.50, 0.60]), 10) == (300, 600)  # off the line, then back
     assert learnt_late(curve([0.10, 0.10, 0.12, 0.12, 0.15, 0.18]), 10) is None  # ended at chance: the end's warning
     assert learnt_late(curve([0.40, 0.60]), 2) == (100, 200)  # 2 classes: chance level is under 55%
     assert learnt_late(curve([0.60]), 10) is None and learnt_late([], 10) is None
