@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hasten.run.trainer import learnt_late
+from hasten.run.verdicts import learnt_late
 from hasten.runfolder.log import write_atomic
 
 MARGIN = 0.02  # (a): how far the default's worst seed may lag the plain median

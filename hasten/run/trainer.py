@@ -42,7 +42,7 @@ import signal
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ from hasten.run.evaluation import evaluate_loader
 from hasten.run.plan import Hooks, Interrupted, NonFiniteLoss, Plan, Saving
 from hasten.run.signals import asked_to_stop, handling_stop_signals
 from hasten.run.state import State, rank_state, restore, time_to_fraction_of_best, wall_time_to_accuracy
+from hasten.run.verdicts import at_chance_warning, late_warning
 from hasten.runfolder.checkpoint import prune, save_checkpoint, set_rng_state
 from hasten.runfolder.log import RunLog
 from hasten.techniques.tta import views
@@ -89,35 +90,6 @@ METRICS = [
 
 # a training loss this many times a uniform guess's, ln(classes), is a warning at once (not learning: at the end)
 UNLEARNT_MARGIN = 2.0
-# a run at chance at its budget is advised this many times its epochs: a GroupNorm CNN of the model suite stayed at
-# chance on a letters folder at the default's 8 epochs at every LR tried (0.0007-0.02) and reached 55.5% at 30
-LONGER = 4
-# a run whose test accuracy stayed at chance for at least this share of its steps before it learnt is told so, and
-# advised LATE_LONGER times its epochs: the GroupNorm CNN of the model suite sat at chance for about 12 of its 27
-# epochs on one seed of the scenes and ended at 32.5% where its other seeds reached 56.5 and 64.8%; on the letters
-# such a seed went from 34.0% at 32 epochs to 66.5% at 60 (docs/defaults.md)
-LATE_SHARE = 1 / 3
-LATE_LONGER = 2
-
-
-def at_chance(accuracy: float, num_classes: int) -> bool:
-    """Below chance + 10% of (1 - chance), chance 1 / classes: what the end-of-run warning calls chance level."""
-    chance = 1 / num_classes
-    return accuracy < chance + 0.1 * (1 - chance)
-
-
-def learnt_late(curve: Sequence[Sequence[float]], num_classes: int) -> tuple[int, int] | None:
-    """(the step of the last evaluation at chance, the run's last step) when a run was at chance as late as
-    LATE_SHARE of its steps and ended off it; None otherwise (a run that ended at chance is the end-of-run check's).
-    The last evaluation at chance, not the first off it: on a small test set an accuracy near the line crosses it
-    and back. `curve`: the run's evaluations, [training seconds, step, test accuracy, wall seconds]."""
-    if len(curve) < 2 or at_chance(curve[-1][2], num_classes):
-        return None
-    waited = [point for point in curve if at_chance(point[2], num_classes)]
-    if not waited:
-        return None
-    until, total = int(waited[-1][1]), int(curve[-1][1])
-    return (until, total) if total > 0 and until >= LATE_SHARE * total else None
 
 
 def _sync(device: torch.device) -> None:
@@ -400,29 +372,17 @@ class Trainer:
             )
 
     def check_result(self, test_accuracy: float) -> None:
-        """At the end: an accuracy near chance is a warning, never just a number."""
-        chance = 1 / self.plan.num_classes
-        if at_chance(test_accuracy, self.plan.num_classes):
-            advice = list(self.plan.divergence_advice)
-            if not any(item.startswith("train.epochs=") for item in advice):  # a model that learns slowly: longer
-                advice.insert(0, f"train.epochs={LONGER * self.plan.epochs}")
-            self.warn(
-                f"test accuracy {test_accuracy:.2%} is at chance level ({chance:.2%} for {self.plan.num_classes} "
-                "classes): the model did not learn; see the training loss per epoch in metrics.csv, and try "
-                f"{', '.join(advice)}"
-            )
+        """At the end: an accuracy near chance is a warning, never just a number (hasten/run/verdicts.py)."""
+        plan = self.plan
+        if (
+            text := at_chance_warning(test_accuracy, plan.num_classes, plan.epochs, plan.divergence_advice)
+        ) is not None:
+            self.warn(text)
 
     def check_start(self) -> None:
-        """At the end of a run that learnt: one that sat at chance for a large share of its steps first is said to
-        have learnt late, with a longer run to try (its accuracy was still being paid for by the wait)."""
-        late = learnt_late(self.state.accuracy_curve, self.plan.num_classes)
-        if late is not None:
-            until, total = late
-            self.warn(
-                f"the test accuracy was at chance level until step {until:,} of {total:,} ({until / total:.0%} of the "
-                f"run) before the model learnt: a longer run may end higher; try "
-                f"train.epochs={LATE_LONGER * self.plan.epochs}"
-            )
+        """At the end of a run that learnt: one at chance late into its steps is said to have learnt late."""
+        if (text := late_warning(self.state.accuracy_curve, self.plan.num_classes, self.plan.epochs)) is not None:
+            self.warn(text)
 
     def train_epoch(self, bar: EpochProgress) -> dict[str, float]:
         self.model.train()

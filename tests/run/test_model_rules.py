@@ -81,7 +81,8 @@ def test_a_run_with_a_users_model_records_and_says_the_lr_it_chose(tmp_path, cap
 def test_a_run_at_chance_at_its_budget_is_advised_longer_first_and_a_short_one_its_budget():
     from types import SimpleNamespace
 
-    from hasten.run.trainer import LONGER, Trainer
+    from hasten.run.trainer import Trainer
+    from hasten.run.verdicts import LONGER
 
     said: list[str] = []
     plan = SimpleNamespace(num_classes=10, epochs=8, divergence_advice=["optim.lr=0.00035", "train.batch_size=8"])
@@ -98,7 +99,8 @@ def test_a_run_at_chance_at_its_budget_is_advised_longer_first_and_a_short_one_i
 def test_a_run_that_sat_at_chance_for_a_third_of_its_steps_before_it_learnt_is_told_to_train_longer():
     from types import SimpleNamespace
 
-    from hasten.run.trainer import LATE_LONGER, Trainer, learnt_late
+    from hasten.run.trainer import Trainer
+    from hasten.run.verdicts import LATE_LONGER, learnt_late
 
     def curve(accuracies, steps_per_epoch=100):
         return [[epoch, epoch * steps_per_epoch, accuracy, epoch] for epoch, accuracy in enumerate(accuracies, 1)]

@@ -1,0 +1,63 @@
+"""What a finished run's accuracy says about it, in words the user reads at its end: at chance (the model did not
+learn), or at chance late into the run (it learnt, late). Pure functions over the run's numbers; the trainer
+(hasten/run/trainer.py) says them, the generalization suite's report reads `learnt_late` too."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# a run at chance at its budget is advised this many times its epochs: a GroupNorm CNN of the model suite stayed at
+# chance on a letters folder at the default's 8 epochs at every LR tried (0.0007-0.02) and reached 55.5% at 30
+LONGER = 4
+# a run whose test accuracy stayed at chance for at least this share of its steps before it learnt is told so, and
+# advised LATE_LONGER times its epochs: the GroupNorm CNN of the model suite sat at chance for about 12 of its 27
+# epochs on one seed of the scenes and ended at 32.5% where its other seeds reached 56.5 and 64.8%; on the letters
+# such a seed went from 34.0% at 32 epochs to 66.5% at 60 (docs/defaults.md)
+LATE_SHARE = 1 / 3
+LATE_LONGER = 2
+
+
+def at_chance(accuracy: float, num_classes: int) -> bool:
+    """Below chance + 10% of (1 - chance), chance 1 / classes: what the end-of-run warning calls chance level."""
+    chance = 1 / num_classes
+    return accuracy < chance + 0.1 * (1 - chance)
+
+
+def learnt_late(curve: Sequence[Sequence[float]], num_classes: int) -> tuple[int, int] | None:
+    """(the step of the last evaluation at chance, the run's last step) when a run was at chance as late as
+    LATE_SHARE of its steps and ended off it; None otherwise (a run that ended at chance is the end-of-run check's).
+    The last evaluation at chance, not the first off it: on a small test set an accuracy near the line crosses it
+    and back. `curve`: the run's evaluations, [training seconds, step, test accuracy, wall seconds]."""
+    if len(curve) < 2 or at_chance(curve[-1][2], num_classes):
+        return None
+    waited = [point for point in curve if at_chance(point[2], num_classes)]
+    if not waited:
+        return None
+    until, total = int(waited[-1][1]), int(curve[-1][1])
+    return (until, total) if total > 0 and until >= LATE_SHARE * total else None
+
+
+def at_chance_warning(accuracy: float, num_classes: int, epochs: int, advice: Sequence[str]) -> str | None:
+    """The end-of-run warning for an accuracy at chance, with what to try: `advice` (the plan's divergence
+    advice), a longer run first when it names no epochs (a model that learns slowly is not helped by any LR)."""
+    if not at_chance(accuracy, num_classes):
+        return None
+    tries = list(advice)
+    if not any(item.startswith("train.epochs=") for item in tries):
+        tries.insert(0, f"train.epochs={LONGER * epochs}")
+    return (
+        f"test accuracy {accuracy:.2%} is at chance level ({1 / num_classes:.2%} for {num_classes} classes): the "
+        f"model did not learn; see the training loss per epoch in metrics.csv, and try {', '.join(tries)}"
+    )
+
+
+def late_warning(curve: Sequence[Sequence[float]], num_classes: int, epochs: int) -> str | None:
+    """The end-of-run warning for a run that learnt late (`learnt_late`), with a longer run to try."""
+    late = learnt_late(curve, num_classes)
+    if late is None:
+        return None
+    until, total = late
+    return (
+        f"the test accuracy was at chance level until step {until:,} of {total:,} ({until / total:.0%} of the run) "
+        f"before the model learnt: a longer run may end higher; try train.epochs={LATE_LONGER * epochs}"
+    )
