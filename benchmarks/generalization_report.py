@@ -17,12 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hasten.run.verdicts import learnt_late
+from hasten.run.verdicts import chance_line, learnt_late
 from hasten.runfolder.log import write_atomic
 
 MARGIN = 0.02  # (a): how far the default's worst seed may lag the plain median
 SPREAD = 0.05  # (b): the most the default's seeds may spread
-CHANCE_SHARE = 0.1  # (d): at chance below chance + this share of (1 - chance)
 TARGETS = {
     "a": "worst default seed >= plain median - 2 points",
     "b": "default spread over seeds (max - min) <= 5 points",
@@ -35,8 +34,9 @@ FULL_SEEDS = 5
 
 
 def chance_threshold(chance: float) -> float:
-    """Accuracy below which a run is at chance (hasten.run.trainer's at-chance warning)."""
-    return chance + CHANCE_SHARE * (1 - chance)
+    """Accuracy below which a run is at chance: hasten's own line (hasten.run.verdicts), chance being the test
+    set's largest class share."""
+    return chance_line(chance)
 
 
 def _pts(value: float) -> str:

@@ -17,10 +17,17 @@ LATE_SHARE = 1 / 3
 LATE_LONGER = 2
 
 
+CHANCE_SHARE = 0.1  # an accuracy below chance + this share of (1 - chance) is at chance
+
+
+def chance_line(chance: float) -> float:
+    """The accuracy under which a run is at chance, for a chance accuracy `chance` (1 / classes when balanced)."""
+    return chance + CHANCE_SHARE * (1 - chance)
+
+
 def at_chance(accuracy: float, num_classes: int) -> bool:
-    """Below chance + 10% of (1 - chance), chance 1 / classes: what the end-of-run warning calls chance level."""
-    chance = 1 / num_classes
-    return accuracy < chance + 0.1 * (1 - chance)
+    """Below `chance_line` of 1 / classes: what the end-of-run warning calls chance level."""
+    return accuracy < chance_line(1 / num_classes)
 
 
 def learnt_late(curve: Sequence[Sequence[float]], num_classes: int) -> tuple[int, int] | None:
