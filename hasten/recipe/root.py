@@ -38,7 +38,8 @@ class TrainConfig(Section):
     eval_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto",
         description="Images per batch when evaluating. auto: 256 on a GPU; on a CPU, where activations that outgrow "
-        "the caches slow the pass, 64 of up to 64x64 pixels, fewer of larger images, at least 16 "
+        "the caches slow the pass, at most 256 images and 1 MiB of input at the precision's element size (fp32: 256 "
+        "of up to 45x45 pixels, 64 at 64x64; bf16 twice as many where the bytes bind), at least 16 "
         "(hasten/tune/rules.py).",
     )
     # so time to accuracy resolves to seconds

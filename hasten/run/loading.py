@@ -85,10 +85,13 @@ def _streamed(folder: ImageFolder, why: str, speak: bool) -> ImageFolder:
 
 
 def eval_batch_size(recipe: Recipe, device: torch.device, image_shape: tuple[int, ...]) -> int:
-    """`train.eval_batch_size`, or for `auto` the rule's batch for (C, H, W) images on this device
-    (hasten/tune/rules.py's eval_batch)."""
+    """`train.eval_batch_size`, or for `auto` the rule's batch for (C, H, W) images on this device at the recipe's
+    precision (hasten/tune/rules.py's eval_batch; an undecided precision counts as fp32's four bytes)."""
     asked = recipe.train.eval_batch_size
-    return asked if asked != "auto" else rules.eval_batch(device.type, int(image_shape[-2]), int(image_shape[-1]))
+    if asked != "auto":
+        return asked
+    height, width = int(image_shape[-2]), int(image_shape[-1])
+    return rules.eval_batch(device.type, height, width, rules.element_bytes(recipe.precision))
 
 
 def loader_options(

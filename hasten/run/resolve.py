@@ -140,11 +140,6 @@ def resolve(
     machine = machine or current_machine()
     world = world_size()
     recipe, notes = resolve_for_data(recipe, data, world)
-    if recipe.train.eval_batch_size == "auto":
-        recipe = replaced(recipe, {"train.eval_batch_size": eval_batch_size(recipe, device, data.image_shape)})
-        height, width = data.image_shape[-2:]
-        where = f"{height}x{width} images on a CPU" if device.type == "cpu" else f"on {device.type}"
-        notes.append(f"train.eval_batch_size=auto -> {recipe.train.eval_batch_size} ({where})")
     recipe, more, placed = resolve_placement(recipe, data, device)
     notes += more
     if user_objects(recipe, given_model, given_data):  # fail before anything is timed or trained
@@ -169,6 +164,13 @@ def resolve(
     notes += more
     recipe, more = resolve_budget(recipe, data, world, resumed, budget)
     notes += more
+    if recipe.train.eval_batch_size == "auto":  # after the precision: a bf16 batch's activations take half the bytes
+        recipe = replaced(recipe, {"train.eval_batch_size": eval_batch_size(recipe, device, data.image_shape)})
+        height, width = data.image_shape[-2:]
+        where = (
+            f"{height}x{width} images in {recipe.precision} on a CPU" if device.type == "cpu" else f"on {device.type}"
+        )
+        notes.append(f"train.eval_batch_size=auto -> {recipe.train.eval_batch_size} ({where})")
     recipe = resolve_fused(recipe, device)
     if distributed.is_main():
         for note in notes:

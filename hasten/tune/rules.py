@@ -157,19 +157,27 @@ def auto_epochs(images: int, batch: int, world: int = 1, accumulate: int = 1, bu
 
 EVAL_BATCH = 256  # train.eval_batch_size=auto on a GPU
 # ... on a CPU, where a forward pass over a batch whose activations outgrow the caches slows per image: at most
-# EVAL_BATCH_CPU images and EVAL_PIXELS pixels a batch (the default model, one thread: 28-64 px images ran 1.3-1.9x
-# slower per image in batches of 128 or 256 than of 64, 96 px ones 1.3x slower at 64 than at 16 or 32; docs/defaults.md)
-EVAL_BATCH_CPU = 64
-EVAL_PIXELS = 64 * 64 * 64
+# EVAL_BATCH_CPU images and EVAL_BYTES bytes of input a batch at the evaluation's element size (4 in fp32, 2 in bf16
+# or fp16): measured on a Zen 4 and with AVX2 kernels (benchmarks/eval_batch.py, docs/defaults.md), 28-32 px images
+# ran fastest in batches of 128-256 in fp32 and bf16, and the batch where larger ones slow (fp32: 64 at 64 px, 16-32
+# at 96 px) doubles in bf16, whose activations take half the bytes (128 at 64 px, 32 at 96 px)
+EVAL_BATCH_CPU = 256
+EVAL_BYTES = 64 * 64 * 64 * 4
 
 
-def eval_batch(device_type: str, height: int, width: int) -> int:
+def eval_batch(device_type: str, height: int, width: int, element_bytes: int = 4) -> int:
     """train.eval_batch_size=auto: EVAL_BATCH on a GPU; on a CPU the largest power of two of images from MIN_BATCH
-    to EVAL_BATCH_CPU that holds at most EVAL_PIXELS pixels (MIN_BATCH when even it holds more)."""
+    to EVAL_BATCH_CPU whose pixels, at `element_bytes` each (the evaluation's precision: 4 for fp32, 2 for bf16 and
+    fp16), hold at most EVAL_BYTES (MIN_BATCH when even it holds more)."""
     if device_type != "cpu":
         return EVAL_BATCH
-    fits = max(1, EVAL_PIXELS // max(1, height * width))
+    fits = max(1, EVAL_BYTES // max(1, height * width * element_bytes))
     return max(MIN_BATCH, min(EVAL_BATCH_CPU, 1 << (fits.bit_length() - 1)))
+
+
+def element_bytes(precision: str) -> int:
+    """Bytes of one activation under `precision` (a resolved one; auto counts as fp32, the widest)."""
+    return 2 if precision in ("bf16", "fp16", "fp16-master") else 4
 
 
 def auto_whiten(model: str, pretrained: str | None) -> bool:

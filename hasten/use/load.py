@@ -331,8 +331,8 @@ class Predicts:
         return "cpu"
 
     def chunk(self) -> int:
-        """Images per forward pass: as many as the run's evaluation would batch on this device
-        (`train.eval_batch_size: auto`, hasten/tune/rules.py), and at most PREDICT_BYTES of them as floats."""
+        """Images per forward pass: as many as an fp32 evaluation (predict computes in fp32) would batch on this
+        device (`train.eval_batch_size: auto`, hasten/tune/rules.py), and at most PREDICT_BYTES of them as floats."""
         pre = self.preprocessing
         batch = rules.eval_batch(self.device_type(), pre.height, pre.width)
         return max(1, min(batch, PREDICT_BYTES // (4 * pre.channels * pre.height * pre.width)))

@@ -98,19 +98,33 @@ def test_a_run_takes_the_batch_the_rule_picks_and_records_it(tmp_path, monkeypat
     assert "train.batch_size=auto -> 32" in capsys.readouterr().err
 
 
-def test_the_eval_batch_on_a_cpu_is_smaller_for_larger_images():
-    assert rules.eval_batch("cpu", 8, 8) == rules.eval_batch("cpu", 28, 28) == rules.eval_batch("cpu", 64, 64) == 64
-    assert rules.eval_batch("cpu", 80, 80) == 32  # 40 of 80x80 fit in 262,144 pixels: the power of two below
+def test_the_eval_batch_on_a_cpu_is_smaller_for_larger_images_and_larger_in_bf16():
+    # fp32 (4 bytes an activation): 256 of small images, 64 at 64x64 (1 MiB of input), fewer of larger ones
+    assert rules.eval_batch("cpu", 8, 8) == rules.eval_batch("cpu", 28, 28) == rules.eval_batch("cpu", 32, 32) == 256
+    assert rules.eval_batch("cpu", 48, 48) == rules.eval_batch("cpu", 64, 64) == 64
+    assert rules.eval_batch("cpu", 80, 80) == 32  # 40 of 80x80 fit in 1 MiB: the power of two below
     assert rules.eval_batch("cpu", 96, 96) == rules.eval_batch("cpu", 512, 512) == rules.MIN_BATCH  # at least 16
-    assert rules.eval_batch("cuda", 28, 28) == rules.eval_batch("cuda", 224, 224) == rules.EVAL_BATCH == 256
+    # bf16 and fp16 take half the bytes: twice the images where the bytes bind, the same cap of 256
+    bf16 = rules.element_bytes("bf16")
+    assert bf16 == rules.element_bytes("fp16") == rules.element_bytes("fp16-master") == 2
+    assert rules.element_bytes("fp32") == rules.element_bytes("auto") == 4
+    assert rules.eval_batch("cpu", 28, 28, bf16) == 256
+    assert rules.eval_batch("cpu", 48, 48, bf16) == rules.eval_batch("cpu", 64, 64, bf16) == 128
+    assert rules.eval_batch("cpu", 96, 96, bf16) == 32
+    assert rules.eval_batch("cuda", 28, 28) == rules.eval_batch("cuda", 224, 224, bf16) == rules.EVAL_BATCH == 256
 
 
-def test_a_run_records_the_eval_batch_it_decided(tmp_path, capsys):
+def test_a_run_records_the_eval_batch_it_decided_at_its_precision(tmp_path, capsys):
     overrides = [*QUIET, "data.name=synthetic", "data.synthetic_size=64", "data.size=64", "train.batch_size=16",
-                 "train.epochs=1", "model.width=4", f"run.dir={tmp_path}"]  # fmt: skip
+                 "train.epochs=1", "model.width=4", "precision=fp32", f"run.dir={tmp_path}"]  # fmt: skip
     hasten.train(None, overrides)
     assert yaml.safe_load((tmp_path / "recipe.yaml").read_text())["train"]["eval_batch_size"] == 64
-    assert "train.eval_batch_size=auto -> 64 (64x64 images on a CPU)" in capsys.readouterr().err
+    assert "train.eval_batch_size=auto -> 64 (64x64 images in fp32 on a CPU)" in capsys.readouterr().err
+    # bf16 decided (here asked) before the eval batch: its activations take half the bytes, twice the images
+    half = tmp_path / "bf16"
+    hasten.train(None, [*overrides[:-2], "precision=bf16", f"run.dir={half}"])
+    assert yaml.safe_load((half / "recipe.yaml").read_text())["train"]["eval_batch_size"] == 128
+    assert "train.eval_batch_size=auto -> 128 (64x64 images in bf16 on a CPU)" in capsys.readouterr().err
     given = tmp_path / "given"
     hasten.train(None, [*overrides[:-1], "train.eval_batch_size=100", f"run.dir={given}"])  # as given
     assert yaml.safe_load((given / "recipe.yaml").read_text())["train"]["eval_batch_size"] == 100

@@ -142,7 +142,7 @@ def test_evaluate_on_other_data_uses_the_run_normalisation(ema_run, tmp_path):
 
 
 @pytest.mark.numerics
-def test_safetensors_export_carries_metadata_and_reproduces_accuracy(ema_run, tmp_path):
+def test_safetensors_export_carries_metadata_and_reproduces_accuracy(ema_run, tmp_path, monkeypatch):
     run, summary = ema_run
     out = tmp_path / "model.safetensors"
     assert main(["export", str(run), str(out)]) == 0
@@ -166,10 +166,13 @@ def test_safetensors_export_carries_metadata_and_reproduces_accuracy(ema_run, tm
     with torch.no_grad():
         logits = model(model.preprocessing.normalise(images))
     assert accuracy(logits.argmax(1), labels) == summary["test_accuracy"]
-    # predict batches as the run's evaluation did on this device (64 images of 28x28 on a CPU): several chunks here,
-    # and the same probabilities as one pass over every image
-    assert model.chunk() == rules.eval_batch("cpu", 28, 28) == 64 and len(images) > model.chunk()
+    # predict batches as the run's evaluation would on this device in fp32 (256 images of 28x28 on a CPU), and in
+    # several chunks (a smaller limit here) the same probabilities as one pass over every image
+    assert model.chunk() == rules.eval_batch("cpu", 28, 28) == 256
     assert torch.allclose(probs, logits.softmax(1), atol=1e-5)
+    monkeypatch.setattr(rules, "EVAL_BATCH_CPU", 32)
+    assert model.chunk() == 32 and len(images) > model.chunk()
+    assert torch.allclose(model.probabilities(images), probs, atol=1e-6)
 
 
 @pytest.mark.numerics
