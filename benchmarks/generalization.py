@@ -18,6 +18,10 @@ Seeds (`--seeds`): 0-4. Three arms, all with the same data overrides, budget, se
   memory layout (no start-up probe: a plain loop has none);
 - **naive**: the textbook loop `hasten bench` shows (hasten/experiments/naive.py: batch 32, Adam 1e-3, fp32).
 
+The model suite (`--models gn-cnn,vit,...` or `all`): each dataset trained with each of six models written the way
+users write them (examples/models/), a cell per DATASET@MODEL; `--model NAME=MODULE:ATTR` adds a model of your own
+(its module importable from the working folder or PYTHONPATH; its file's bytes are part of the cache key).
+
 Every run is its own process, timed from command to exit (the wall time a user waits: start-up, probe, data,
 training and evaluation); summary.json's training seconds are recorded beside it. The runs of one (dataset,
 budget, seed) follow each other, the arm order rotated by the seed, so drift of the machine's load falls on every
@@ -39,6 +43,7 @@ plain and naive runs made by other hasten source (their recipe and data unchange
     .venv/bin/python benchmarks/generalization.py --only letters,few-shot      # two datasets, 5 budgets, 5 seeds
     .venv/bin/python benchmarks/generalization.py --only letters --budgets 3 --seeds 0,1 --jobs 2
     .venv/bin/python benchmarks/generalization.py --recipe my.yaml --only scenes optim.lr=0.1  # extra overrides
+    .venv/bin/python benchmarks/generalization.py --only digits,letters --model mine=mymodels:Net --seeds 0,1,2
     .venv/bin/python benchmarks/generalization.py --quick                      # smoke: tiny model, 1 epoch, 1 seed
     .venv/bin/python benchmarks/generalization.py --report-only                # the report from the cache
 
@@ -129,13 +134,16 @@ MODEL_MARK = "@"  # a cell of the model suite is named DATASET@MODEL
 QUICK = ["model.width=4", "model.blocks=[1]", "data.subset=256", "data.test_subset=200"]
 
 
-def dataset_overrides(name: str, out: Path, folders: dict[str, str] | None = None) -> dict[str, str]:
+def dataset_overrides(
+    name: str, out: Path, folders: dict[str, str] | None = None, models: dict[str, str] | None = None
+) -> dict[str, str]:
     """The data.* overrides that swap the recipe's data for dataset `name`; `folders` maps the names of the user's
     own image folders (--folder) to their paths. Small folders are decoded in the main process (data.workers=0):
-    no worker start-up. A model-suite cell, DATASET@MODEL, adds the overrides that train that model (MODELS)."""
+    no worker start-up. A model-suite cell, DATASET@MODEL, adds the overrides that train that model (`models`:
+    the suite's MODELS and the user's own, --model)."""
     name, _, model = name.partition(MODEL_MARK)
     if model:
-        own = {"model.name": "import", "model.target": MODELS[model]}
+        own = {"model.name": "import", "model.target": (models or MODELS)[model]}
         return dataset_overrides(name, out, folders) | own
     if folders and name in folders:
         return DATA_RESET | {"data.name": "imagefolder", "data.root": folders[name]}
@@ -144,6 +152,22 @@ def dataset_overrides(name: str, out: Path, folders: dict[str, str] | None = Non
         root = out / "data" / name
         return DATA_RESET | {"data.name": "imagefolder", "data.root": str(root.resolve()), "data.workers": "0"} | read
     return DATA_RESET | REGISTERED[name]
+
+
+def model_source(target: str) -> Path:
+    """The file that defines `target` (MODULE:ATTR), found the way the runs' Python finds it (the repository, the
+    working folder, PYTHONPATH) without importing it: its bytes key the suite's cache."""
+    parts = target.partition(":")[0].split(".")
+    roots = [Path(__file__).resolve().parents[1], Path.cwd()]
+    roots += [Path(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    for root in roots:
+        for candidate in (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py")):
+            if candidate.is_file():
+                return candidate
+    raise FileNotFoundError(
+        f"--model: no file for module {target.partition(':')[0]} under the repository, the working folder or "
+        "PYTHONPATH (run from the folder that holds it, or add that folder to PYTHONPATH)"
+    )
 
 
 def as_list(overrides: dict[str, str]) -> list[str]:
@@ -229,9 +253,7 @@ class Suite:
             else:
                 self.data_digest[cell] = None  # hasten's registered datasets: files pinned by their SHA-256
             if MODEL_MARK in cell:  # the user's model is code: its source is part of what the run is
-                model_file = Path(__file__).resolve().parents[1] / (
-                    MODELS[cell.partition(MODEL_MARK)[2]].partition(":")[0].replace(".", "/") + ".py"
-                )
+                model_file = model_source(args.model_targets[cell.partition(MODEL_MARK)[2]])
                 self.data_digest[cell] = (
                     f"{self.data_digest[cell]}:{hashlib.sha256(model_file.read_bytes()).hexdigest()}"
                 )
@@ -241,7 +263,7 @@ class Suite:
                         self.tasks.append(Task(cell, budget, seed, arm, None if budget == "recipe" else int(budget)))
 
     def overrides(self, task: Task) -> list[str]:
-        data = dataset_overrides(task.dataset, self.out, self.args.folders)
+        data = dataset_overrides(task.dataset, self.out, self.args.folders, self.args.model_targets)
         arm = {item.split("=", 1)[0]: item.split("=", 1)[1] for item in PLAIN} if task.arm == "plain" else {}
         budget = {"train.epochs": str(task.epochs)} if task.budget != "recipe" or task.arm != "default" else {}
         common = {"seed": str(task.seed), "train.threads": str(self.args.threads)}
@@ -425,6 +447,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--folder", action="append", default=[], metavar="DIR", help=own)
     models = f"the model suite: train each model (of {', '.join(MODELS)}; examples/models/) on each dataset"
     parser.add_argument("--models", default="", help=models + ", comma-separated; all: every one")
+    yours = (
+        "also a model of your own, NAME=MODULE:ATTR (a class or function taking num_classes and in_channels, "
+        "importable from the working folder or PYTHONPATH); repeatable; trained on each dataset"
+    )
+    parser.add_argument("--model", action="append", default=[], metavar="NAME=MODULE:ATTR", help=yours)
     parser.add_argument("--arms", default=",".join(ARMS), help="the arms to run, comma-separated (a variant of "
                         "the default alone: --arms default)")  # fmt: skip
     parser.add_argument("--out", default="bench/generalization")
@@ -450,10 +477,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [name for name in args.only if name not in DATASETS and name not in args.folders]
     if unknown:
         parser.error(f"--only: unknown dataset(s) {', '.join(unknown)}; choose from {', '.join(DATASETS)}")
+    own: dict[str, str] = {}
+    for item in args.model:
+        name, _, target = item.partition("=")
+        module, _, attr = target.partition(":")
+        if not name or not module or not attr or MODEL_MARK in name or "," in name:
+            parser.error(f"--model {item}: expected NAME=MODULE:ATTR, e.g. mine=mymodels:Net")
+        if name in MODELS or name in own:
+            parser.error(f"--model {item}: {name} is already a model of the suite; choose another name")
+        own[name] = target
+    args.model_targets = MODELS | own
     args.models = list(MODELS) if args.models == "all" else [m for m in args.models.split(",") if m]
-    unknown = [model for model in args.models if model not in MODELS]
+    args.models += [name for name in own if name not in args.models]
+    unknown = [model for model in args.models if model not in args.model_targets]
     if unknown:
         parser.error(f"--models: unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)} or all")
+    for name in own:
+        try:
+            model_source(own[name])
+        except FileNotFoundError as exc:
+            parser.error(f"--model {name}={own[name]}: {exc}".replace("--model: ", ""))
     args.cells = [f"{name}{MODEL_MARK}{model}" for name in args.only for model in args.models] or args.only
     args.arms = [arm for arm in args.arms.split(",") if arm]
     if not args.arms or any(arm not in ARMS for arm in args.arms):
@@ -508,7 +551,7 @@ def _main(argv: list[str] | None) -> int:
         "threads": args.threads,
         "plain_overrides": PLAIN,
         "datasets": {name: dataset_note(name, out, args) for name in args.only},
-        "models": {model: MODELS[model] for model in args.models},
+        "models": {model: args.model_targets[model] for model in args.models},
         "code": suite.code,
         "environment": environment(),
         "cells": cells,

@@ -196,6 +196,33 @@ def test_the_cache_follows_the_recipe_hastens_source_and_user_folders(tmp_path: 
         generalization.parse_args(["--jobs", "2", "--threads", "2"])
 
 
+def test_a_model_of_the_users_own_joins_the_suite_and_its_source_keys_the_cache(
+    tmp_path: Path, monkeypatch, no_plot
+) -> None:
+    """--model NAME=MODULE:ATTR trains the user's own model (found in the working folder, never imported by the
+    suite) in cells DATASET@NAME beside the suite's; an edit to its file reruns its cells; bad specs are errors."""
+    source = tmp_path / "mymodels.py"
+    source.write_text("from torch import nn\n\ndef Net(num_classes, in_channels=3):\n    return nn.Linear(1, 1)\n")
+    monkeypatch.chdir(tmp_path)
+    calls: list = []
+    monkeypatch.setattr(generalization.Suite, "run_one", fake_runner(calls))
+    argv = _argv(tmp_path, "--models", "mlp", "--model", "mine=mymodels:Net", "--budgets", "1", "--seeds", "0")
+    assert generalization.main(argv) == 0
+    assert sorted({t.dataset for t in calls}) == ["synthetic@mine", "synthetic@mlp"] and len(calls) == 6
+    mine = [t for t in calls if t.dataset == "synthetic@mine"]
+    assert all("model.name=import" in t.overrides and "model.target=mymodels:Net" in t.overrides for t in mine)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["models"] == {"mlp": generalization.MODELS["mlp"], "mine": "mymodels:Net"}
+    generalization.main(argv)
+    assert len(calls) == 6  # unchanged: all from the cache
+    source.write_text(source.read_text() + "# the user edits the model\n")
+    generalization.main(argv)
+    assert [t.dataset for t in calls[6:]] == ["synthetic@mine"] * 3
+    for bad in ("mine=mymodels", "=mymodels:Net", "mlp=mymodels:Net", "mine=nowhere.at_all:Net"):
+        with pytest.raises(SystemExit):
+            generalization.parse_args(["--model", bad])
+
+
 def test_jobs_run_several_at_once_and_every_run_is_made(tmp_path: Path, monkeypatch, no_plot) -> None:
     calls: list = []
     monkeypatch.setattr(generalization.Suite, "run_one", fake_runner(calls, epochs={"synthetic": 4}))
