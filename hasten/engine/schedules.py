@@ -254,6 +254,12 @@ class Scheduler:
         self.last_step += 1
         self._apply()
 
+    def retarget(self, lr: Shape, momentum: Shape | None, total_steps: int) -> None:
+        """The same run at another length (hasten/run/extension.py): the shapes over `total_steps`, from the step
+        it is at."""
+        self.lr, self.momentum, self.total_steps = lr, momentum, max(total_steps, 1)
+        self._apply()
+
     def state_dict(self) -> dict[str, int]:
         return {"step": self.last_step}
 

@@ -236,6 +236,7 @@ class Parts:
     machine: Machine | None = None  # the facts the machine's rules read (hasten/machine.py); None: not recorded
     checkpoint: tuple[Path, dict[str, Any]] | None = None  # what a resume continues from, read once by resolve
     cpu_allocator: dict[str, int] | None = None  # the C allocator's settings the run took (hasten/machine.py)
+    extendable: bool = False  # train.epochs=auto may lengthen the run once (hasten/run/extension.py)
 
 
 def assemble(

@@ -29,7 +29,7 @@ from hasten.engine.distributed import DistEnv, world_size
 from hasten.engine.memory import available_memory_bytes
 from hasten.engine.norms import has_batch_norm
 from hasten.engine.precision import check_precision
-from hasten.engine.schedules import asked_rise_steps, rise_steps
+from hasten.engine.schedules import asked_rise_steps, lr_and_momentum, rise_steps
 from hasten.errors import CheckpointError, DataError, HastenError, RecipeError, raised_in_their_code, their_error
 from hasten.machine import apply_cpu_allocator, cpu_allocator
 from hasten.machine import current as current_machine
@@ -38,8 +38,10 @@ from hasten.models.pretrained import save_weights  # Freeze registers here
 from hasten.models.user import own_model
 from hasten.progress import say
 from hasten.recipe.schema import Recipe, apply_overrides, to_yaml, validate
+from hasten.recipe.sections import replaced
 from hasten.recipe.trust import USER_SOURCES
 from hasten.run.assemble import Parts, assemble, global_batch, lr_scale, optimizer_steps, seed_everything, train_size
+from hasten.run.extension import Extension
 from hasten.run.loading import loader_workers, open_folder
 from hasten.run.resolve import resolve, run_dir
 from hasten.run.trainer import Plan, Saving, Trainer
@@ -176,6 +178,7 @@ def build(recipe: Recipe, model: Any = None, data: Any = None, clock: Clock | No
     clock.mark("probe")
     parts = assemble(resolved.recipe, data, model, device, resolved.machine_keys, clock)
     parts.machine, parts.checkpoint, parts.cpu_allocator = machine, resolved.checkpoint, allocator
+    parts.extendable = resolved.extendable
     return parts
 
 
@@ -365,6 +368,20 @@ def train(
         return summary
 
 
+def lengthening(recipe: Recipe, parts: Parts, log: RunLog, saving: Saving) -> Callable[[int], None]:
+    """What lengthening the run to some epochs does (hasten/run/extension.py): the schedule over their optimizer
+    steps from the step it is at, recipe.yaml and the checkpoints' recipe with them (a resume continues as long)."""
+
+    def apply(epochs: int) -> None:
+        longer = replaced(recipe, {"train.epochs": epochs})
+        total = optimizer_steps(longer, parts.train_loader)
+        parts.scheduler.retarget(*lr_and_momentum(longer.schedule, total, lr_scale(longer)), total)
+        log.write_recipe(to_yaml(longer))
+        saving.recipe = longer.model_dump(mode="json")
+
+    return apply
+
+
 def start_run(
     recipe: Recipe, parts: Parts, folder: Path, loss: Callable[[Tensor, Tensor], Tensor] | None, clock: Clock
 ) -> tuple[Trainer, RunLog]:
@@ -395,6 +412,8 @@ def start_run(
         plan.loss = loss
     saving = Saving(log.dir / "checkpoints", recipe.run.save_every, recipe.run.save_every_steps, recipe.run.keep,
                     recipe.model_dump(mode="json"))  # fmt: skip
+    if parts.extendable:  # train.epochs=auto: once at the end of the LR's hold (hasten/run/extension.py)
+        plan.extension = Extension(recipe.schedule.peak, lengthening(recipe, parts, log, saving))
     trainer = trainer_for(parts, plan, log, saving)
     for text in risky_settings(recipe, parts):
         trainer.warn(text)

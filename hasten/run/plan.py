@@ -20,6 +20,7 @@ from hasten.clock import Clock
 from hasten.engine.loss import soft_cross_entropy
 from hasten.errors import HastenError
 from hasten.recipe.schema import Recipe, dotted
+from hasten.run.extension import Extension
 from hasten.techniques import Technique
 
 
@@ -59,6 +60,7 @@ class Plan:
     # the evaluations before the last: "plain", every test image once (no test-time augmentation); "tta": as the last
     mid_eval: str = recipe_default("train.mid_eval")
     clock: Clock = field(default_factory=Clock)  # wall seconds since the command started (hasten/clock.py)
+    extension: Extension | None = None  # train.epochs=auto's once-only lengthening (hasten/run/extension.py)
 
 
 @dataclass

@@ -119,6 +119,7 @@ class Resolved:
     recipe: Recipe
     machine_keys: tuple[str, ...] = ()
     checkpoint: tuple[Path, dict[str, Any]] | None = None
+    extendable: bool = False  # train.epochs=auto may lengthen the run once (hasten/run/extension.py)
 
 
 def resolve(
@@ -139,6 +140,7 @@ def resolve(
     (None: hasten.machine.current())."""
     machine = machine or current_machine()
     world = world_size()
+    epochs_auto = recipe.train.epochs == "auto"
     recipe, notes = resolve_for_data(recipe, data, world)
     recipe, more, placed = resolve_placement(recipe, data, device)
     notes += more
@@ -177,7 +179,8 @@ def resolve(
             say(note)
     if recipe.optim.lr == "auto":  # last: the range test runs the run as decided so far
         recipe = resolve_lr(recipe, data, model, device)
-    return Resolved(recipe, (*machine_keys, *placed, "optim.fused"), checkpoint)
+    longer = epochs_auto and extendable(recipe, data, world, resumed, budget)
+    return Resolved(recipe, (*machine_keys, *placed, "optim.fused"), checkpoint, longer)
 
 
 def resolve_placement(recipe: Recipe, data: Any, device: torch.device) -> tuple[Recipe, list[str], tuple[str, ...]]:
@@ -349,6 +352,20 @@ def resolve_budget(
             f"epochs (shifts in runs of {rules.AUTO_TRANSLATE_EPOCHS} epochs or more)"
         )
     return recipe, notes
+
+
+def extendable(recipe: Recipe, data: Any, world: int, resumed: dict[str, Any] | None, budget: int) -> bool:
+    """Whether a run whose epochs `train.epochs: auto` chose may lengthen itself once (hasten/run/extension.py):
+    its schedule holds the peak LR (a one-cycle from its peak: the default's) and it has not been lengthened (a
+    resumed run's recorded epochs are the rule's own)."""
+    schedule = recipe.schedule
+    if schedule.name != "one-cycle" or schedule.start < 1:
+        return False
+    if resumed and "train.epochs" in resumed:
+        train = recipe.train
+        return resumed["train.epochs"] == rules.auto_epochs(train_size(data), train.batch_size, world,
+                                                            train.accumulate, budget)  # fmt: skip
+    return True
 
 
 MACHINE_KEYS = ("precision", "train.channels_last", "train.batch_size")  # decided by timing on this machine

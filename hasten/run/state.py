@@ -48,6 +48,8 @@ class State:
     accuracy_curve: list[list[float]] = field(default_factory=list)
     wall_seconds: float = 0.0  # the run's wall-clock seconds when this state was saved (a resume goes on from it)
     eval_seconds: float = 0.0  # of those, the seconds spent evaluating
+    # the run lengthened itself at the end of its LR's hold (hasten/run/extension.py): when, from, to, why
+    extended: dict[str, float] | None = None
 
 
 def wall_time_to_accuracy(curve: Sequence[Sequence[float]], thresholds: Sequence[str]) -> dict[str, float | None]:

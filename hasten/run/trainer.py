@@ -58,6 +58,7 @@ from hasten.engine.step import StepResult, TrainStep, steps_per_epoch
 from hasten.errors import CheckpointError, HastenError
 from hasten.progress import EpochProgress, say
 from hasten.run.evaluation import evaluate_loader
+from hasten.run.extension import extension_note, lengthened
 from hasten.run.plan import Hooks, Interrupted, NonFiniteLoss, Plan, Saving
 from hasten.run.signals import asked_to_stop, handling_stop_signals
 from hasten.run.state import State, rank_state, restore, time_to_fraction_of_best, wall_time_to_accuracy
@@ -332,12 +333,16 @@ class Trainer:
     def warn(self, text: str) -> None:
         """A warning the user sees (the progress line, or stderr) and summary.json keeps."""
         self.state.warnings.append(text)
+        self.tell(f"warning: {text}")
+
+    def tell(self, text: str) -> None:
+        """A line the user sees: on the progress display when it shows, else printed (the main process only)."""
         if not self.log.enabled:
             return
         if self.bar is not None and self.bar.enabled:
-            self.bar.note(f"warning: {text}")
+            self.bar.note(text)
         else:
-            say(f"warning: {text}")
+            say(text)
 
     def _diverged(self, text: str) -> None:
         """Non-finite statistics or test loss: a divergence, stopped with `train.on_nan=raise`, else a warning."""
@@ -522,6 +527,8 @@ class Trainer:
                     self.check_start()
                     live = self.compare_live(test_accuracy)
                 self.state.last_row = dict(row)
+                if (lengthening := lengthened(self.plan, self.state, row["train_accuracy"])) is not None:
+                    self.tell(extension_note(lengthening))
                 every = self.saving.every_epochs if self.saving else 0
                 if (every and self.state.epoch % every == 0) or final:
                     self.save(end_of_epoch=True, accuracy=test_accuracy)
@@ -584,6 +591,7 @@ class Trainer:
             "accuracy_curve": [list(point) for point in self.state.accuracy_curve],
             "one_view_test_accuracy": self.one_view_accuracy,  # the final evaluation's, on the plain view alone
             "warnings": list(self.state.warnings),
+            "extended": self.state.extended,  # the run lengthened itself (hasten/run/extension.py); None: it did not
         }
         self.log.summary(summary)
         return summary
