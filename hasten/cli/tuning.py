@@ -10,8 +10,9 @@ from hasten.errors import HastenError
 
 
 def cmd_schedule(ns: argparse.Namespace) -> int:
-    recipe = recipe_of(ns)
+    recipe = asked = recipe_of(ns)
     from hasten.experiments.schedule import plot_schedule, schedule_trace
+    from hasten.run.extension import FACTOR, check_epoch, holds_peak
     from hasten.run.resolve import run_dir
 
     result = schedule_trace(recipe)
@@ -21,6 +22,10 @@ def cmd_schedule(ns: argparse.Namespace) -> int:
     print(f"{result.total_steps} optimizer steps ({result.steps_per_epoch} per epoch), warmup {result.warmup_steps}")
     print(f"LR: peak {max(result.lrs):.4g}, first step {result.lrs[0]:.4g}, last step {result.lrs[-2]:.4g}")
     print(f"momentum/beta1: {min(result.momenta):.3g} to {max(result.momenta):.3g}")
+    if asked.train.epochs == "auto" and holds_peak(recipe.schedule):  # as `hasten train` may, at the hold's end
+        check, epochs = check_epoch(recipe.schedule.peak, recipe.train.epochs), recipe.train.epochs
+        print(f"train.epochs=auto: a run whose training accuracy is still at chance after epoch {check} goes on at "
+              f"the peak LR to {FACTOR * epochs} epochs (once)")  # fmt: skip
     print(f"plot: {path}")
     return 0
 

@@ -19,9 +19,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from hasten.recipe.sections import ScheduleConfig
 from hasten.run.verdicts import at_chance, chance_line
 
 FACTOR = 2  # the run's length after it: the hold again, then the decay over as many steps
+
+
+def holds_peak(schedule: ScheduleConfig) -> bool:
+    """A schedule that holds its peak LR for the first part of the run (a one-cycle from its peak, the default's):
+    the one a run can be lengthened in without changing what it has done."""
+    return schedule.name == "one-cycle" and schedule.start >= 1
+
+
+def check_epoch(hold: float, epochs: int) -> int:
+    """The epoch after which the check is made: the last one that ends before the LR starts to fall."""
+    return max(1, math.floor(hold * epochs))
 
 
 @dataclass
@@ -33,8 +45,7 @@ class Extension:
     apply: Callable[[int], None]
 
     def check_epoch(self, epochs: int) -> int:
-        """The epoch after which the check is made: the last one that ends before the LR starts to fall."""
-        return max(1, math.floor(self.hold * epochs))
+        return check_epoch(self.hold, epochs)
 
     def decide(self, epoch: int, epochs: int, train_accuracy: float, num_classes: int) -> dict[str, float] | None:
         """The record of a lengthening ({at_epoch, from, to, train_accuracy, chance_line}) when the epoch just

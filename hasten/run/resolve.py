@@ -31,6 +31,7 @@ from hasten.models.user import check_model
 from hasten.progress import say
 from hasten.recipe.schema import PRECISION_MODES, Recipe, dotted, replaced
 from hasten.run.assemble import assemble, check_batch_norm_batch, loaders, lr_scale, train_size
+from hasten.run.extension import holds_peak
 from hasten.run.loading import eval_batch_size, placed_workers
 from hasten.run.user import recorded, user_objects
 from hasten.runfolder.checkpoint import checkpoints_in, latest_usable, load_checkpoint
@@ -358,8 +359,7 @@ def extendable(recipe: Recipe, data: Any, world: int, resumed: dict[str, Any] | 
     """Whether a run whose epochs `train.epochs: auto` chose may lengthen itself once (hasten/run/extension.py):
     its schedule holds the peak LR (a one-cycle from its peak: the default's) and it has not been lengthened (a
     resumed run's recorded epochs are the rule's own)."""
-    schedule = recipe.schedule
-    if schedule.name != "one-cycle" or schedule.start < 1:
+    if not holds_peak(recipe.schedule):
         return False
     if resumed and "train.epochs" in resumed:
         train = recipe.train
