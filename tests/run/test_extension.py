@@ -7,8 +7,6 @@ without lengthening again."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 
 import pytest
 import torch
@@ -22,6 +20,7 @@ from hasten.run.extension import FACTOR, Extension, lengthened
 from hasten.run.plan import Plan
 from hasten.run.state import State
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
+from tests.run.test_user import sigterm_when_due
 
 QUIET = ["run.progress=false", "run.tensorboard=false", "train.threads=1", "train.batch_size=16", "precision=fp32",
          "train.channels_last=false", "data.name=import", "data.target=tests.run.test_user:quadrant_split",
@@ -39,10 +38,7 @@ class Blind(nn.Module):
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and torch.is_grad_enabled():
-            self.calls += 1
-            if self.calls == int(os.environ.get("HASTEN_TEST_SIGTERM_AT", "0")):
-                os.kill(os.getpid(), signal.SIGTERM)
+        sigterm_when_due(self)  # $HASTEN_TEST_SIGTERM_AT: the resume test's stop
         return self.conv(x).mean((2, 3)) * 0 + self.bias
 
 

@@ -73,11 +73,17 @@ class StopAt(TinyNet):
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and torch.is_grad_enabled():
-            self.calls += 1
-            if self.calls == int(os.environ.get("HASTEN_TEST_SIGTERM_AT", "0")):
-                os.kill(os.getpid(), signal.SIGTERM)
+        sigterm_when_due(self)
         return super().forward(x)
+
+
+def sigterm_when_due(model: nn.Module) -> None:
+    """Counts `model`'s training forward passes (in `model.calls`) and sends this process SIGTERM at the
+    $HASTEN_TEST_SIGTERM_AT-th: a fault from the test, at a deterministic point of the run."""
+    if model.training and torch.is_grad_enabled():
+        model.calls += 1
+        if model.calls == int(os.environ.get("HASTEN_TEST_SIGTERM_AT", "0")):
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 class Lazy(torch.utils.data.Dataset):
