@@ -5,6 +5,7 @@ LightningCLI; and the check, before training starts, that it maps the data's ima
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -29,8 +30,9 @@ def own_model(config: ModelConfig, model: Any, image_shape: tuple[int, ...], num
             )
         model, key = import_target(config.target or "", "model.target"), f"model.target={config.target}"
     if not isinstance(model, nn.Module):
-        shape = dict(num_classes=num_classes, in_channels=image_shape[0], image_size=tuple(image_shape[1:]))
-        model = call_target(model, config.args if key != "model" else {}, key, **shape)
+        model = call_target(
+            model, config.args if key != "model" else {}, key, **shape_args(model, image_shape, num_classes, key)
+        )
     if not isinstance(model, nn.Module):
         raise RecipeError(f"{key}: expected an nn.Module (or a callable returning one), got {type(model).__name__}")
     if not any(p.requires_grad for p in model.parameters()):
@@ -46,6 +48,32 @@ def own_model(config: ModelConfig, model: Any, image_shape: tuple[int, ...], num
                 "(hasten.models.Residual, or a module with a `last_bn` BatchNorm attribute); skipped"
             )
     return model
+
+
+def shape_args(target: Any, image_shape: tuple[int, ...], num_classes: int, key: str) -> dict[str, Any]:
+    """What the data says the model takes in and puts out, under the names models use for it: hasten's
+    (`num_classes`, `in_channels`, `image_size`) and timm's (`in_chans`, `img_size`); `call_target` passes those the
+    model's signature names. The image size is (H, W), or the side alone where the model's parameter has an int
+    default or annotation (`image_size=28`, `img_size: int`) and the images are square."""
+    size = tuple(image_shape[1:])
+    shape: dict[str, Any] = dict(num_classes=num_classes, in_channels=image_shape[0], in_chans=image_shape[0])
+    try:
+        parameters = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    for name in ("image_size", "img_size"):
+        parameter = parameters.get(name)
+        wants_int = parameter is not None and (
+            (isinstance(parameter.default, int) and not isinstance(parameter.default, bool))
+            or parameter.annotation in (int, "int")
+        )
+        if wants_int and size[0] != size[1]:
+            raise RecipeError(
+                f"{key}: {getattr(target, '__qualname__', target)} takes {name} as one side (an int), but the images "
+                f"are {size[0]} x {size[1]}: set data.size to train at a square size, or let {name} take (H, W)"
+            )
+        shape[name] = size[0] if wants_int else size
+    return shape
 
 
 def has_lazy_parameters(model: nn.Module) -> bool:

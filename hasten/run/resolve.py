@@ -402,7 +402,7 @@ def resumed_choices(recipe: Recipe, checkpoint: tuple[Path, dict[str, Any]] | No
 def probe_batch(recipe: Recipe, data: Any, device: torch.device, size: int) -> tuple[Tensor, Tensor]:
     """The first training batch of `size` images (per process), as the run's loader makes them (shuffled in the
     run's seeded order, augmented, normalised): what the start-up probe times."""
-    trial = replaced(recipe, {"train.batch_size": size})
+    trial = replaced(recipe, {"train.batch_size": size, "train.channels_last": False})  # the probe lays it out
     if trial.data.augment.translate == "auto":  # decided with the budget, after the probe; no part of the step
         trial = replaced(trial, {"data.augment.translate": 0})
     train_loader, _ = loaders(trial, data, device, distributed.rank(), world_size())

@@ -20,7 +20,9 @@ do not repeat the choice serves this run alone (`Steadiness`, hasten/tune/steadi
 timings' spread count as ties too (up to MAX_TIE).
 
 Numerically safe: a 16-bit candidate whose loss on the probe batch is not finite, or differs from fp32's by more
-than LOSS_TOLERANCE, is dropped. Under several processes the ranks add up their timings, so all choose alike.
+than LOSS_TOLERANCE, is dropped. So is a candidate whose step raises while another's does not: a user's model that
+flattens with `x.view(...)` cannot run channels_last, and trains in the layout it was written for. Under several
+processes the ranks add up their timings, so all choose alike.
 
 A probe's result, and the batch rule's timings, are kept on disk per machine, model and batch and read back by the
 next run (`cached_probe`, `cached_batch_times`; the cache itself: hasten/tune/probe_cache.py).
@@ -121,9 +123,16 @@ def probe(
     # the first look is for a 16-bit candidate that may be hopeless; layouts of one precision are not 3x apart
     mixed = len({option.precision for option in options}) > 1
     dropped = _screen(steps, screen, device) if few < len(labels) and mixed else {}
+    failed: dict[Candidate, RuntimeError] = {}
     for option in options:  # round 0 warms each candidate up (kernel selection, allocations) and checks its loss
         if option not in dropped:
-            losses[option] = _timed_step(steps[option], (layout[option.channels_last], labels), device)[1]
+            try:
+                losses[option] = _timed_step(steps[option], (layout[option.channels_last], labels), device)[1]
+            except RuntimeError as error:  # this precision or layout is one the model cannot run in
+                failed[option] = error
+    if failed and not losses:
+        raise next(iter(failed.values()))  # no candidate runs: the model's own error, as training would meet it
+    dropped = dropped | {option: f"its step raised {_first_line(error)}" for option, error in failed.items()}
     dropped = dropped | _unsafe(losses)
     timings: dict[Candidate, list[float]] = {option: [] for option in options}
 
@@ -168,7 +177,14 @@ def _screen(
     timed: dict[Candidate, float] = {}
     for _ in range(2):
         for option, step in steps.items():
-            timed[option] = _timed_step(step, small[option.channels_last], device)[0]
+            try:
+                timed[option] = _timed_step(step, small[option.channels_last], device)[0]
+            except RuntimeError:  # left to the full round, which says why when another candidate runs
+                timed[option] = math.nan
+    ran = {option: seconds for option, seconds in timed.items() if not math.isnan(seconds)}
+    if not ran:
+        return {}
+    timed = ran
     fastest = min(timed, key=timed.__getitem__)
     images = len(small[False][0])
     return {
@@ -176,6 +192,12 @@ def _screen(
         for option, seconds in timed.items()
         if seconds > SCREENED_OUT * timed[fastest]
     }
+
+
+def _first_line(error: BaseException) -> str:
+    """`RuntimeError: view size is not compatible ...`: the error's type and first line, for the probe's note."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:160].rstrip('.') if text else ''}".rstrip(": ")
 
 
 def _unsafe(losses: dict[Candidate, float]) -> dict[Candidate, str]:

@@ -210,8 +210,9 @@ def facts_from_checkpoint(path: Path, state: dict[str, Any], trust: Trust | None
     recorded_name = (summary.dataset or {}).get("name") if summary is not None else None
     # not another's data (evaluate on data.name=...): the run's own, or what was given to hasten.train as a Python
     # object (arrays, a Dataset, a folder's path), which only the summary beside the checkpoint describes (the recipe
-    # cannot read it again; its preprocessing is recorded there)
-    given = recipe.data.name == "object" and summary is not None
+    # cannot read it again; its preprocessing is recorded there), or by a data.target function, which it would
+    # have to import (the summary spares it: only evaluating on that data needs it)
+    given = recipe.data.name in ("object", "import") and summary is not None
     same_data = recorded_name == recipe.data.name or given
     if same_data and summary.classes and summary.preprocessing is not None:
         pre = Preprocessing.from_dict(summary.preprocessing.model_dump(), str(path.parent.parent / "summary.json"))
@@ -270,11 +271,10 @@ def network(
     class or function making one (called with model.args and num_classes/in_channels/image_size as in training),
     in place of the recipe's."""
     from hasten.models import build_model
+    from hasten.models.user import check_model, has_lazy_parameters, shape_args
     from hasten.recipe.trust import call_target, describe_class
 
     config = facts.recipe.model
-    shape = dict(num_classes=len(facts.classes), in_channels=facts.image_shape[0],
-                 image_size=tuple(facts.image_shape[1:]))  # fmt: skip
     if model is None and config.name == "object":
         raise CheckpointError(
             f"{source}: its model was a Python object ({config.target or 'a module'}), which a file cannot hold; "
@@ -289,11 +289,14 @@ def network(
             elif isinstance(model, nn.Module):
                 net = model
             else:
+                shape = shape_args(model, facts.image_shape, len(facts.classes), "model")
                 net = call_target(model, config.args if config.name == "import" else {}, "model", **shape)
     except (ValueError, TypeError, RuntimeError) as error:
         raise CheckpointError(f"{source}: cannot rebuild its model from its recipe: {error}") from None
     if not isinstance(net, nn.Module):
         raise CheckpointError(f"model: expected an nn.Module (or a callable returning one), got {describe_class(net)}")
+    if has_lazy_parameters(net):  # nn.LazyLinear and kin take their shapes from a first batch, as in training
+        check_model(net, facts.image_shape, len(facts.classes), torch.device("cpu"))
     load_model_weights(net, weights, source)  # names and shapes first: nothing below copies a tensor that does not fit
     if prepare is not None:
         net = prepare(net)
@@ -390,7 +393,8 @@ class Predictor(nn.Module, Predicts):
     @torch.no_grad()
     def logits_of(self, pixels: Tensor) -> Tensor:
         device = next(self.model.parameters()).device
-        return self(self.preprocessing.normalise(pixels.to(device))).cpu()
+        # arrays given (N, H, W, C) come as a view in that layout: a model's own `x.view(...)` needs the standard one
+        return self(self.preprocessing.normalise(pixels.to(device)).contiguous()).cpu()
 
     def device_type(self) -> str:
         return next(self.model.parameters()).device.type

@@ -1,0 +1,132 @@
+"""Habits of models users write that hasten's own models do not have: flattening with `x.view(...)` (which no
+channels_last tensor allows), an `image_size` that is one int, timm's argument names, a required argument of
+their own. Each trains, or is refused naming what to set."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import hasten
+from hasten.cli import main
+from hasten.errors import RecipeError
+from hasten.models.user import shape_args
+from hasten.tune import autotune
+from hasten.tune.choices import Candidate
+from tests.run.test_user import QUIET, quadrants
+from tests.tune.test_autotune import IdleMeter
+
+
+class ViewFlat(nn.Module):
+    """Flattens its feature map with `view`, as many tutorials do: channels_last tensors cannot be viewed so."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, 6, 3, padding=1)
+        self.fc = nn.LazyLinear(num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.max_pool2d(torch.relu(self.conv(x)), 2)
+        return self.fc(x.view(x.size(0), -1))
+
+
+class NoLayoutRuns(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("this model runs in no layout")
+
+
+def test_a_layout_the_model_cannot_run_in_is_left_out_of_the_probe_with_the_reason():
+    model = ViewFlat()
+    model(torch.zeros(2, 3, 12, 12))  # the lazy head shaped, as the run does before the probe
+    batch = (torch.randn(32, 3, 12, 12), torch.randint(0, 4, (32,)))
+    options = [Candidate("fp32", False), Candidate("fp32", True)]
+    result = autotune.probe(model, batch, 4, options, meter=IdleMeter())
+    assert result.choice == Candidate("fp32", False)
+    assert list(result.dropped) == [Candidate("fp32", True)]
+    assert result.dropped[Candidate("fp32", True)].startswith("its step raised RuntimeError: view size is not")
+    assert "fp32 channels_last left out: its step raised RuntimeError" in result.describe(32)
+    with pytest.raises(RuntimeError, match="runs in no layout"):  # no candidate runs: the model's error, as it is
+        autotune.probe(NoLayoutRuns(), batch, 4, options, meter=IdleMeter())
+
+
+def test_a_model_that_flattens_with_view_trains_when_the_layout_is_auto(tmp_path):
+    data = (quadrants(64, 0), quadrants(32, 1))
+    result = hasten.train(None, [*QUIET, "precision=fp32", "train.channels_last=auto", f"run.dir={tmp_path}"],
+                          model=ViewFlat, data=data)  # fmt: skip
+    assert result["channels_last"] is False and result["epochs"] == 2
+    assert result.predict(data[1][0][:3])[0].label in {"0", "1", "2", "3"}
+
+
+class IntSide(nn.Module):
+    """`image_size` one int, as in many ViT and MLP implementations."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28):
+        super().__init__()
+        self.side = image_size
+        self.fc = nn.Linear(in_channels * image_size * image_size, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
+
+
+class TimmNamed(nn.Module):
+    """timm's names: in_chans, img_size (an int or a pair), num_classes."""
+
+    def __init__(self, num_classes=1000, in_chans=3, img_size=(224, 224)):
+        super().__init__()
+        self.size = img_size
+        self.fc = nn.Linear(in_chans * img_size[0] * img_size[1], num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
+
+
+def test_the_image_size_is_given_in_the_form_the_model_takes_and_under_timms_names_too(tmp_path):
+    assert shape_args(IntSide, (3, 12, 12), 4, "model")["image_size"] == 12
+    assert shape_args(TimmNamed, (3, 12, 12), 4, "model").items() >= {"img_size": (12, 12), "in_chans": 3}.items()
+
+    def annotated(num_classes, img_size: int):  # no default: the annotation says it
+        return nn.Linear(1, num_classes)
+
+    assert shape_args(annotated, (1, 9, 9), 4, "model")["img_size"] == 9
+    with pytest.raises(RecipeError, match=r"IntSide takes image_size as one side \(an int\), but the images are "
+                                          r"12 x 16: set data.size"):  # fmt: skip
+        shape_args(IntSide, (3, 12, 16), 4, "model.target=pkg:IntSide")
+    data = (quadrants(48, 0), quadrants(16, 1))
+    for net in (IntSide, TimmNamed):
+        result = hasten.train(None, [*QUIET, "train.epochs=1", f"run.dir={tmp_path / net.__name__}"], model=net,
+                              data=data)  # fmt: skip
+        assert result.model is not None
+        loaded = hasten.load(tmp_path / net.__name__, model=net)  # rebuilt with the same arguments
+        assert loaded.predict(data[1][0][:2])[0].index in range(4)
+    assert hasten.load(tmp_path / "IntSide", model=IntSide).model.side == 12
+
+
+class NeedsDepth(nn.Module):
+    def __init__(self, depth: int, num_classes: int = 4, in_channels: int = 3):
+        super().__init__()
+        self.body = nn.Sequential(*[nn.Conv2d(in_channels if i == 0 else 4, 4, 3, padding=1) for i in range(depth)])
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def quadrant_data():
+    return quadrants(48, 0), quadrants(16, 1)
+
+
+def test_a_required_argument_of_the_users_model_is_asked_for_by_its_key(tmp_path, capsys):
+    args = ["train", "default", *QUIET, "train.epochs=1", "data.name=import", f"data.target={__name__}:quadrant_data",
+            "model.name=import", f"model.target={__name__}:NeedsDepth"]  # fmt: skip
+    assert main([*args, f"run.dir={tmp_path / 'a'}"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "missing 1 required positional argument: 'depth'; give it in model.args: model.args.depth=VALUE" in err
+    assert main([*args, "model.args.depth=2", f"run.dir={tmp_path / 'b'}"]) == 0
+    loaded = hasten.load(tmp_path / "b", model=NeedsDepth)  # rebuilt with the run's model.args
+    assert len(loaded.model.body) == 2 and len(loaded.predict(quadrants(5, 2)[0])) == 5
