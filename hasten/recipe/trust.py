@@ -68,6 +68,20 @@ def check_trusted(path: str, key: str) -> None:
     )
 
 
+def _as_module(name: str) -> str:
+    """For a file path given where a module's name goes (`models/net.py`), how to write it as one."""
+    if not (name.endswith(".py") or "/" in name or "\\" in name):
+        return ""
+    file = Path(name if name.endswith(".py") else f"{name}.py")
+    on_path = f"{file.stem} with {file.parent} on PYTHONPATH"
+    if len(file.parts) == 1:
+        return f"; give a module's name, not a file's: {file.stem}"
+    if file.is_absolute() or ".." in file.parts:
+        return f"; give a module's name, not a file's: {on_path}"
+    dotted = ".".join(file.with_suffix("").parts)
+    return f"; give a module's name, not a file's: {dotted} from the folder holding {file.parts[0]}, or {on_path}"
+
+
 def import_target(path: str, key: str) -> Any:
     """The object at `path` ("package.module:name" or "package.module.name"), importable from sys.path or the
     current folder; RecipeError naming `key` and `path` otherwise. Inside `embedded_recipe`, UntrustedCode unless
@@ -83,7 +97,8 @@ def import_target(path: str, key: str) -> Any:
     except ImportError as error:
         here = str(Path.cwd())
         if here in sys.path or not isinstance(error, ModuleNotFoundError):
-            raise RecipeError(f"{key}={path}: cannot import module {module_name!r} ({error})") from None
+            raise RecipeError(f"{key}={path}: cannot import module {module_name!r} ({error}){_as_module(module_name)}"
+                              ) from None  # fmt: skip
         sys.path.append(here)  # the `hasten` script does not look in the current folder; `python -m hasten` does
         return import_target(path, key)
     target: Any = module

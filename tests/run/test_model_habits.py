@@ -12,6 +12,7 @@ import hasten
 from hasten.cli import main
 from hasten.errors import RecipeError
 from hasten.models.user import shape_args
+from hasten.recipe.trust import import_target
 from hasten.tune import autotune
 from hasten.tune.choices import Candidate
 from tests.run.test_user import QUIET, quadrants
@@ -130,3 +131,18 @@ def test_a_required_argument_of_the_users_model_is_asked_for_by_its_key(tmp_path
     assert main([*args, "model.args.depth=2", f"run.dir={tmp_path / 'b'}"]) == 0
     loaded = hasten.load(tmp_path / "b", model=NeedsDepth)  # rebuilt with the run's model.args
     assert len(loaded.model.body) == 2 and len(loaded.predict(quadrants(5, 2)[0])) == 5
+
+
+@pytest.mark.parametrize(
+    ("target", "advice"),
+    [
+        ("nets/mine.py:Net", "give a module's name, not a file's: nets.mine from the folder holding nets, or mine with "
+                             "nets on PYTHONPATH"),
+        ("/home/me/mine.py:Net", "give a module's name, not a file's: mine with /home/me on PYTHONPATH"),
+        ("mine.py:Net", "give a module's name, not a file's: mine"),
+    ],
+)  # fmt: skip
+def test_a_file_path_where_a_module_goes_is_answered_with_the_modules_name(target, advice):
+    with pytest.raises(RecipeError, match="cannot import module") as raised:
+        import_target(target, "model.target")
+    assert str(raised.value).endswith(advice)
