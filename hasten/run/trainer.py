@@ -376,12 +376,11 @@ class Trainer:
                 f"{', '.join(self.plan.divergence_advice)}"
             )
 
-    def check_result(self, test_accuracy: float) -> None:
+    def check_result(self, test_accuracy: float, train_accuracy: float | None = None) -> None:
         """At the end: an accuracy near chance is a warning, never just a number (hasten/run/verdicts.py)."""
         plan = self.plan
-        if (
-            text := at_chance_warning(test_accuracy, plan.num_classes, plan.epochs, plan.divergence_advice)
-        ) is not None:
+        if (text := at_chance_warning(test_accuracy, plan.num_classes, plan.epochs, plan.divergence_advice,
+                                      train_accuracy)) is not None:  # fmt: skip
             self.warn(text)
 
     def check_start(self) -> None:
@@ -523,7 +522,7 @@ class Trainer:
                 views_used = self._views(full=final or self.plan.mid_eval == "tta")
                 bar.end_epoch(row, views=views_used, wall_seconds=self.wall_seconds())
                 if final:  # the end, judged before the last checkpoint keeps it
-                    self.check_result(test_accuracy)
+                    self.check_result(test_accuracy, row.get("train_accuracy"))
                     self.check_start()
                     live = self.compare_live(test_accuracy)
                 self.state.last_row = dict(row)

@@ -44,17 +44,28 @@ def learnt_late(curve: Sequence[Sequence[float]], num_classes: int) -> tuple[int
     return (until, total) if total > 0 and until >= LATE_SHARE * total else None
 
 
-def at_chance_warning(accuracy: float, num_classes: int, epochs: int, advice: Sequence[str]) -> str | None:
+def at_chance_warning(
+    accuracy: float, num_classes: int, epochs: int, advice: Sequence[str], train_accuracy: float | None = None
+) -> str | None:
     """The end-of-run warning for an accuracy at chance, with what to try: `advice` (the plan's divergence
-    advice), a longer run first when it names no epochs (a model that learns slowly is not helped by any LR)."""
+    advice), a longer run first when it names no epochs (a model that learns slowly is not helped by any LR).
+    Where the training accuracy (`train_accuracy`, the last epoch's) is off chance, the model did learn, the
+    training images only: the warning says so, and what helps there instead."""
     if not at_chance(accuracy, num_classes):
         return None
+    chance = f"test accuracy {accuracy:.2%} is at chance level ({1 / num_classes:.2%} for {num_classes} classes)"
+    if train_accuracy is not None and not at_chance(train_accuracy, num_classes):
+        return (
+            f"{chance} while the training accuracy is {train_accuracy:.2%}: the model learns the training images, but "
+            "what it learns does not carry over to the test images; check that they are alike (classes, sizes, "
+            "colours), and try a model that generalises better (convolutions, pooling), stronger augmentation "
+            "(data.augment.translate=4) or more data"
+        )
     tries = list(advice)
     if not any(item.startswith("train.epochs=") for item in tries):
         tries.insert(0, f"train.epochs={LONGER * epochs}")
     return (
-        f"test accuracy {accuracy:.2%} is at chance level ({1 / num_classes:.2%} for {num_classes} classes): the "
-        f"model did not learn; see the training loss per epoch in metrics.csv, and try {', '.join(tries)}"
+        f"{chance}: the model did not learn; see the training loss per epoch in metrics.csv, and try {', '.join(tries)}"
     )
 
 

@@ -94,6 +94,13 @@ def test_a_run_at_chance_at_its_budget_is_advised_longer_first_and_a_short_one_i
     assert "try train.epochs=75, optim.lr" in said[1] and f"train.epochs={LONGER * 8}" not in said[1]
     Trainer.check_result(SimpleNamespace(plan=plan, warn=said.append), 0.5)  # learnt: nothing said
     assert len(said) == 2
+    Trainer.check_result(SimpleNamespace(plan=plan, warn=said.append), 0.105, 0.18)  # training at chance too
+    assert "the model did not learn" in said[2]
+    Trainer.check_result(SimpleNamespace(plan=plan, warn=said.append), 0.105, 0.41)  # the training images learnt
+    assert "while the training accuracy is 41.00%: the model learns the training images, but what it learns does " \
+           "not carry over to the test images" in said[3] and "did not learn" not in said[3]  # fmt: skip
+    assert "data.augment.translate=4" in said[3]
+    load_recipe(None, ["data.augment.translate=4"])  # the advice is a valid override
 
 
 def test_a_run_that_sat_at_chance_for_a_third_of_its_steps_before_it_learnt_is_told_to_train_longer():
