@@ -6,6 +6,7 @@ LightningCLI; and the check, before training starts, that it maps the data's ima
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 import torch
@@ -83,6 +84,15 @@ def has_lazy_parameters(model: nn.Module) -> bool:
     return any(isinstance(t, nn.parameter.UninitializedTensorMixin) for t in [*model.parameters(), *model.buffers()])
 
 
+def _channels_hint(error: BaseException) -> str:
+    """For a first layer built for 3 channels given grey images (or the reverse): the key that converts them."""
+    found = re.search(r"to have (\d+) channels, but got (\d+) channels", str(error))
+    if found is None or {found[1], found[2]} != {"1", "3"}:
+        return ""
+    wanted = "true: grey repeated into 3 channels" if found[1] == "3" else "false: colour to grey"
+    return f"it takes {found[1]}-channel images (set data.rgb={wanted}): "
+
+
 def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int, device: torch.device) -> None:
     """Before training: the model maps a batch of 2 images of `image_shape` to (2, num_classes) floating-point
     logits; a RecipeError naming what it returned (or raised, and where in the user's code) otherwise. Runs in eval
@@ -97,8 +107,8 @@ def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int
             out = model(torch.zeros(2, *image_shape, device=device))
     except Exception as error:  # noqa: BLE001 - any failure of the user's forward: theirs, with what it was given
         raise RecipeError(
-            f"model {name}: given a batch of 2 images of shape {tuple(image_shape)} (C, H, W), its forward raised "
-            f"{their_error(error)}"
+            f"model {name}: given a batch of 2 images of shape {tuple(image_shape)} (C, H, W), {_channels_hint(error)}"
+            f"its forward raised {their_error(error)}"
         ) from None
     finally:
         model.train(was_training)

@@ -146,3 +146,24 @@ def test_a_file_path_where_a_module_goes_is_answered_with_the_modules_name(targe
     with pytest.raises(RecipeError, match="cannot import module") as raised:
         import_target(target, "model.target")
     assert str(raised.value).endswith(advice)
+
+
+class ThreeChannels(nn.Module):
+    """A first conv built for colour, whatever the data: no constructor arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def test_a_colour_model_on_grey_images_is_told_the_key_that_converts_them(tmp_path):
+    (images, labels), (test_images, test_labels) = quadrants(48, 0), quadrants(16, 1)
+    grey = (images.mean(-1).astype("uint8"), labels), (test_images.mean(-1).astype("uint8"), test_labels)
+    with pytest.raises(RecipeError, match=r"it takes 3-channel images \(set data.rgb=true: grey repeated into 3 "
+                                          r"channels\): its forward raised RuntimeError"):  # fmt: skip
+        hasten.train(None, [*QUIET, f"run.dir={tmp_path / 'a'}"], model=ThreeChannels, data=grey)
+    result = hasten.train(None, [*QUIET, "data.rgb=true", f"run.dir={tmp_path / 'b'}"], model=ThreeChannels, data=grey)
+    assert result["preprocessing"]["channels"] == 3
