@@ -362,7 +362,10 @@ def train(
             if isinstance(error, HastenError):
                 raise
             # their model's forward or backward in training (the start-up check runs it in evaluation mode only)
-            raise RecipeError(f"model: training your model raised {their_error(error)}") from None
+            layout = ""
+            if recipe.train.channels_last is True and "view size is not compatible" in str(error):
+                layout = " in the channels_last layout, which its `view` cannot take (set train.channels_last=auto),"
+            raise RecipeError(f"model: training your model{layout} raised {their_error(error)}") from None
         finally:
             log.close()
         return summary

@@ -167,3 +167,11 @@ def test_a_colour_model_on_grey_images_is_told_the_key_that_converts_them(tmp_pa
         hasten.train(None, [*QUIET, f"run.dir={tmp_path / 'a'}"], model=ThreeChannels, data=grey)
     result = hasten.train(None, [*QUIET, "data.rgb=true", f"run.dir={tmp_path / 'b'}"], model=ThreeChannels, data=grey)
     assert result["preprocessing"]["channels"] == 3
+
+
+def test_a_view_model_told_to_run_channels_last_is_told_the_layout_key(tmp_path):
+    data = (quadrants(32, 0), quadrants(16, 1))
+    layout = r"training your model in the channels_last layout, which its `view` cannot take \(set train.channels_"
+    with pytest.raises(RecipeError, match=layout + r"last=auto\), raised RuntimeError: view size is not compatible"):
+        hasten.train(None, [*QUIET, "precision=fp32", "train.channels_last=true", f"run.dir={tmp_path}"],
+                     model=ViewFlat, data=data)  # fmt: skip
