@@ -46,6 +46,7 @@ from hasten.run.loading import loader_workers, open_folder
 from hasten.run.resolve import resolve, run_dir
 from hasten.run.trainer import Plan, Saving, Trainer
 from hasten.run.user import builtin_holdout, load_data
+from hasten.run.verdicts import majority_share
 from hasten.runfolder.checkpoint import remove_stale_temporaries
 from hasten.runfolder.folder import (
     RunLock,
@@ -385,6 +386,15 @@ def lengthening(recipe: Recipe, parts: Parts, log: RunLog, saving: Saving) -> Ca
     return apply
 
 
+def split_labels(data: Any, split: str) -> Tensor | None:
+    """The labels of `data`'s "train" or "test" split, of any kind of data (arrays in memory: `test_labels`; a
+    folder or a streamed Dataset: `test.labels`); None where they are not known."""
+    labels = getattr(data, f"{split}_labels", None)
+    if labels is None:
+        labels = getattr(getattr(data, split, None), "labels", None)
+    return labels if isinstance(labels, Tensor) else None
+
+
 def start_run(
     recipe: Recipe, parts: Parts, folder: Path, loss: Callable[[Tensor, Tensor], Tensor] | None, clock: Clock
 ) -> tuple[Trainer, RunLog]:
@@ -413,6 +423,10 @@ def start_run(
     )
     if loss is not None:
         plan.loss = loss
+    # chance, for the warnings and the lengthening: the largest class's share where one class stands out
+    plan.test_chance, plan.train_chance = (
+        majority_share(split_labels(parts.data, split)) for split in ("test", "train")
+    )
     saving = Saving(log.dir / "checkpoints", recipe.run.save_every, recipe.run.save_every_steps, recipe.run.keep,
                     recipe.model_dump(mode="json"))  # fmt: skip
     if parts.extendable:  # train.epochs=auto: once at the end of the LR's hold (hasten/run/extension.py)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hasten.recipe.sections import ScheduleConfig
-from hasten.run.verdicts import at_chance, chance_line
+from hasten.run.verdicts import at_chance, chance_line, chance_of
 
 FACTOR = 2  # the run's length after it: the hold again, then the decay over as many steps
 
@@ -47,19 +47,22 @@ class Extension:
     def check_epoch(self, epochs: int) -> int:
         return check_epoch(self.hold, epochs)
 
-    def decide(self, epoch: int, epochs: int, train_accuracy: float, num_classes: int) -> dict[str, float] | None:
+    def decide(self, epoch: int, epochs: int, train_accuracy: float, num_classes: int, chance: float | None = None
+               ) -> dict[str, float] | None:  # fmt: skip
         """The record of a lengthening ({at_epoch, from, to, train_accuracy, chance_line}) when the epoch just
-        ended is the check's and the training accuracy is at chance; None otherwise."""
-        if epoch != self.check_epoch(epochs) or epoch >= epochs or not at_chance(train_accuracy, num_classes):
+        ended is the check's and the training accuracy is at chance (`chance`: the training images' largest
+        class's share, hasten/run/verdicts.py); None otherwise."""
+        if epoch != self.check_epoch(epochs) or epoch >= epochs or not at_chance(train_accuracy, num_classes, chance):
             return None
         return {"at_epoch": epoch, "from": epochs, "to": FACTOR * epochs, "train_accuracy": train_accuracy,
-                "chance_line": chance_line(1 / num_classes)}  # fmt: skip
+                "chance_line": chance_line(chance_of(num_classes, chance))}  # fmt: skip
 
 
 class _Plan(Protocol):  # hasten.run.plan.Plan, which holds an Extension (so not imported here)
     epochs: int
     num_classes: int
     extension: Extension | None
+    train_chance: float | None
 
 
 class _State(Protocol):  # hasten.run.state.State
@@ -72,7 +75,7 @@ def lengthened(plan: _Plan, state: _State, train_accuracy: float) -> dict[str, f
     (the plan's epochs, the state's record and the schedule changed); the record, or None."""
     if plan.extension is None or state.extended is not None:
         return None
-    record = plan.extension.decide(state.epoch, plan.epochs, train_accuracy, plan.num_classes)
+    record = plan.extension.decide(state.epoch, plan.epochs, train_accuracy, plan.num_classes, plan.train_chance)
     if record is not None:
         state.extended, plan.epochs = record, int(record["to"])
         plan.extension.apply(plan.epochs)

@@ -61,6 +61,9 @@ class Plan:
     mid_eval: str = recipe_default("train.mid_eval")
     clock: Clock = field(default_factory=Clock)  # wall seconds since the command started (hasten/clock.py)
     extension: Extension | None = None  # train.epochs=auto's once-only lengthening (hasten/run/extension.py)
+    # the largest class's share of the test and the training images (hasten/run/verdicts.py, chance); None: unknown
+    test_chance: float | None = None
+    train_chance: float | None = None
 
 
 @dataclass

@@ -380,13 +380,14 @@ class Trainer:
         """At the end: an accuracy near chance is a warning, never just a number (hasten/run/verdicts.py)."""
         plan = self.plan
         if (text := at_chance_warning(test_accuracy, plan.num_classes, plan.epochs, plan.divergence_advice,
-                                      train_accuracy)) is not None:  # fmt: skip
+                                      train_accuracy, plan.test_chance, plan.train_chance)) is not None:  # fmt: skip
             self.warn(text)
 
     def check_start(self) -> None:
         """At the end of a run that learnt: one at chance late into its steps is said to have learnt late."""
-        if (text := late_warning(self.state.accuracy_curve, self.plan.num_classes, self.plan.epochs)) is not None:
-            self.warn(text)
+        plan = self.plan
+        if late := late_warning(self.state.accuracy_curve, plan.num_classes, plan.epochs, plan.test_chance):
+            self.warn(late)
 
     def train_epoch(self, bar: EpochProgress) -> dict[str, float]:
         self.model.train()

@@ -1,10 +1,17 @@
 """What a finished run's accuracy says about it, in words the user reads at its end: at chance (the model did not
 learn), or at chance late into the run (it learnt, late). Pure functions over the run's numbers; the trainer
-(hasten/run/trainer.py) says them, the generalization suite's report reads `learnt_late` too."""
+(hasten/run/trainer.py) says them, the generalization suite's report reads `learnt_late` too.
+
+Chance is the accuracy of the best constant guess: the largest class's share of the images judged (`chance`,
+`majority_share`), 1 / classes when they are balanced. On a test set that is 80% one class, a model that always
+says that class scores 80%: at chance, and said so, not a good number."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import torch
+from torch import Tensor
 
 # a run at chance at its budget is advised this many times its epochs: a GroupNorm CNN of the model suite stayed at
 # chance on a letters folder at the default's 8 epochs at every LR tried (0.0007-0.02) and reached 55.5% at 30
@@ -25,19 +32,43 @@ def chance_line(chance: float) -> float:
     return chance + CHANCE_SHARE * (1 - chance)
 
 
-def at_chance(accuracy: float, num_classes: int) -> bool:
-    """Below `chance_line` of 1 / classes: what the end-of-run warning calls chance level."""
-    return accuracy < chance_line(1 / num_classes)
+def majority_share(labels: Tensor | None) -> float | None:
+    """The largest class's share of `labels` (the accuracy of always guessing it); None without labels."""
+    if labels is None or len(labels) == 0:
+        return None
+    return float(torch.bincount(labels.flatten().long()).max()) / len(labels)
 
 
-def learnt_late(curve: Sequence[Sequence[float]], num_classes: int) -> tuple[int, int] | None:
+BALANCED = 1.05  # a largest class's share within this factor of 1 / classes: balanced, chance is 1 / classes
+
+
+def chance_of(num_classes: int, chance: float | None = None) -> float:
+    """The chance accuracy: `chance` (the images' `majority_share`) where one class stands out, else 1 / classes."""
+    return chance if chance is not None and chance > BALANCED / num_classes else 1 / num_classes
+
+
+def at_chance(accuracy: float, num_classes: int, chance: float | None = None) -> bool:
+    """Below `chance_line` of the chance accuracy: what the end-of-run warning calls chance level."""
+    return accuracy < chance_line(chance_of(num_classes, chance))
+
+
+def describe_chance(num_classes: int, chance: float | None = None) -> str:
+    """`10.00% for 10 classes`, or for images mostly of one class `62.00%, the largest class's share of them`."""
+    if chance_of(num_classes, chance) == 1 / num_classes:  # balanced, or nearly
+        return f"{1 / num_classes:.2%} for {num_classes} classes"
+    return f"{chance:.2%}, the largest class's share of them: always guessing it scores that"
+
+
+def learnt_late(
+    curve: Sequence[Sequence[float]], num_classes: int, chance: float | None = None
+) -> tuple[int, int] | None:
     """(the step of the last evaluation at chance, the run's last step) when a run was at chance as late as
     LATE_SHARE of its steps and ended off it; None otherwise (a run that ended at chance is the end-of-run check's).
     The last evaluation at chance, not the first off it: on a small test set an accuracy near the line crosses it
     and back. `curve`: the run's evaluations, [training seconds, step, test accuracy, wall seconds]."""
-    if len(curve) < 2 or at_chance(curve[-1][2], num_classes):
+    if len(curve) < 2 or at_chance(curve[-1][2], num_classes, chance):
         return None
-    waited = [point for point in curve if at_chance(point[2], num_classes)]
+    waited = [point for point in curve if at_chance(point[2], num_classes, chance)]
     if not waited:
         return None
     until, total = int(waited[-1][1]), int(curve[-1][1])
@@ -45,18 +76,25 @@ def learnt_late(curve: Sequence[Sequence[float]], num_classes: int) -> tuple[int
 
 
 def at_chance_warning(
-    accuracy: float, num_classes: int, epochs: int, advice: Sequence[str], train_accuracy: float | None = None
+    accuracy: float,
+    num_classes: int,
+    epochs: int,
+    advice: Sequence[str],
+    train_accuracy: float | None = None,
+    chance: float | None = None,
+    train_chance: float | None = None,
 ) -> str | None:
     """The end-of-run warning for an accuracy at chance, with what to try: `advice` (the plan's divergence
     advice), a longer run first when it names no epochs (a model that learns slowly is not helped by any LR).
     Where the training accuracy (`train_accuracy`, the last epoch's) is off chance, the model did learn, the
-    training images only: the warning says so, and what helps there instead."""
-    if not at_chance(accuracy, num_classes):
+    training images only: the warning says so, and what helps there instead. `chance`, `train_chance`: the
+    test and training images' `majority_share`."""
+    if not at_chance(accuracy, num_classes, chance):
         return None
-    chance = f"test accuracy {accuracy:.2%} is at chance level ({1 / num_classes:.2%} for {num_classes} classes)"
-    if train_accuracy is not None and not at_chance(train_accuracy, num_classes):
+    said = f"test accuracy {accuracy:.2%} is at chance level ({describe_chance(num_classes, chance)})"
+    if train_accuracy is not None and not at_chance(train_accuracy, num_classes, train_chance):
         return (
-            f"{chance} while the training accuracy is {train_accuracy:.2%}: the model learns the training images, but "
+            f"{said} while the training accuracy is {train_accuracy:.2%}: the model learns the training images, but "
             "what it learns does not carry over to the test images; check that they are alike (classes, sizes, "
             "colours), and try a model that generalises better (convolutions, pooling), stronger augmentation "
             "(data.augment.translate=4) or more data"
@@ -65,13 +103,15 @@ def at_chance_warning(
     if not any(item.startswith("train.epochs=") for item in tries):
         tries.insert(0, f"train.epochs={LONGER * epochs}")
     return (
-        f"{chance}: the model did not learn; see the training loss per epoch in metrics.csv, and try {', '.join(tries)}"
+        f"{said}: the model did not learn; see the training loss per epoch in metrics.csv, and try {', '.join(tries)}"
     )
 
 
-def late_warning(curve: Sequence[Sequence[float]], num_classes: int, epochs: int) -> str | None:
+def late_warning(
+    curve: Sequence[Sequence[float]], num_classes: int, epochs: int, chance: float | None = None
+) -> str | None:
     """The end-of-run warning for a run that learnt late (`learnt_late`), with a longer run to try."""
-    late = learnt_late(curve, num_classes)
+    late = learnt_late(curve, num_classes, chance)
     if late is None:
         return None
     until, total = late

@@ -81,11 +81,11 @@ def test_a_run_with_a_users_model_records_and_says_the_lr_it_chose(tmp_path, cap
 def test_a_run_at_chance_at_its_budget_is_advised_longer_first_and_a_short_one_its_budget():
     from types import SimpleNamespace
 
-    from hasten.run.trainer import Trainer
+    from hasten.run.trainer import Plan, Trainer
     from hasten.run.verdicts import LONGER
 
     said: list[str] = []
-    plan = SimpleNamespace(num_classes=10, epochs=8, divergence_advice=["optim.lr=0.00035", "train.batch_size=8"])
+    plan = Plan(num_classes=10, epochs=8, divergence_advice=["optim.lr=0.00035", "train.batch_size=8"])
     Trainer.check_result(SimpleNamespace(plan=plan, warn=said.append), 0.105)
     assert f"try train.epochs={LONGER * 8}, optim.lr=0.00035" in said[0]
     load_recipe(None, [f"train.epochs={LONGER * 8}"])  # the advice is a valid override
@@ -106,7 +106,7 @@ def test_a_run_at_chance_at_its_budget_is_advised_longer_first_and_a_short_one_i
 def test_a_run_that_sat_at_chance_for_a_third_of_its_steps_before_it_learnt_is_told_to_train_longer():
     from types import SimpleNamespace
 
-    from hasten.run.trainer import Trainer
+    from hasten.run.trainer import Plan, Trainer
     from hasten.run.verdicts import LATE_LONGER, learnt_late
 
     def curve(accuracies, steps_per_epoch=100):
@@ -122,7 +122,7 @@ def test_a_run_that_sat_at_chance_for_a_third_of_its_steps_before_it_learnt_is_t
     assert learnt_late(curve([0.40, 0.60]), 2) == (100, 200)  # 2 classes: chance level is under 55%
     assert learnt_late(curve([0.60]), 10) is None and learnt_late([], 10) is None
     said: list[str] = []
-    plan = SimpleNamespace(num_classes=10, epochs=27)
+    plan = Plan(num_classes=10, epochs=27)
     late = SimpleNamespace(accuracy_curve=curve([0.1] * 12 + [0.3] * 15, steps_per_epoch=75))
     Trainer.check_start(SimpleNamespace(plan=plan, state=late, warn=said.append))
     assert said == [
