@@ -201,6 +201,9 @@ def recorded_accuracy(checkpoint: Path, state: dict[str, Any]) -> float | None:
         return None  # a metrics.csv edited or damaged: the recorded accuracy is only shown beside the result
 
 
+OWN_DATA = "own"  # summary.json's dataset name for data given as arrays or a Dataset (hasten.data.user.own_data)
+
+
 def facts_from_checkpoint(path: Path, state: dict[str, Any], trust: Trust | None = None) -> RunFacts:
     """The run's facts: from summary.json beside the checkpoint when it has them, else from the recipe's data
     (read under the trust boundary: a data.target it names is imported only as `trust` allows)."""
@@ -212,7 +215,8 @@ def facts_from_checkpoint(path: Path, state: dict[str, Any], trust: Trust | None
     # object (arrays, a Dataset, a folder's path), which only the summary beside the checkpoint describes (the recipe
     # cannot read it again; its preprocessing is recorded there), or by a data.target function, which it would
     # have to import (the summary spares it: only evaluating on that data needs it)
-    given = recipe.data.name in ("object", "import") and summary is not None
+    given = summary is not None and (recipe.data.name == "object" or (recipe.data.name == "import"
+                                                                     and recorded_name == OWN_DATA))  # fmt: skip
     same_data = recorded_name == recipe.data.name or given
     if same_data and summary.classes and summary.preprocessing is not None:
         pre = Preprocessing.from_dict(summary.preprocessing.model_dump(), str(path.parent.parent / "summary.json"))

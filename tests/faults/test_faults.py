@@ -633,6 +633,21 @@ def trust_a_data_target_is_not_imported_either(c: Ctx, marker: Path) -> None:
     assert digests(run) == before
 
 
+def trust_predict_and_export_read_the_summary_not_the_data_target(c: Ctx, marker: Path) -> None:
+    """A run trained on data by data.target (its summary: the own data's preprocessing) predicts and exports from
+    what summary.json records: nothing imported; evaluating on its own data still needs the data, refused."""
+    run = naming_the_payload(c, model=False, data=True)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["dataset"]["name"] = "own"
+    (run / "summary.json").write_text(json.dumps(summary))
+    for command in (["predict", str(run), str(picture(c))], ["export", str(run), str(c.tmp / "out.safetensors")]):
+        code, err = c.hasten(*command)
+        assert code == 0, err
+        assert not marker.exists(), "the payload ran"
+    code, err = c.hasten("evaluate", str(run))
+    expect_untrusted(code, err, marker, "data.target=evilmod:data")
+
+
 def trust_resume_never_runs_the_checkpoint_s_target(c: Ctx, marker: Path) -> None:
     run = naming_the_payload(c)
     before = digests(run)
@@ -683,6 +698,7 @@ TRUST: list[Callable[[Ctx, Path], None]] = [
     trust_python_load_refuses_unless_trusted,
     trust_flag_and_naming_the_target_let_it_run,
     trust_a_data_target_is_not_imported_either,
+    trust_predict_and_export_read_the_summary_not_the_data_target,
     trust_resume_never_runs_the_checkpoint_s_target,
     trust_an_export_that_names_a_target,
     trust_a_gan_classifier_file,
