@@ -6,6 +6,7 @@ LightningCLI; and the check, before training starts, that it maps the data's ima
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from typing import Any
 
@@ -93,6 +94,35 @@ def _channels_hint(error: BaseException) -> str:
     return f"it takes {found[1]}-channel images (set data.rgb={wanted}): "
 
 
+def _size_hint(model: nn.Module, error: BaseException, image_shape: tuple[int, ...], num_classes: int,
+               device: torch.device) -> str:  # fmt: skip
+    """For a dense layer sized for other images (`Linear(784, ...)` after a flatten, written for 28 x 28 grey
+    images): the `data.size` (and `data.rgb`) at which the model does map a batch to its logits, tried on zeros,
+    where the features grow with the image's area (a flatten of the pixels or of a conv stack's output)."""
+    found = re.search(r"mat1 and mat2 shapes cannot be multiplied \(\d+x(\d+) and (\d+)x\d+\)", str(error))
+    channels, height, width = image_shape[0], image_shape[-2], image_shape[-1]
+    if found is None or height != width:
+        return ""
+    given, wanted = int(found[1]), int(found[2])
+    tries = [(channels, "")] + [(other, f" data.rgb={str(other == 3).lower()}") for other in (1, 3)
+                                if other != channels and channels in (1, 3)]  # fmt: skip
+    for used, rgb in tries:
+        side = height * math.sqrt(wanted / (given // channels * used))
+        if abs(side - round(side)) > 1e-6 or round(side) < 1:
+            continue
+        try:
+            with torch.no_grad():
+                out = model(torch.zeros(2, used, round(side), round(side), device=device))
+        except Exception:  # noqa: BLE001 - not this size either: no advice rather than a wrong one
+            continue
+        if isinstance(out, torch.Tensor) and tuple(out.shape) == (2, num_classes):
+            return (
+                f"its layer takes {wanted:,} features where these images give {given:,}: it was written for "
+                f"{round(side)} x {round(side)} images (set data.size={round(side)}{rgb}): "
+            )
+    return ""
+
+
 def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int, device: torch.device) -> None:
     """Before training: the model maps a batch of 2 images of `image_shape` to (2, num_classes) floating-point
     logits; a RecipeError naming what it returned (or raised, and where in the user's code) otherwise. Runs in eval
@@ -108,7 +138,7 @@ def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int
     except Exception as error:  # noqa: BLE001 - any failure of the user's forward: theirs, with what it was given
         raise RecipeError(
             f"model {name}: given a batch of 2 images of shape {tuple(image_shape)} (C, H, W), {_channels_hint(error)}"
-            f"its forward raised {their_error(error)}"
+            f"{_size_hint(model, error, image_shape, num_classes, device)}its forward raised {their_error(error)}"
         ) from None
     finally:
         model.train(was_training)

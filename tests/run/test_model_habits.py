@@ -175,3 +175,29 @@ def test_a_view_model_told_to_run_channels_last_is_told_the_layout_key(tmp_path)
     with pytest.raises(RecipeError, match=layout + r"last=auto\), raised RuntimeError: view size is not compatible"):
         hasten.train(None, [*QUIET, "precision=fp32", "train.channels_last=true", f"run.dir={tmp_path}"],
                      model=ViewFlat, data=data)  # fmt: skip
+
+
+class WrittenFor8x8Grey(nn.Module):
+    """An MLP written for the 8x8 grey digits: `Linear(64, ...)` over the flattened pixels."""
+
+    def __init__(self, num_classes: int = 4):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def test_a_model_written_for_another_image_size_is_told_the_size_it_takes(tmp_path):
+    data = (quadrants(48, 0), quadrants(16, 1))  # 12 x 12 colour images
+    with pytest.raises(RecipeError, match=r"its layer takes 64 features where these images give 432: it was written "
+                                          r"for 8 x 8 images \(set data.size=8 data.rgb=false\): its forward raised "
+                                          r"RuntimeError: mat1 and mat2"):  # fmt: skip
+        hasten.train(None, [*QUIET, f"run.dir={tmp_path / 'a'}"], model=WrittenFor8x8Grey, data=data)
+    result = hasten.train(None, [*QUIET, "data.size=8", "data.rgb=false", f"run.dir={tmp_path / 'b'}"],
+                          model=WrittenFor8x8Grey, data=data)  # fmt: skip
+    assert result["preprocessing"]["channels"] == 1 and result["epochs"] == 2
+    with pytest.raises(RecipeError) as raised:  # a layer no whole side fits: no size advised
+        hasten.train(None, [*QUIET, f"run.dir={tmp_path / 'c'}"], data=data,
+                     model=lambda num_classes: nn.Sequential(nn.Flatten(), nn.Linear(77, num_classes)))  # fmt: skip
+    assert "mat1 and mat2" in str(raised.value) and "written for" not in str(raised.value)
