@@ -24,12 +24,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hasten.data.imagefolder import ImageFolder
 from hasten.errors import HastenError, RecipeError
 from hasten.experiments.bench import Variant, run_grid, run_in_process, run_isolated, variant_recipe, write_results
 from hasten.experiments.report import DASH, markdown_table, plot_curves
 from hasten.models.pretrained import WEIGHTS_FILE
 from hasten.recipe.schema import Recipe, apply_overrides, validate
+from hasten.run.assemble import train_size
 from hasten.run.build import dataset
 from hasten.run.resolve import run_dir
 from hasten.runfolder.folder import owned_output
@@ -97,8 +97,7 @@ def transfer_variants(per_class: Sequence[int | None], weights: str, seeds: Sequ
 def training_images(recipe: Recipe) -> tuple[int, int]:
     """(training images, classes) of the recipe's dataset after its data keys (per_class, subset)."""
     data = dataset(recipe)
-    labels = data.train.labels if isinstance(data, ImageFolder) else data.train_labels
-    return len(labels), data.num_classes
+    return train_size(data), data.num_classes
 
 
 def _accuracies(results: dict[str, Any]) -> dict[tuple[str, str], list[float]]:

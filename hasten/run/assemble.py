@@ -91,9 +91,19 @@ def normalisation_stats(data: ImageDataset | ImageFolder, seed: int) -> tuple[Te
     return stats
 
 
+def split_labels(data: ImageDataset | ImageFolder | StreamedData, split: str) -> Tensor:
+    """The labels of the "train" or "test" split, of any kind of data (in memory: `train_labels`; a folder or a
+    streamed Dataset: `train.labels`)."""
+    return (
+        getattr(data, split).labels
+        if isinstance(data, ImageFolder | StreamedData)
+        else getattr(data, f"{split}_labels")
+    )
+
+
 def train_size(data: ImageDataset | ImageFolder | StreamedData) -> int:
     """Training images in the dataset (all ranks together)."""
-    return len(data.train.labels) if isinstance(data, ImageFolder | StreamedData) else len(data.train_labels)
+    return len(split_labels(data, "train"))
 
 
 def check_batches(train_loader: Any, test_loader: Any, world: int) -> None:

@@ -40,7 +40,16 @@ from hasten.progress import say
 from hasten.recipe.schema import Recipe, apply_overrides, to_yaml, validate
 from hasten.recipe.sections import replaced
 from hasten.recipe.trust import USER_SOURCES
-from hasten.run.assemble import Parts, assemble, global_batch, lr_scale, optimizer_steps, seed_everything, train_size
+from hasten.run.assemble import (
+    Parts,
+    assemble,
+    global_batch,
+    lr_scale,
+    optimizer_steps,
+    seed_everything,
+    split_labels,
+    train_size,
+)
 from hasten.run.extension import Extension
 from hasten.run.loading import loader_workers, open_folder
 from hasten.run.resolve import resolve, run_dir
@@ -94,7 +103,7 @@ def check_training_data(recipe: Recipe, data: ImageDataset | ImageFolder | Strea
     """What no run can train on, refused before anything is built: fewer than two classes among the training
     labels (a classifier of one class scores 100% and learns nothing), and `data.classes` that are not the class
     names of a dataset that brings its own (a registered dataset, an image folder)."""
-    labels = data.train.labels if isinstance(data, ImageFolder | StreamedData) else data.train_labels
+    labels = split_labels(data, "train")
     present = labels.unique().tolist() if len(labels) else []
     if len(present) < 2:
         names = [data.classes[i] for i in present if 0 <= i < len(data.classes)]
@@ -384,15 +393,6 @@ def lengthening(recipe: Recipe, parts: Parts, log: RunLog, saving: Saving) -> Ca
         saving.recipe = longer.model_dump(mode="json")
 
     return apply
-
-
-def split_labels(data: Any, split: str) -> Tensor | None:
-    """The labels of `data`'s "train" or "test" split, of any kind of data (arrays in memory: `test_labels`; a
-    folder or a streamed Dataset: `test.labels`); None where they are not known."""
-    labels = getattr(data, f"{split}_labels", None)
-    if labels is None:
-        labels = getattr(getattr(data, split, None), "labels", None)
-    return labels if isinstance(labels, Tensor) else None
 
 
 def start_run(
