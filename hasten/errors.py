@@ -77,6 +77,13 @@ def raised_in_their_code(error: BaseException) -> bool:
     return any(_theirs(frame.filename) for frame in traceback.extract_tb(error.__traceback__))
 
 
+def first_line(error: BaseException, limit: int | None = None) -> str:
+    """`RuntimeError: view size is not compatible ...`: the error's type and the first line of its message (at
+    most `limit` characters of it), for a note that names a failure without its traceback."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:limit]}" if text else type(error).__name__
+
+
 def their_error(error: BaseException) -> str:
     """An exception raised in the user's own code (a Dataset's item, a model's forward, a loss, a model or data
     target function) as a line that says what it was and where in their code: `ValueError: bad file (at

@@ -18,12 +18,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from hasten.errors import first_line
+
 BACKEND = "inductor"  # torch.compile's default; tests swap in "eager" (Dynamo's tracing alone) to stay fast
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
 def compile_model(
@@ -46,7 +43,7 @@ def compile_model(
         return model, None
     except Exception as error:  # noqa: BLE001 -- any failure to compile means: train eagerly
         model._compiled_call_impl = None  # undoes nn.Module.compile()
-        return model, f"train.compile: torch.compile is not possible here ({_first_line(error)}); training eagerly"
+        return model, f"train.compile: torch.compile is not possible here ({first_line(error)}); training eagerly"
     finally:
         with torch.no_grad():
             model.load_state_dict(snapshot)

@@ -43,6 +43,7 @@ from hasten.data.loader import in_layout
 from hasten.engine.distributed import all_reduce_sum, broadcast_object, is_main, world_size
 from hasten.engine.precision import make_precision
 from hasten.engine.step import TrainStep
+from hasten.errors import first_line
 from hasten.machine import ActivityMeter, Machine
 from hasten.progress import say, step_shown
 from hasten.tune.choices import Candidate, Probe
@@ -132,7 +133,9 @@ def probe(
                 failed[option] = error
     if failed and not losses:
         raise next(iter(failed.values()))  # no candidate runs: the model's own error, as training would meet it
-    dropped = dropped | {option: f"its step raised {_first_line(error)}" for option, error in failed.items()}
+    dropped = dropped | {
+        option: f"its step raised {first_line(error, 160).rstrip('.')}" for option, error in failed.items()
+    }
     dropped = dropped | _unsafe(losses)
     timings: dict[Candidate, list[float]] = {option: [] for option in options}
 
@@ -179,12 +182,10 @@ def _screen(
         for option, step in steps.items():
             try:
                 timed[option] = _timed_step(step, small[option.channels_last], device)[0]
-            except RuntimeError:  # left to the full round, which says why when another candidate runs
-                timed[option] = math.nan
-    ran = {option: seconds for option, seconds in timed.items() if not math.isnan(seconds)}
-    if not ran:
+            except RuntimeError:  # not timed: the full round says why, when another candidate runs
+                pass
+    if not timed:
         return {}
-    timed = ran
     fastest = min(timed, key=timed.__getitem__)
     images = len(small[False][0])
     return {
@@ -192,12 +193,6 @@ def _screen(
         for option, seconds in timed.items()
         if seconds > SCREENED_OUT * timed[fastest]
     }
-
-
-def _first_line(error: BaseException) -> str:
-    """`RuntimeError: view size is not compatible ...`: the error's type and first line, for the probe's note."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:160].rstrip('.') if text else ''}".rstrip(": ")
 
 
 def _unsafe(losses: dict[Candidate, float]) -> dict[Candidate, str]:
