@@ -14,7 +14,8 @@ Seeds (`--seeds`): 0-4. Three arms, all with the same data overrides, budget, se
 - **default**: the recipe under test, `python -m hasten train [RECIPE] data.*=... [train.epochs=N]`; `--recipe`
   names one, else the default recipe (`hasten train` with no recipe name);
 - **plain**: the same model trained the way a plain PyTorch loop trains it (`PLAIN`): Adam at 1e-3, constant LR,
-  batch 64, no label smoothing, mixup, cutmix, EMA, weight decay, augmentation or TTA, in fp32 and the default
+  batch 64, no label smoothing, mixup, cutmix, EMA, weight decay, augmentation or TTA, the model's outputs taken as
+  logits whatever they are (`model.output=logits`), in fp32 and the default
   memory layout (no start-up probe: a plain loop has none);
 - **naive**: the textbook loop `hasten bench` shows (hasten/experiments/naive.py: batch 32, Adam 1e-3, fp32).
 
@@ -95,6 +96,7 @@ PLAIN = [
     "train.batch_size=64",
     "train.min_steps_per_epoch=0",
     "train.accumulate=1",
+    "model.output=logits",  # the model's outputs into the cross-entropy as they are, a softmax's too
     *(switch.switched_off for switch in SWITCHES if switch.speed),  # fp32, no channels_last, no compile
 ]
 QUIET = ["run.progress=false", "run.tensorboard=false"]  # every arm: what a benchmark does not need

@@ -6,6 +6,7 @@ tests: tests/run/test_model_habits.py):
         --model viewflat=habit_models:ViewFlat --model rowlstm=habit_models:RowLSTM \
         --model hardrgb=habit_models:HardRGB --model upsampler=habit_models:Upsampler \
         --model frozen=habit_models:Frozen --model inplace=habit_models:InPlaceInput \
+        --model softmax=habit_models:SoftmaxEnd \
         --budgets recipe --arms default,plain --seeds 0,1,2 --jobs 1 --threads 2
 
 TupleOut, DictOut, Thousand and NeedsDepth are refused before training, each naming what it returned or lacks.
@@ -168,3 +169,24 @@ class Frozen(nn.Module):
 
     def forward(self, x):
         return self.head(self.stem(x))
+
+
+class SoftmaxEnd(nn.Module):
+    """Ends in nn.Softmax, as Keras users write a classifier (hasten reads its outputs as probabilities)."""
+
+    def __init__(self, num_classes=10, in_channels=1):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(64, num_classes),
+            nn.Softmax(dim=1),
+        )
+
+    def forward(self, x):
+        return self.net(x)

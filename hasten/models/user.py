@@ -155,3 +155,51 @@ def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int
             f"class logits of shape (2, {num_classes}) for the data's {num_classes} classes (labels "
             f"0..{num_classes - 1}; give the class names, data.classes, if there are more than the labels show)"
         )
+
+
+# the log of a probability that underflowed to 0: the smallest normal fp32's, a finite logit (-87.3)
+SMALLEST_PROBABILITY = torch.finfo(torch.float32).tiny
+
+
+def output_kind(model: nn.Module, image_shape: tuple[int, ...], device: torch.device) -> tuple[str, str | None]:
+    """What the model returns, read off three batches in evaluation mode (zeros, a fixed noise drawn from its own
+    generator so the run's RNG is untouched, and that noise 100 times larger, which moves any logits far):
+    ("probabilities", None) when every row is a softmax's (each value in [0, 1], the row summing to 1) for all
+    three; else ("logits", warning), the warning naming outputs that all lie in [0, 1] for all three and strictly
+    between for the first two (a sigmoid at the end), which the loss, taking them as logits, barely separates."""
+    noise = torch.randn(8, *image_shape, generator=torch.Generator().manual_seed(0)).to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            outs = [model(b).float() for b in (torch.zeros(2, *image_shape, device=device), noise, noise * 100)]
+    except Exception:  # noqa: BLE001 - zeros went through (check_model); a model that refuses noise is left as it is
+        return "logits", None
+    finally:
+        model.train(was_training)
+    within = all(bool(((out >= 0) & (out <= 1)).all()) for out in outs)
+    if within and all(bool(torch.allclose(out.sum(1), torch.ones_like(out[:, 0]), atol=1e-3)) for out in outs):
+        return "probabilities", None
+    if within and all(bool(((out > 0) & (out < 1)).all()) for out in outs[:2]):  # (a large input may saturate)
+        return "logits", (
+            f"model {type(model).__name__} returns values between 0 and 1 for every class (a sigmoid at its end?): "
+            "the loss takes them as class logits, any real numbers, and logits within 0 and 1 of each other give "
+            "every class almost the same probability, so it learns slowly if at all; end the model with its last "
+            "linear layer (or a softmax, which model.output=auto reads as probabilities)"
+        )
+    return "logits", None
+
+
+def _log_of_probabilities(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    """The forward hook of a model that returns probabilities: their log, the logits the loss, the evaluation and
+    predict take (a softmax of them gives the probabilities back)."""
+    return output.float().clamp_min(SMALLEST_PROBABILITY).log()
+
+
+def read_output(model: nn.Module, kind: str) -> torch.utils.hooks.RemovableHandle | None:
+    """`model.output`: for "probabilities", the model's outputs read as their log from here on, by a forward hook
+    (its weights and their names unchanged; copies of the model keep it); added once. Returns the hook's handle,
+    None when nothing was added."""
+    if kind != "probabilities" or _log_of_probabilities in model._forward_hooks.values():
+        return None
+    return model.register_forward_hook(_log_of_probabilities)

@@ -258,6 +258,14 @@ class ModelConfig(Section):
         None, description='import: "package.module:callable"; object: the class trained (recorded).'
     )
     args: dict[str, Any] = Field({}, description="Keyword arguments of model.target's callable.")
+    output: Literal["auto", "logits", "probabilities"] = Field(
+        "auto",
+        description="What the model returns. logits: any real numbers, which the loss takes as they are; "
+        "probabilities: a softmax's output (each row in [0, 1], summing to 1), whose log is taken as the logits, "
+        "in training, evaluation, predict and export alike (cross-entropy on the softmax's input, the same loss). "
+        "auto: probabilities where a model of the user's returns rows like that for two kinds of input at start-up "
+        "(with hasten.train's own loss), else logits.",
+    )
     parameters: int | None = Field(
         None, description="Recorded in recipe.yaml: the parameter count of the model trained (not read back)."
     )

@@ -247,6 +247,8 @@ class Parts:
     checkpoint: tuple[Path, dict[str, Any]] | None = None  # what a resume continues from, read once by resolve
     cpu_allocator: dict[str, int] | None = None  # the C allocator's settings the run took (hasten/machine.py)
     extendable: bool = False  # train.epochs=auto may lengthen the run once (hasten/run/extension.py)
+    warnings: tuple[str, ...] = ()  # what the run warns of from its start (hasten/run/resolve.py)
+    output_hook: Any = None  # model.output=probabilities: the forward hook on the model (taken off a user's object)
 
 
 def assemble(

@@ -145,7 +145,9 @@ def check_model_size(recipe: Recipe, image_shape: tuple[int, ...], num_classes: 
         )
 
 
-def build(recipe: Recipe, model: Any = None, data: Any = None, clock: Clock | None = None) -> Parts:
+def build(
+    recipe: Recipe, model: Any = None, data: Any = None, clock: Clock | None = None, loss_given: bool = False
+) -> Parts:
     """The run's parts. `model` and `data` are the user's own (hasten/run/user.py: an nn.Module or a callable making
     one; arrays, a Dataset, a folder path, or (train, test[, class_names])); None: the recipe's.
 
@@ -184,11 +186,11 @@ def build(recipe: Recipe, model: Any = None, data: Any = None, clock: Clock | No
     # line in the start-up's split is the probe's own time
     importlib.import_module("torch._dynamo")  # (an `import` statement here would make `torch` local to build)
     clock.mark("start and imports")
-    resolved = resolve(recipe, data, model, device, given_model, given_data, machine)
+    resolved = resolve(recipe, data, model, device, given_model, given_data, machine, loss_given)
     clock.mark("probe")
     parts = assemble(resolved.recipe, data, model, device, resolved.machine_keys, clock)
     parts.machine, parts.checkpoint, parts.cpu_allocator = machine, resolved.checkpoint, allocator
-    parts.extendable = resolved.extendable
+    parts.extendable, parts.warnings, parts.output_hook = resolved.extendable, resolved.warnings, resolved.output_hook
     return parts
 
 
@@ -338,7 +340,7 @@ def train(
     # held from before the data is read: the checkpoint a resume continues from is read once, under the lock, and
     # a second run into the folder is refused before it has timed or decided anything
     with RunLock(folder) if main else contextlib.nullcontext():
-        parts = build(recipe, model, data, clock)
+        parts = build(recipe, model, data, clock, loss_given=loss is not None)
         recipe = parts.recipe  # what was used: every choice made (resolve), the user's model and data recorded
         trainer, log = start_run(recipe, parts, folder, loss, clock)
         # signals stay caught until the run returns: a stop once the last epoch is done lets the summary be written
@@ -378,6 +380,8 @@ def train(
             raise RecipeError(f"model: training your model{layout} raised {their_error(error)}") from None
         finally:
             log.close()
+            if parts.output_hook is not None:  # a model object of the user's returns what it returned before
+                parts.output_hook.remove()
         return summary
 
 
@@ -432,7 +436,7 @@ def start_run(
     if parts.extendable:  # train.epochs=auto: once at the end of the LR's hold (hasten/run/extension.py)
         plan.extension = Extension(recipe.schedule.peak, lengthening(recipe, parts, log, saving))
     trainer = trainer_for(parts, plan, log, saving)
-    for text in risky_settings(recipe, parts):
+    for text in (*parts.warnings, *risky_settings(recipe, parts)):
         trainer.warn(text)
     asked = asked_rise_steps(recipe.schedule, lr_scale(recipe))
     if 2 * plan.rise_steps < asked and checkpoint is None:  # under half the warm-up asked for

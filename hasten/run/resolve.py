@@ -27,7 +27,7 @@ from hasten.engine.norms import has_batch_norm
 from hasten.errors import CheckpointError, RecipeError
 from hasten.machine import Machine
 from hasten.machine import current as current_machine
-from hasten.models.user import check_model
+from hasten.models.user import check_model, output_kind, read_output
 from hasten.progress import say
 from hasten.recipe.schema import PRECISION_MODES, Recipe, dotted, replaced
 from hasten.run.assemble import assemble, check_batch_norm_batch, loaders, lr_scale, train_size
@@ -121,6 +121,8 @@ class Resolved:
     machine_keys: tuple[str, ...] = ()
     checkpoint: tuple[Path, dict[str, Any]] | None = None
     extendable: bool = False  # train.epochs=auto may lengthen the run once (hasten/run/extension.py)
+    warnings: tuple[str, ...] = ()  # what the run warns of from its start (recorded in summary.json)
+    output_hook: Any = None  # model.output=probabilities: the hook that reads the model's outputs as their log
 
 
 def resolve(
@@ -131,6 +133,7 @@ def resolve(
     given_model: Any = None,
     given_data: Any = None,
     machine: Machine | None = None,
+    loss_given: bool = False,
 ) -> Resolved:
     """Every setting the recipe leaves open, decided once: flips, shifts and TTA from the data; the user's model
     and data recorded; the device, the loader's workers and threads, in-memory or streamed, the images' size and
@@ -138,19 +141,27 @@ def resolve(
     budget from the data; the fused optimizer; optim.lr=auto by a range test. One line per decision is printed;
     the returned recipe is frozen and holds the values (it is the one recipe.yaml records and `assemble` builds
     from, unchanged). A resume's checkpoint is read here, once. `machine`: the facts the machine's rules read
-    (None: hasten.machine.current())."""
+    (None: hasten.machine.current()); `loss_given`: the user gave hasten.train a loss of their own, which takes
+    what their model returns as it is."""
     machine = machine or current_machine()
     world = world_size()
+    warned: tuple[str, ...] = ()
     epochs_auto = recipe.train.epochs == "auto"
     recipe, notes = resolve_for_data(recipe, data, world)
     recipe, more, placed = resolve_placement(recipe, data, device)
     notes += more
     if user_objects(recipe, given_model, given_data):  # fail before anything is timed or trained
-        check_model(copy.deepcopy(model).to(device), data.image_shape, len(data.classes), device)
+        trial = copy.deepcopy(model).to(device)  # the checks' copy: lazy modules shaped, nothing of the run's moved
+        check_model(trial, data.image_shape, len(data.classes), device)
         recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)
+        recipe, more, warned = resolve_output(recipe, trial, data.image_shape, device, loss_given)
+        notes += more
     else:  # what the run trains, recorded as for a user's model: its class names and size
         recipe = replaced(recipe, {"data.classes": list(data.classes),
                                    "model.parameters": sum(p.numel() for p in model.parameters())})  # fmt: skip
+        if recipe.model.output == "auto":  # hasten's own models end in their classifier's logits
+            recipe = replaced(recipe, {"model.output": "logits"})
+    hook = read_output(model, recipe.model.output)  # before the probe and the range test run it
     if recipe.train.batch_size != "auto":  # before anything is timed: the probe would train on that batch
         check_batch_norm_batch(model, recipe)
     check_assembly(recipe, device, world)
@@ -181,7 +192,30 @@ def resolve(
     if recipe.optim.lr == "auto":  # last: the range test runs the run as decided so far
         recipe = resolve_lr(recipe, data, model, device)
     longer = epochs_auto and extendable(recipe, data, world, resumed, budget)
-    return Resolved(recipe, (*machine_keys, *placed, "optim.fused"), checkpoint, longer)
+    return Resolved(recipe, (*machine_keys, *placed, "optim.fused"), checkpoint, longer, warned, hook)
+
+
+def resolve_output(
+    recipe: Recipe, trial: nn.Module, image_shape: tuple[int, ...], device: torch.device, loss_given: bool
+) -> tuple[Recipe, list[str], tuple[str, ...]]:
+    """`model.output: auto` decided for the user's model (hasten/models/user.py's output_kind, run on `trial`, a
+    copy of it on the device): probabilities where it ends in a softmax (unless the user's own loss takes them as
+    they are), else logits; with the warning a sigmoid's outputs get. Returns the recipe, the lines to say and the
+    warnings."""
+    if recipe.model.output != "auto":
+        return recipe, [], ()
+    kind, warning = output_kind(trial, image_shape, device)
+    warnings, name = (warning,) if warning else (), type(trial).__name__
+    if kind == "logits":
+        return replaced(recipe, {"model.output": "logits"}), [], warnings
+    if loss_given:
+        said = f"{name} ends in a softmax, and the loss given to hasten.train takes its probabilities as they are"
+        return replaced(recipe, {"model.output": "logits"}), [f"model.output=auto -> logits: {said}"], warnings
+    note = (
+        f"model.output=auto -> probabilities: {name} ends in a softmax (every row sums to 1), so their log is taken "
+        "as the logits (the same loss as on the softmax's input; model.output=logits: as they are)"
+    )
+    return replaced(recipe, {"model.output": "probabilities"}), [note], warnings
 
 
 def resolve_placement(recipe: Recipe, data: Any, device: torch.device) -> tuple[Recipe, list[str], tuple[str, ...]]:

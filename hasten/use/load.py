@@ -275,7 +275,7 @@ def network(
     class or function making one (called with model.args and num_classes/in_channels/image_size as in training),
     in place of the recipe's."""
     from hasten.models import build_model
-    from hasten.models.user import check_model, has_lazy_parameters, shape_args
+    from hasten.models.user import check_model, has_lazy_parameters, read_output, shape_args
     from hasten.recipe.trust import call_target, describe_class
 
     config = facts.recipe.model
@@ -302,6 +302,7 @@ def network(
     if has_lazy_parameters(net):  # nn.LazyLinear and kin take their shapes from a first batch, as in training
         check_model(net, facts.image_shape, len(facts.classes), torch.device("cpu"))
     load_model_weights(net, weights, source)  # names and shapes first: nothing below copies a tensor that does not fit
+    read_output(net, config.output)  # a softmax's probabilities read as their log, as in training
     if prepare is not None:
         net = prepare(net)
     elif any(v.dtype == torch.float16 for v in net.state_dict().values()):  # fp16-master keeps fp16 weights

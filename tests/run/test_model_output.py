@@ -1,0 +1,124 @@
+"""A model that ends in a softmax (the Keras habit) returns probabilities, not the logits hasten's loss takes:
+`model.output=auto` reads them as their log (the same loss as on the softmax's input) in training, evaluation,
+predict and export; a sigmoid's outputs, which no reading mends, are a warning."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+import yaml
+from torch import nn
+
+import hasten
+from hasten.models.user import output_kind, read_output
+from tests.run.test_user import CLASSES, QUIET, quadrants
+
+
+class Logits(nn.Module):
+    """A user's small CNN ending in its linear layer's logits."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(in_channels, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+                                      nn.Flatten())  # fmt: skip
+        self.head = nn.Linear(32, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class Softmaxed(Logits):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(super().forward(x), dim=1)
+
+
+class LogSoftmaxed(Logits):  # the PyTorch MNIST example's habit: log-probabilities are logits already
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(super().forward(x), dim=1)
+
+
+class Sigmoided(Logits):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(super().forward(x))
+
+
+class ReLUEnded(Logits):  # non-negative, but not bounded: logits
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(super().forward(x))
+
+
+@pytest.mark.parametrize(
+    ("model", "kind", "warned"),
+    [(Logits, "logits", False), (Softmaxed, "probabilities", False), (LogSoftmaxed, "logits", False),
+     (Sigmoided, "logits", True), (ReLUEnded, "logits", False)],
+)  # fmt: skip
+def test_what_a_model_returns_is_read_off_its_outputs(model, kind, warned):
+    for seed in range(3):
+        torch.manual_seed(seed)
+        net = model(num_classes=2)  # two classes: the fewest values a chance bound has to go on
+        state = torch.get_rng_state()
+        found, warning = output_kind(net, (3, 12, 12), torch.device("cpu"))
+        assert found == kind and (warning is not None) == warned
+        assert torch.equal(torch.get_rng_state(), state)  # the run's random stream is not drawn from
+    assert "sigmoid at its end" in output_kind(Sigmoided(), (3, 12, 12), torch.device("cpu"))[1]
+
+
+def test_the_log_is_read_once_however_often_it_is_asked_for():
+    net = Softmaxed()
+    x = torch.randn(5, 3, 12, 12)
+    probabilities = net(x)
+    handle = read_output(net, "probabilities")
+    assert read_output(net, "probabilities") is None and read_output(net, "logits") is None
+    assert torch.allclose(net(x), probabilities.log()) and torch.allclose(net(x).softmax(1), probabilities)
+    handle.remove()
+    assert torch.allclose(net(x), probabilities)
+
+
+def test_a_softmax_model_trains_as_its_logits_twin_and_predicts_and_exports_its_probabilities(tmp_path):
+    train, test = quadrants(128, 0), quadrants(64, 1)
+    results = {}
+    for model in (Logits, Softmaxed):
+        torch.manual_seed(0)
+        net = model()
+        overrides = [
+            *QUIET,
+            "precision=fp32",
+            "train.epochs=8",
+            "optim.lr=0.01",
+            f"run.dir={tmp_path / model.__name__}",
+        ]
+        results[model] = hasten.train(None, overrides, model=net, data=(train, test, CLASSES)), net
+    (twin, _), (result, net) = results[Logits], results[Softmaxed]
+    recorded = yaml.safe_load((result.run_dir / "recipe.yaml").read_text())
+    assert recorded["model"]["output"] == "probabilities" and twin["test_accuracy"] >= 0.9
+    # the same loss: the same run, up to the rounding of log(softmax(z)) against log_softmax(z)
+    assert result["test_accuracy"] == twin["test_accuracy"]
+    assert result["train_loss"] == pytest.approx(twin["train_loss"], rel=1e-3)
+    images = torch.as_tensor(test[0][:6]).permute(0, 3, 1, 2).float()
+    assert torch.allclose(net(images).sum(1), torch.ones(6))  # the user's own object returns what it did
+    probabilities = result.probabilities(test[0])
+    assert torch.allclose(probabilities.sum(1), torch.ones(len(test[0])))
+    again = hasten.load(result.run_dir, model=Softmaxed)
+    assert torch.allclose(again.probabilities(test[0]), probabilities, atol=1e-6)
+    session = onnxruntime.InferenceSession(str(result.export(tmp_path / "m.onnx")), providers=["CPUExecutionProvider"])
+    logits = session.run(None, {"pixels": np.ascontiguousarray(test[0].transpose(0, 3, 1, 2))})[0]
+    assert torch.allclose(torch.from_numpy(logits).softmax(1), probabilities, atol=1e-5)
+
+
+def test_a_sigmoid_model_is_warned_and_a_loss_of_the_users_takes_the_probabilities_as_they_are(tmp_path):
+    data = (quadrants(64, 0), quadrants(32, 1))
+    warned = hasten.train(None, [*QUIET, "precision=fp32", f"run.dir={tmp_path / 's'}"], model=Sigmoided, data=data)
+    assert any("a sigmoid at its end?" in text for text in warned["warnings"])
+
+    given = []
+
+    def on_probabilities(p: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:  # a loss written for a softmax's output
+        given.append(bool(torch.allclose(p.detach().sum(1), torch.ones(len(p)))))
+        return -(soft * p.clamp_min(1e-12).log()).sum(1).mean()
+
+    result = hasten.train(None, [*QUIET, "precision=fp32", f"run.dir={tmp_path / 'p'}"], model=Softmaxed, data=data,
+                          loss=on_probabilities)  # fmt: skip
+    assert yaml.safe_load((result.run_dir / "recipe.yaml").read_text())["model"]["output"] == "logits"
+    assert len(given) >= 8 and all(given)  # every step's loss saw the model's probabilities
