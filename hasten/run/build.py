@@ -340,7 +340,12 @@ def train(
     # held from before the data is read: the checkpoint a resume continues from is read once, under the lock, and
     # a second run into the folder is refused before it has timed or decided anything
     with RunLock(folder) if main else contextlib.nullcontext():
-        parts = build(recipe, model, data, clock, loss_given=loss is not None)
+        try:
+            parts = build(recipe, model, data, clock, loss_given=loss is not None)
+        except Exception as error:  # the start-up runs their model (the probe, the numerics, the LR range test)
+            if isinstance(error, HastenError | MemoryError | torch.OutOfMemoryError) or not raised_in_their_code(error):
+                raise
+            raise RecipeError(f"start-up: trying the run on one batch, your code raised {their_error(error)}") from None
         recipe = parts.recipe  # what was used: every choice made (resolve), the user's model and data recorded
         trainer, log = start_run(recipe, parts, folder, loss, clock)
         # signals stay caught until the run returns: a stop once the last epoch is done lets the summary be written

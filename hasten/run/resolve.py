@@ -487,7 +487,7 @@ def choose_on_machine(
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout, DataLoader seeds
         batch = probe_batch(recipe, data, device, max(sizes)) if len(options) > 1 or len(sizes) > 1 else None
         if "precision" in asked and "precision" not in kept and len(options) > 1:  # speed alone is not safety
-            options, more = numerics_checked(model, batch, options, device)
+            options, more = numerics.safe_options(model, batch, options, device)
             notes += more
         if len(options) > 1:
             at = min(max(sizes), rules.PROBE_BATCH)
@@ -517,31 +517,6 @@ def choose_on_machine(
     recipe = replaced(recipe, {"precision": choice.precision, "train.channels_last": choice.channels_last,
                                "train.batch_size": values["train.batch_size"]})  # fmt: skip
     return recipe, tuple(key for key in asked), notes
-
-
-def numerics_checked(
-    model: nn.Module, batch: tuple[Tensor, Tensor], options: list[choices.Candidate], device: torch.device
-) -> tuple[list[choices.Candidate], list[str]]:
-    """`options` without the reduced precisions this model's own numerics do not survive (hasten/tune/numerics.py:
-    one batch's gradient against fp32's), and the line that says what each measured."""
-    images, labels = batch[0][: rules.PROBE_BATCH], batch[1][: rules.PROBE_BATCH]
-    measured = {
-        name: numerics.gradient_error(model, images, labels, name, device)
-        for name in dict.fromkeys(option.precision for option in options)
-        if name != "fp32"
-    }
-    unsafe = {name for name, error in measured.items() if not numerics.safe(error)}
-    said = ", ".join(f"{name} {error:.3g}" for name, error in measured.items())
-    limit = f"at most {numerics.MAX_GRAD_ERROR}"
-    if not unsafe:
-        return options, [f"precision=auto: this model's gradient in reduced precision against fp32's: {said} ({limit})"]
-    kept = [option for option in options if option.precision not in unsafe] or [
-        choices.Candidate("fp32", option.channels_last) for option in options if option.precision in unsafe
-    ][:1]
-    return kept, [
-        f"precision=auto: {', '.join(sorted(unsafe))} left out: this model's gradient in reduced precision differs "
-        f"from fp32's by {said} of its size ({limit}); it trains in {kept[0].precision}"
-    ]
 
 
 def resolve_lr(recipe: Recipe, data: Any, model: nn.Module, device: torch.device) -> Recipe:

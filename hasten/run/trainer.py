@@ -62,7 +62,7 @@ from hasten.run.extension import extension_note, lengthened
 from hasten.run.plan import Hooks, Interrupted, NonFiniteLoss, Plan, Saving
 from hasten.run.signals import asked_to_stop, handling_stop_signals
 from hasten.run.state import State, rank_state, restore, time_to_fraction_of_best, wall_time_to_accuracy
-from hasten.run.verdicts import at_chance_warning, late_warning
+from hasten.run.verdicts import at_chance_warning, late_warning, no_gradient
 from hasten.runfolder.checkpoint import prune, save_checkpoint, set_rng_state
 from hasten.runfolder.log import RunLog
 from hasten.techniques.tta import views
@@ -129,6 +129,7 @@ class Trainer:
         self.one_view_accuracy: float | None = None  # the last full evaluation's accuracy on the plain view alone
         self.seconds_per_view: float | None = None  # an evaluation's measured seconds per view: what the ETA assumes
         self.pace = (0, 0.0)  # (batches, training seconds) this process has trained: the ETA's pace
+        self.unreached: list[str] | None = None  # trainable parameters the first step's loss gave no gradient
 
     def wall_seconds(self) -> float:
         """The run's wall-clock seconds so far: since the command's start, plus a resumed run's earlier ones."""
@@ -411,6 +412,8 @@ class Trainer:
             with self._probe_step_memory():
                 asked = lambda: self.stop_signal is not None  # noqa: E731  (read once the step's backward is done)
                 result = self.stepper.backward(batches, micro_batches, self._group_examples(group), asked)
+                if self.unreached is None and not result.nonfinite:  # this process's first step: before the update
+                    self.unreached = no_gradient(unwrap(self.model), self.warn)
                 self._finish_step(result)
             self.state.batch += micro_batches
             loss_sum += result.loss_sum

@@ -8,10 +8,10 @@ says that class scores 80%: at chance, and said so, not a good number."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 # a run at chance at its budget is advised this many times its epochs: a GroupNorm CNN of the model suite stayed at
 # chance on a letters folder at the default's 8 epochs at every LR tried (0.0007-0.02) and reached 55.5% at 30
@@ -119,3 +119,19 @@ def late_warning(
         f"the test accuracy was at chance level until step {until:,} of {total:,} ({until / total:.0%} of the run) "
         f"before the model learnt: a longer run may end higher; try train.epochs={LATE_LONGER * epochs}"
     )
+
+
+def no_gradient(model: nn.Module, warn: Callable[[str], None]) -> list[str]:
+    """After a step's backward, before its update: the model's trainable parameters that got no gradient, which
+    never train and which no accuracy names; `warn` is told their names (a `.detach()`, `.numpy()` or `.item()` in
+    the model's forward cuts them off, or it never uses them) where there are any."""
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    unreached = [name for name, p in named if p.grad is None]
+    if unreached:
+        shown = ", ".join(unreached[:3]) + (", ..." if len(unreached) > 3 else "")
+        warn(
+            f"{len(unreached)} of the model's {len(named)} trainable parameter tensors got no gradient from the loss "
+            f"({shown}): they never train; a .detach(), .numpy() or .item() in its forward cuts them off, or it never "
+            "uses them (requires_grad=False keeps a part fixed on purpose)"
+        )
+    return unreached

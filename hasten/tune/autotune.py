@@ -124,12 +124,12 @@ def probe(
     # the first look is for a 16-bit candidate that may be hopeless; layouts of one precision are not 3x apart
     mixed = len({option.precision for option in options}) > 1
     dropped = _screen(steps, screen, device) if few < len(labels) and mixed else {}
-    failed: dict[Candidate, RuntimeError] = {}
+    failed: dict[Candidate, Exception] = {}
     for option in options:  # round 0 warms each candidate up (kernel selection, allocations) and checks its loss
         if option not in dropped:
             try:
                 losses[option] = _timed_step(steps[option], (layout[option.channels_last], labels), device)[1]
-            except RuntimeError as error:  # this precision or layout is one the model cannot run in
+            except Exception as error:  # noqa: BLE001 - this precision or layout is one the model cannot run in
                 failed[option] = error
     if failed and not losses:
         raise next(iter(failed.values()))  # no candidate runs: the model's own error, as training would meet it
@@ -182,7 +182,7 @@ def _screen(
         for option, step in steps.items():
             try:
                 timed[option] = _timed_step(step, small[option.channels_last], device)[0]
-            except RuntimeError:  # not timed: the full round says why, when another candidate runs
+            except Exception:  # noqa: BLE001 - not timed: the full round says why, when another candidate runs
                 pass
     if not timed:
         return {}

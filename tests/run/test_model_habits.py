@@ -201,3 +201,48 @@ def test_a_model_written_for_another_image_size_is_told_the_size_it_takes(tmp_pa
         hasten.train(None, [*QUIET, f"run.dir={tmp_path / 'c'}"], data=data,
                      model=lambda num_classes: nn.Sequential(nn.Flatten(), nn.Linear(77, num_classes)))  # fmt: skip
     assert "mat1 and mat2" in str(raised.value) and "written for" not in str(raised.value)
+
+
+class BrokenInTraining(nn.Module):
+    """Raises in training mode only: the start-up's check on zeros (evaluation mode) lets it through."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3):
+        super().__init__()
+        self.fc = nn.Linear(in_channels * 12 * 12, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            raise ValueError("my training mode is broken")
+        return self.fc(x.flatten(1))
+
+
+def test_a_model_that_raises_in_training_is_its_own_error_in_one_line(tmp_path):
+    """Whether the start-up's trials (numerics, probe) or the first training step meet it first."""
+    data = (quadrants(64, 0), quadrants(32, 1))
+    with pytest.raises(RecipeError, match=r"raised ValueError: my training mode is broken \(at .*test_model_habits"):
+        hasten.train(None, [*QUIET, f"run.dir={tmp_path}"], model=BrokenInTraining, data=data)
+
+
+class Detached(nn.Module):
+    """Its features detached before the head (as a `.numpy()` round trip does): the conv never trains."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3, frozen: bool = False):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, 4, 3, padding=1)
+        self.head = nn.Linear(4, num_classes)
+        self.conv.requires_grad_(not frozen)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = torch.relu(self.conv(x)).mean((2, 3))
+        return self.head(features.detach())
+
+
+def test_parameters_the_loss_does_not_reach_are_named_in_a_warning(tmp_path):
+    data = (quadrants(64, 0), quadrants(32, 1))
+    result = hasten.train(None, [*QUIET, "precision=fp32", f"run.dir={tmp_path / 'd'}"], model=Detached, data=data)
+    (warned,) = [text for text in result["warnings"] if "got no gradient" in text]
+    assert warned.startswith("2 of the model's 4 trainable parameter tensors got no gradient from the loss "
+                             "(conv.weight, conv.bias)")  # fmt: skip
+    frozen = hasten.train(None, [*QUIET, "precision=fp32", f"run.dir={tmp_path / 'f'}"],
+                          model=lambda num_classes: Detached(num_classes, frozen=True), data=data)  # fmt: skip
+    assert not [text for text in frozen["warnings"] if "got no gradient" in text]  # fixed on purpose: said nothing

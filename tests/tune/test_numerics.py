@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from torch import nn
 
-from hasten.run.resolve import numerics_checked
 from hasten.tune import numerics
 from hasten.tune.choices import Candidate
 
@@ -71,13 +71,13 @@ def test_the_check_leaves_model_and_random_stream_as_they_were():
 def test_an_unsafe_model_drops_reduced_precision_from_the_candidates_and_says_why():
     torch.manual_seed(0)
     options = [Candidate("bf16", False), Candidate("bf16", True), Candidate("fp32", False), Candidate("fp32", True)]
-    kept, notes = numerics_checked(Cancelling(), batch(), options, CPU)
+    kept, notes = numerics.safe_options(Cancelling(), batch(), options, CPU)
     assert [option.precision for option in kept] == ["fp32", "fp32"]
     assert "bf16 left out" in notes[0] and "trains in fp32" in notes[0]
-    kept, notes = numerics_checked(mlp(), batch(), options, CPU)
+    kept, notes = numerics.safe_options(mlp(), batch(), options, CPU)
     assert kept == options and "bf16 0.0" in notes[0]
     only_low = [Candidate("bf16", False)]
-    kept, _ = numerics_checked(Cancelling(), batch(), only_low, CPU)
+    kept, _ = numerics.safe_options(Cancelling(), batch(), only_low, CPU)
     assert kept == [Candidate("fp32", False)]
 
 
@@ -92,3 +92,33 @@ def test_a_loss_that_overflows_only_in_reduced_precision_is_infinitely_wrong():
             return out * 1e38 if out.dtype == torch.bfloat16 else out
 
     assert math.isinf(numerics.gradient_error(Huge(), *batch(), "bf16", CPU))
+
+
+class NumpyInside(nn.Module):
+    """Takes its features through numpy (as some users' code does): numpy has no bf16, and the path has no grad."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Linear(64, 16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = torch.from_numpy(self.features(x.flatten(1)).detach().numpy())
+        return self.head(features)
+
+
+def test_a_precision_the_models_own_code_cannot_run_in_is_left_out_with_what_it_raised():
+    options = [Candidate("bf16", False), Candidate("fp32", False)]
+    kept, notes = numerics.safe_options(NumpyInside(), batch(), options, CPU)
+    assert kept == [Candidate("fp32", False)]
+    assert "bf16 left out: its step raised TypeError: Got unsupported ScalarType BFloat16" in notes[0]
+    assert "trains in fp32" in notes[0]
+
+
+def test_what_fp32_cannot_run_is_the_models_own_error_as_it_is():
+    class Broken(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("not in training mode, please")
+
+    with pytest.raises(ValueError, match="please"):
+        numerics.gradient_error(Broken(), *batch(), "bf16", CPU)
