@@ -94,6 +94,21 @@ def _channels_hint(error: BaseException) -> str:
     return f"it takes {found[1]}-channel images (set data.rgb={wanted}): "
 
 
+def _dtype_hint(model: nn.Module) -> str:
+    """For a model whose weights are not float32 (a `.double()` or `.half()` on it): the key that sets the
+    precision instead, as the images come in float32."""
+    kinds = sorted(
+        {str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()} - {"float32"}
+    )
+    if not kinds:
+        return ""
+    return (
+        f"its weights are {', '.join(kinds)} where the images come as float32 (a .double() or .half() on it?): "
+        "build it in float32 and let the precision key set the arithmetic (precision=auto, bf16, fp16 or fp32, "
+        "by autocast with float32 weights): "
+    )
+
+
 def _size_hint(model: nn.Module, error: BaseException, image_shape: tuple[int, ...], num_classes: int,
                device: torch.device) -> str:  # fmt: skip
     """For a dense layer sized for other images (`Linear(784, ...)` after a flatten, written for 28 x 28 grey
@@ -137,7 +152,8 @@ def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int
             out = model(torch.zeros(2, *image_shape, device=device))
     except Exception as error:  # noqa: BLE001 - any failure of the user's forward: theirs, with what it was given
         raise RecipeError(
-            f"model {name}: given a batch of 2 images of shape {tuple(image_shape)} (C, H, W), {_channels_hint(error)}"
+            f"model {name}: given a batch of 2 images of shape {tuple(image_shape)} (C, H, W), {_dtype_hint(model)}"
+            f"{_channels_hint(error)}"
             f"{_size_hint(model, error, image_shape, num_classes, device)}its forward raised {their_error(error)}"
         ) from None
     finally:

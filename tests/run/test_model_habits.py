@@ -246,3 +246,9 @@ def test_parameters_the_loss_does_not_reach_are_named_in_a_warning(tmp_path):
     frozen = hasten.train(None, [*QUIET, "precision=fp32", f"run.dir={tmp_path / 'f'}"],
                           model=lambda num_classes: Detached(num_classes, frozen=True), data=data)  # fmt: skip
     assert not [text for text in frozen["warnings"] if "got no gradient" in text]  # fixed on purpose: said nothing
+
+
+def test_a_model_in_float64_is_told_the_precision_key(tmp_path):
+    data = (quadrants(64, 0), quadrants(32, 1))
+    with pytest.raises(RecipeError, match=r"its weights are float64 where the images come as float32 .*precision=auto"):
+        hasten.train(None, [*QUIET, f"run.dir={tmp_path}"], model=BrokenInTraining().double(), data=data)
