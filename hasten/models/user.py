@@ -37,6 +37,7 @@ def own_model(config: ModelConfig, model: Any, image_shape: tuple[int, ...], num
         )
     if not isinstance(model, nn.Module):
         raise RecipeError(f"{key}: expected an nn.Module (or a callable returning one), got {type(model).__name__}")
+    model = unwrapped(model, key, announce=True)
     if not any(p.requires_grad for p in model.parameters()):
         raise RecipeError(f"{key}: the model {type(model).__name__} has no trainable parameters")
     if has_lazy_parameters(model):  # nn.LazyLinear and kin: their shapes come from a first forward pass
@@ -49,6 +50,31 @@ def own_model(config: ModelConfig, model: Any, image_shape: tuple[int, ...], num
                 f"model.zero_init_residual: {type(model).__name__} has no residual blocks ending in batch norm "
                 "(hasten.models.Residual, or a module with a `last_bn` BatchNorm attribute); skipped"
             )
+    return model
+
+
+def unwrapped(model: nn.Module, key: str, announce: bool = False) -> nn.Module:
+    """The module inside a wrapper the user put around their model: torch.compile's (hasten compiles with
+    train.compile), DataParallel's or DistributedDataParallel's (hasten runs its own processes); its weights are the
+    module's (the wrapper's names carry a prefix). A TorchScript module is refused: its copies (the probe's, the
+    EMA's) do not train as it does, and its Python module is gone. `announce`: say what was unwrapped."""
+    if isinstance(model, torch.jit.ScriptModule):
+        raise RecipeError(
+            f"{key}: {type(model).__name__} is a TorchScript module (torch.jit.script or trace), which hasten does not "
+            "train; give the nn.Module it was made from (hasten export writes the trained model to ONNX)"
+        )
+    wrappers = []
+    while True:
+        if type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            wrappers.append("torch.compile's wrapper (train.compile=true compiles it in the run)")
+            model = model._orig_mod
+        elif isinstance(model, nn.DataParallel | nn.parallel.DistributedDataParallel):
+            wrappers.append(f"{type(model).__name__} (hasten runs several processes itself: hasten train --devices N)")
+            model = model.module
+        else:
+            break
+    if wrappers and announce:
+        say(f"{key}: trains the {type(model).__name__} inside {' inside '.join(reversed(wrappers))}")
     return model
 
 

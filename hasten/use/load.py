@@ -275,7 +275,7 @@ def network(
     class or function making one (called with model.args and num_classes/in_channels/image_size as in training),
     in place of the recipe's."""
     from hasten.models import build_model
-    from hasten.models.user import check_model, has_lazy_parameters, read_output, shape_args
+    from hasten.models.user import check_model, has_lazy_parameters, read_output, shape_args, unwrapped
     from hasten.recipe.trust import call_target, describe_class
 
     config = facts.recipe.model
@@ -299,6 +299,7 @@ def network(
         raise CheckpointError(f"{source}: cannot rebuild its model from its recipe: {error}") from None
     if not isinstance(net, nn.Module):
         raise CheckpointError(f"model: expected an nn.Module (or a callable returning one), got {describe_class(net)}")
+    net = unwrapped(net, "model")  # the module inside torch.compile's or DataParallel's wrapper, as in training
     if has_lazy_parameters(net):  # nn.LazyLinear and kin take their shapes from a first batch, as in training
         check_model(net, facts.image_shape, len(facts.classes), torch.device("cpu"))
     load_model_weights(net, weights, source)  # names and shapes first: nothing below copies a tensor that does not fit

@@ -252,3 +252,22 @@ def test_a_model_in_float64_is_told_the_precision_key(tmp_path):
     data = (quadrants(64, 0), quadrants(32, 1))
     with pytest.raises(RecipeError, match=r"its weights are float64 where the images come as float32 .*precision=auto"):
         hasten.train(None, [*QUIET, f"run.dir={tmp_path}"], model=BrokenInTraining().double(), data=data)
+
+
+@pytest.mark.parametrize("wrap", [torch.compile, nn.DataParallel], ids=["compiled", "data-parallel"])
+def test_a_model_in_a_wrapper_trains_as_the_module_inside_and_predicts_from_its_folder(tmp_path, wrap, capsys):
+    data = (quadrants(64, 0), quadrants(32, 1))
+    inner = ViewFlat()
+    result = hasten.train(None, [*QUIET, "precision=fp32", f"run.dir={tmp_path}"], model=wrap(inner), data=data)
+    assert "model: trains the ViewFlat inside" in capsys.readouterr().err
+    assert not any(name.startswith(("_orig_mod.", "module.")) for name in torch.load(
+        next((tmp_path / "checkpoints").glob("step-*.pt")), weights_only=True)["model"])  # fmt: skip
+    assert len(result.predict(data[1][0][:3])) == 3  # the run folder's weights load into the wrapper's module
+    assert torch.equal(hasten.load(tmp_path, model=wrap(ViewFlat())).probabilities(data[1][0]),
+                       result.probabilities(data[1][0]))  # fmt: skip
+
+
+def test_a_torchscript_model_is_refused_naming_what_to_give():
+    scripted = torch.jit.script(nn.Sequential(nn.Flatten(), nn.Linear(3 * 12 * 12, 4)))
+    with pytest.raises(RecipeError, match="is a TorchScript module .*give the nn.Module it was made from"):
+        hasten.train(None, QUIET, model=scripted, data=(quadrants(64, 0), quadrants(32, 1)))
