@@ -6,7 +6,8 @@ Training sees uint8 images of one size and channel count (`data.size`, `data.rgb
 an image file of any size and mode into the model's input the same way:
 
 1. Pillow's `convert("L")` (ITU-R 601-2 luma, as `transforms.set_channels` uses) or `convert("RGB")` (grey
-   repeated, alpha dropped);
+   repeated, alpha dropped), or for a model trained on arrays of 2 or 4 channels `convert("LA")` or
+   `convert("RGBA")` (an image without alpha gets an opaque one);
 2. when the size differs, brought to (height, width) as `data.resize` said (`fit`: squash, crop or pad,
    hasten/data/fitting.py) with a bilinear resize: torch's `interpolate` (antialiased when shrinking) as
    `transforms.resize_images` does for in-memory arrays, or Pillow's BILINEAR as the image folder reader and a
@@ -17,6 +18,7 @@ an image file of any size and mode into the model's input the same way:
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -59,23 +61,31 @@ def open_image(path: str | Path) -> Iterator[Image.Image]:
         yield image
 
 
+UNITS = ("pixels", "fraction", "own")  # what a run's training images were in (units_of)
+# Pillow's modes by channel count: what an image file is converted to for a model trained on such images
+MODES = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}
+MODE_OF = {channels: mode for mode, channels in MODES.items()}
+
+
 class PreprocessingRecord(BaseModel):
     """The preprocessing as summary.json and export metadata store it (`Preprocessing.to_dict`), checked before
     use: sides within MAX_IMAGE_SIDE, one finite mean and one finite, positive std per channel."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
-    mode: Literal["L", "RGB"]
+    mode: Literal["L", "LA", "RGB", "RGBA"]
     height: Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)]
     width: Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)]
     mean: list[float]
     std: list[Annotated[float, Field(gt=0)]]
     resize: Literal[RESIZERS] = "torch"
     fit: Literal[RESIZE_MODES] = "squash"  # data.resize; a record from before it was recorded: squash, as then
+    units: Literal[UNITS] = "pixels"  # what the images trained on were in (units_of); a record from before: pixels
+    value_range: tuple[float, float] | None = None  # float training images' smallest and largest value
 
     @model_validator(mode="after")
     def _one_per_channel(self) -> PreprocessingRecord:
-        channels = 1 if self.mode == "L" else 3
+        channels = MODES[self.mode]
         if len(self.mean) != channels or len(self.std) != channels:
             raise ValueError(f"mean and std: one value per channel of mode {self.mode} ({channels}), got "
                              f"{len(self.mean)} and {len(self.std)}")  # fmt: skip
@@ -87,17 +97,19 @@ class Preprocessing:
     """The input a model was trained on: Pillow mode, size, normalisation, and the resize training used (which
     library's bilinear resize, and how the aspect ratio is treated: `fit`, the run's data.resize)."""
 
-    mode: str  # "L" (1 channel) or "RGB" (3)
+    mode: str  # Pillow's: "L" (1 channel), "LA" (2: grey and alpha), "RGB" (3) or "RGBA" (4)
     height: int
     width: int
     mean: tuple[float, ...]  # per channel, in [0, 1] units
     std: tuple[float, ...]
     resize: str = "torch"  # "torch": interpolate, antialiased when shrinking; "pillow": Image.resize BILINEAR
     fit: str = "squash"  # data.resize: squash, crop or pad (hasten/data/fitting.py)
+    units: str = "pixels"  # the training images': pixels 0..255, a fraction 0..1 of them, or the user's own (units_of)
+    value_range: tuple[float, float] | None = None  # float training images' smallest and largest value
 
     @property
     def channels(self) -> int:
-        return 1 if self.mode == "L" else 3
+        return MODES[self.mode]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"channels": self.channels, "steps": self.describe()}
@@ -111,7 +123,7 @@ class Preprocessing:
         except ValidationError as error:
             raise ValueError(f"{source}: {schema_problems(error, 'preprocessing.')}") from None
         return cls(record.mode, record.height, record.width, tuple(record.mean), tuple(record.std), record.resize,
-                   record.fit)  # fmt: skip
+                   record.fit, record.units, record.value_range)  # fmt: skip
 
     def describe(self) -> str:
         """The exact steps, in words, for code that is not hasten (an ONNX runtime, another language)."""
@@ -121,11 +133,43 @@ class Preprocessing:
             if self.resize == "torch"
             else "PIL.Image.resize(..., Image.Resampling.BILINEAR)"
         )
+        normalised = f"x = (x - mean) / std per channel with mean={list(self.mean)} std={list(self.std)}"
+        if self.units == "own":
+            low, high = self.value_range or (math.nan, math.nan)
+            return (
+                f"float32 images (N, {self.channels}, {self.height}, {self.width}) as the user's code made the "
+                f"training images (values {low:g} to {high:g}; no image file maps to them); x = images / 255; "
+                f"{normalised}"
+            )
+        pixels = f"uint8 array (N, {self.channels}, {self.height}, {self.width})"
+        scaled = (
+            "x = pixels / 255 / 255 (the training images were floats in [0, 1])"
+            if self.fraction
+            else "x = pixels / 255"
+        )
         return (
             f"Pillow convert('{self.mode}'); if not {self.width}x{self.height} pixels, "
-            f"{describe_fit(self.fit, self.height, self.width)}, bilinear ({resize}); "
-            f"uint8 array (N, {self.channels}, {self.height}, {self.width}); x = pixels / 255; "
-            f"x = (x - mean) / std per channel with mean={list(self.mean)} std={list(self.std)}"
+            f"{describe_fit(self.fit, self.height, self.width)}, bilinear ({resize}); {pixels}; {scaled}; {normalised}"
+        )
+
+    @property
+    def fraction(self) -> bool:
+        """Whether the training images were floats in [0, 1]: a file's pixels / 255 are what it saw."""
+        return self.units == "fraction"
+
+    def in_units(self, images: Tensor) -> Tensor:
+        """A batch (uint8 pixels, or floats as the user gives them) in the units training's images were in:
+        pixels / 255 as float where those were floats in [0, 1]; DataError for pixels where the user's code
+        made them (normalised floats: no pixel maps to them)."""
+        if images.is_floating_point() or self.units == "pixels":
+            return images
+        if self.fraction:
+            return images.float().div_(255)
+        low, high = self.value_range or (math.nan, math.nan)
+        raise DataError(
+            f"images: this model trained on float images of values {low:.3g} to {high:.3g}, as your code made them "
+            "(normalised?): image files and uint8 pixels cannot be brought to them; give float images (N, C, H, W) "
+            "made the same way"
         )
 
     def image(self, image: Image.Image) -> Tensor:
@@ -150,7 +194,8 @@ class Preprocessing:
 
     def batch(self, images: Sequence[Any] | Tensor | numpy.ndarray) -> Tensor:
         """uint8 (N, C, H, W) from image paths, Pillow images, or uint8 arrays/tensors in the model's mode, in any
-        layout training takes (see `_array`); arrays of another size are resized."""
+        layout training takes (see `_array`); arrays of another size are resized. Float arrays come back as
+        float32, at the model's size only (`in_units` says what they are taken as)."""
         if isinstance(images, (Tensor, numpy.ndarray)):
             return self._array(images)
         if isinstance(images, (str, Path, Image.Image)):
@@ -181,14 +226,20 @@ class Preprocessing:
             tensor = tensor[None]
         elif tensor.dim() == 4 and tensor.shape[1] != self.channels and tensor.shape[-1] == self.channels:
             tensor = tensor.permute(0, 3, 1, 2)  # channels last
-        if tensor.dtype != torch.uint8 or tensor.dim() != 4 or tensor.shape[1] != self.channels:
+        floats = tensor.is_floating_point()
+        if not (tensor.dtype == torch.uint8 or floats) or tensor.dim() != 4 or tensor.shape[1] != self.channels:
             raise DataError(
                 f"images: expected uint8 (N, {self.channels}, H, W) pixels (mode {self.mode}) or file paths, got "
                 f"{tensor.dtype} {tuple(tensor.shape)}"
             )
         if tuple(tensor.shape[2:]) != (self.height, self.width):
+            if floats:  # resizing rounds to uint8 pixels, which float images are not
+                raise DataError(
+                    f"images: float images of {tuple(tensor.shape[2:])} pixels where the model takes "
+                    f"{self.height} x {self.width}: give them at that size, or as uint8 pixels, which are resized"
+                )
             tensor = self.fitted(tensor.cpu())
-        return tensor
+        return tensor.float() if floats else tensor
 
     def fitted(self, images: Tensor) -> Tensor:
         """uint8 (N, C, H, W) brought to the model's size as training brought its images (step 2): the same
@@ -198,28 +249,50 @@ class Preprocessing:
         return fit_torch(images, self.height, self.width, self.fit)
 
     def normalise(self, images: Tensor) -> Tensor:
-        """uint8 (N, C, H, W) -> float32, scaled to [0, 1] and normalised per channel (step 3)."""
+        """uint8 (N, C, H, W) -> float32, scaled to [0, 1] and normalised per channel (step 3); float images are
+        divided by 255 the same way (their mean and std were measured in those units)."""
         mean = torch.tensor(self.mean, device=images.device).view(1, -1, 1, 1)
         std = torch.tensor(self.std, device=images.device).view(1, -1, 1, 1)
-        return images.float().div_(255).sub_(mean).div_(std)
+        return images.float().div(255).sub_(mean).div_(std)  # div: a new tensor, so floats given are left as they are
+
+
+def units_of(value_range: tuple[float, float] | None) -> str:
+    """What a run's training images were in, from the smallest and largest value of its float images (None: uint8
+    pixels): "pixels" (0..255), "fraction" (floats in [0, 1], ToTensor's and many users' habit: a file's pixels
+    / 255), or "own" (values outside both, e.g. normalised by the user's code: no file's pixels map to them)."""
+    if value_range is None:
+        return "pixels"
+    low, high = value_range
+    if low >= 0 and high <= 1:
+        return "fraction"
+    return "pixels" if low >= 0 and high <= 255 else "own"
 
 
 def preprocessing_for(
-    image_shape: Sequence[int], mean: Tensor, std: Tensor, *, resizer: str = "torch", fit: str = "squash"
+    image_shape: Sequence[int],
+    mean: Tensor,
+    std: Tensor,
+    *,
+    resizer: str = "torch",
+    fit: str = "squash",
+    value_range: tuple[float, float] | None = None,
 ) -> Preprocessing:
     """The preprocessing of a run whose images are `image_shape` (C, H, W), normalised with `mean`/`std`;
-    `resizer`: the library training resized with (`resizer_of` its data), `fit`: its data.resize."""
+    `resizer`: the library training resized with (`resizer_of` its data), `fit`: its data.resize, `value_range`:
+    its float images' smallest and largest value (None: uint8 pixels)."""
     channels, height, width = (int(v) for v in image_shape)
-    if channels not in (1, 3):
-        raise DataError(f"images with {channels} channels: only 1 (grey) and 3 (RGB) can be read from files")
+    if channels not in MODE_OF:
+        raise DataError(f"images with {channels} channels: no image file holds them (1 to 4: {', '.join(MODES)})")
     return Preprocessing(
-        mode="L" if channels == 1 else "RGB",
+        mode=MODE_OF[channels],
         height=height,
         width=width,
         mean=tuple(float(v) for v in mean.flatten().cpu()),
         std=tuple(float(v) for v in std.flatten().cpu()),
         resize=resizer,
         fit=fit,
+        units=units_of(value_range),
+        value_range=value_range,
     )
 
 
@@ -257,10 +330,15 @@ def dataset_summary(data: Any, train_loader: Any, test_loader: Any, fit: str = "
             "train": "training split, running during the last epoch: augmented, live weights (train_accuracy, "
             "train_loss)",
         },
-        # images of 2 or 4 channels have no Pillow mode to read files into: no preprocessing to record
+        # images of more than 4 channels have no Pillow mode to read files into: no preprocessing to record
         "preprocessing": preprocessing_for(
-            data.image_shape, train_loader.mean, train_loader.std, resizer=resizer_of(data), fit=fit
+            data.image_shape,
+            train_loader.mean,
+            train_loader.std,
+            resizer=resizer_of(data),
+            fit=fit,
+            value_range=getattr(data, "value_range", None),
         ).to_dict()
-        if data.image_shape[0] in (1, 3)
+        if data.image_shape[0] in MODE_OF
         else None,
     }

@@ -202,6 +202,7 @@ class StreamedData:
     image_shape: tuple[int, int, int]
     resizer: str | None = None  # "pillow" when images were resized to reach the run's size (preprocessing.resizer_of)
     notes: tuple[str, ...] = ()  # what was decided about the images' size and channels: the run says each
+    value_range: tuple[float, float] | None = None  # float training images' smallest and largest value (stream_stats)
 
     @property
     def num_classes(self) -> int:
@@ -450,13 +451,18 @@ def hold_out(data: ImageDataset, fraction: float, seed: int) -> ImageDataset:
                                test_labels=labels[held])  # fmt: skip
 
 
-def stream_stats(split: StreamSplit, seed: int = 0, sample: int = STATS_SAMPLE) -> tuple[Tensor, Tensor]:
+def stream_stats(
+    split: StreamSplit, seed: int = 0, sample: int = STATS_SAMPLE
+) -> tuple[Tensor, Tensor, tuple[float, float] | None]:
     """Per-channel mean and std, in the units `ShardedEpochs.normalise` divides by 255 (so float images of any
-    scale are standardised too), from a seeded sample of up to `sample` training items."""
+    scale are standardised too), from a seeded sample of up to `sample` training items; and for float images the
+    sample's smallest and largest value (what a file's pixels are brought to: preprocessing.units_of), else None."""
     from hasten.data.loader import channel_stats
 
     picked = torch.randperm(len(split.indices), generator=torch.Generator().manual_seed(seed))[:sample]
     item = split.batches()[picked.sort().values.tolist()]
     if isinstance(item, str):
         raise DataError(item)
-    return channel_stats(item[0])
+    images = item[0]
+    value_range = (float(images.min()), float(images.max())) if images.is_floating_point() and len(images) else None
+    return *channel_stats(images), value_range

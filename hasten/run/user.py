@@ -78,9 +78,8 @@ def streamed_loaders(
 ) -> tuple[ImageFolderLoader, ImageFolderLoader]:
     """A Dataset streamed like an image folder: each rank's shard of the epoch's seeded order, whole batches
     fetched by DataLoader workers, augmented and normalised on the main process as the in-memory path does."""
-    train, test = loader_options(
-        recipe, *stream_stats(data.train, seed=recipe.seed), device, data.image_shape, rank, world_size
-    )
+    mean, std, data.value_range = stream_stats(data.train, seed=recipe.seed)  # the range: for summary.json's units
+    train, test = loader_options(recipe, mean, std, device, data.image_shape, rank, world_size)
     workers = loader_workers(recipe)
     # any batch source will do (len() and [list of indices]), not only an image folder's decoder
     return (

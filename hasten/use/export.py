@@ -114,17 +114,21 @@ def export_safetensors(source: str | Path, out: str | Path, trust: Trust | None 
 
 class PixelsToLogits(nn.Module):
     """uint8 pixels (N, C, H, W) -> logits: the run's /255 and normalisation, the network, and the TTA the
-    run evaluated with (hasten/techniques/tta.py). What the ONNX graph holds."""
+    run evaluated with (hasten/techniques/tta.py). What the ONNX graph holds. A run whose images were floats of the
+    user's own making takes float32 images (N, C, H, W) made the same way instead (the metadata's steps say so)."""
 
     def __init__(self, model: nn.Module, facts: RunFacts):
         super().__init__()
         self.model, self.tta_flip, self.tta_translate = model, facts.tta_flip, facts.tta_translate
+        # training's / 255 of its images, whose units a pixel is brought to first (preprocessing.units_of): a run
+        # on floats in [0, 1] saw pixels / 255; one on floats of the user's own making takes those floats as input
+        self.divisor = 255.0 * 255.0 if facts.preprocessing is not None and facts.preprocessing.fraction else 255.0
         self.register_buffer("mean", torch.tensor(facts.mean).view(1, -1, 1, 1))
         self.register_buffer("std", torch.tensor(facts.std).view(1, -1, 1, 1))
         self.register_buffer("fill", black_fill(self.mean, self.std))
 
     def forward(self, pixels: Tensor) -> Tensor:
-        x = (pixels.float() / 255 - self.mean) / self.std
+        x = (pixels.float() / self.divisor - self.mean) / self.std
         return tta_logits(self.model, x, self.tta_flip, self.tta_translate, self.fill)
 
 
@@ -163,7 +167,8 @@ def export_onnx(
         raise HastenError("ONNX export needs onnx, onnxscript and onnxruntime: pip install 'hasten[onnx]'") from None
     path, weights, facts = weights_and_facts(source, trust)
     graph = PixelsToLogits(network(facts, weights, str(path), trust=trust, model=model).float(), facts).eval()
-    example = torch.zeros((2, *facts.image_shape), dtype=torch.uint8)
+    floats = facts.preprocessing is not None and facts.preprocessing.units == "own"  # the graph takes what trained
+    example = torch.zeros((2, *facts.image_shape), dtype=torch.float32 if floats else torch.uint8)
     proto = _onnx_proto(graph, example)
     onnx.helper.set_model_props(proto, _encode(metadata(facts, path)))
     out = _prepare_out(out)
@@ -172,7 +177,7 @@ def export_onnx(
     except OSError as error:
         raise CheckpointError(f"cannot write {out}: {error.strerror or error}") from None
     probe = torch.randint(0, 256, (5, *facts.image_shape), generator=torch.Generator().manual_seed(0))
-    probe = probe.to(torch.uint8)
+    probe = probe.float() / 255 if floats else probe.to(torch.uint8)
     with torch.no_grad():
         expected = graph(probe)
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])

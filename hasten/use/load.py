@@ -37,6 +37,8 @@ from torch import Tensor, nn
 from hasten.data.imagefolder import IMAGE_SUFFIXES
 from hasten.data.preprocessing import (
     MAX_IMAGE_SIDE,
+    MODE_OF,
+    MODES,
     PREDICT_BYTES,
     Preprocessing,
     PreprocessingRecord,
@@ -93,7 +95,7 @@ class RunFacts:
     image_shape: tuple[int, int, int]  # (C, H, W)
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    preprocessing: Preprocessing | None  # None for images of 2 or 4 channels (no Pillow mode to read files into)
+    preprocessing: Preprocessing | None  # None for images of more than 4 channels (no Pillow mode)
     test_accuracy: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -227,8 +229,8 @@ def facts_from_checkpoint(path: Path, state: dict[str, Any], trust: Trust | None
     with embedded_recipe(str(path), trust or Trust()):
         data = dataset(recipe)
     mean, std = training_stats(data, recipe.seed)
-    pre = None  # images of 2 or 4 channels: no Pillow mode to read files into
-    if data.image_shape[0] in (1, 3):
+    pre = None  # images of more than 4 channels: no Pillow mode to read files into
+    if data.image_shape[0] in MODE_OF:
         pre = preprocessing_for(data.image_shape, mean, std, resizer=resizer_of(data), fit=recipe.data.resize)
     mean_t, std_t = tuple(mean.tolist()), tuple(std.tolist())
     return RunFacts(recipe, list(data.classes), tuple(data.image_shape), mean_t, std_t, pre, accuracy)
@@ -387,7 +389,7 @@ class Predictor(nn.Module, Predicts):
         self.classes, self.tta_flip, self.tta_translate = facts.classes, facts.tta_flip, facts.tta_translate
         self.register_buffer("fill", black_fill(torch.tensor(facts.mean), torch.tensor(facts.std)), persistent=False)
         if facts.preprocessing is None:
-            raise DataError(f"images of {facts.image_shape[0]} channels: predict reads only grey or RGB images")
+            raise DataError(f"images of {facts.image_shape[0]} channels: predict reads images of 1 to 4 channels")
         self.preprocessing = facts.preprocessing
         self.eval()
 
@@ -400,7 +402,8 @@ class Predictor(nn.Module, Predicts):
     def logits_of(self, pixels: Tensor) -> Tensor:
         device = next(self.model.parameters()).device
         # arrays given (N, H, W, C) come as a view in that layout: a model's own `x.view(...)` needs the standard one
-        return self(self.preprocessing.normalise(pixels.to(device)).contiguous()).cpu()
+        pre = self.preprocessing  # pixels in the units the training images were in, then training's normalisation
+        return self(pre.normalise(pre.in_units(pixels.to(device))).contiguous()).cpu()
 
     def device_type(self) -> str:
         return next(self.model.parameters()).device.type
@@ -435,7 +438,7 @@ class ExportRecord(BaseModel):
         if len(self.mean) != channels or len(self.std) != channels:
             raise ValueError(f"mean and std: one value per input channel ({channels})")
         pre = self.preprocessing
-        if pre is not None and ((1 if pre.mode == "L" else 3), pre.height, pre.width) != self.input_shape:
+        if pre is not None and (MODES[pre.mode], pre.height, pre.width) != self.input_shape:
             raise ValueError(f"preprocessing: {pre.mode} {pre.height}x{pre.width} does not match input_shape "
                              f"{list(self.input_shape)}")  # fmt: skip
         if 2 * self.tta_translate >= min(height, width):
@@ -475,7 +478,7 @@ class OnnxPredictor(Predicts):
             raise CheckpointError(f"{path}: no hasten metadata (write it with hasten export --format onnx)")
         self.metadata, record = export_record(meta, path)
         if record.preprocessing is None:
-            raise CheckpointError(f"{path}: its hasten metadata holds no preprocessing (images of 2 or 4 channels)")
+            raise CheckpointError(f"{path}: its hasten metadata holds no preprocessing (images of over 4 channels)")
         self.classes = list(record.classes)
         self.preprocessing = Preprocessing.from_dict(record.preprocessing.model_dump(), str(path))
         self.input_name = self.session.get_inputs()[0].name
@@ -488,6 +491,11 @@ class OnnxPredictor(Predicts):
         self.path = path
 
     def logits_of(self, pixels: Tensor) -> Tensor:
+        pre = self.preprocessing
+        if pre.units == "own":  # the graph takes float images as the user's code made them (pixels are refused)
+            pixels = pre.in_units(pixels).float()
+        elif pixels.is_floating_point():  # the graph takes uint8 pixels: floats in the training images' units
+            pixels = (pixels * (255 if pre.fraction else 1)).round().clamp(0, 255).to(torch.uint8)
         try:
             logits = torch.from_numpy(self.session.run(None, {self.input_name: pixels.numpy()})[0])
         except Exception as error:  # onnxruntime's own error types: a graph that does not take the input

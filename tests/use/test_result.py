@@ -13,6 +13,7 @@ from PIL import Image
 
 import hasten
 from hasten.cli import main
+from hasten.errors import DataError
 from hasten.use.result import Trained
 from tests.run.test_user import CLASSES, QUIET, TinyNet, quadrants
 
@@ -67,3 +68,61 @@ def test_the_command_line_predicts_from_a_run_trained_on_arrays(tmp_path, capsys
     assert main(["predict", str(folder), str(picture)]) == 0
     out = capsys.readouterr().out
     assert result.predict([str(picture)])[0].label in out
+
+
+def test_a_run_on_four_channel_arrays_predicts_evaluates_and_exports_from_its_folder(tmp_path, capsys):
+    """RGBA pixels (N, H, W, 4): the run records Pillow's RGBA mode, so files are read into it (given alpha)."""
+    (train, train_labels), (test, test_labels) = quadrants(128, 0), quadrants(64, 1)
+    alpha = lambda images: np.concatenate([images, np.full(images.shape[:3] + (1,), 255, np.uint8)], axis=3)  # noqa: E731
+    test4 = alpha(test)
+    result = hasten.train(None, [*QUIET, "precision=fp32", "model.width=4", f"run.dir={tmp_path / 'run'}"],
+                          data=((alpha(train), train_labels), (test4, test_labels), CLASSES))  # fmt: skip
+    assert json.loads((result.run_dir / "summary.json").read_text())["preprocessing"]["mode"] == "RGBA"
+    assert result.evaluate((test4, test_labels))["accuracy"] == pytest.approx(result["test_accuracy"])
+    picture = tmp_path / "one.png"
+    Image.fromarray(test[0]).save(picture)  # an RGB file: converted to RGBA, opaque, as the arrays were
+    capsys.readouterr()
+    assert main(["predict", str(result.run_dir), str(picture)]) == 0
+    assert result.predict(test4[:1])[0].label in capsys.readouterr().out
+    session = onnxruntime.InferenceSession(str(result.export(tmp_path / "m.onnx")), providers=["CPUExecutionProvider"])
+    logits = session.run(None, {"pixels": np.ascontiguousarray(test4.transpose(0, 3, 1, 2))})[0]
+    assert (logits.argmax(1) == test_labels).mean() == pytest.approx(result["test_accuracy"])
+
+
+def test_a_run_on_floats_in_0_1_reads_pixels_and_files_as_pixels_over_255_and_leaves_the_floats_as_they_were(
+    tmp_path, capsys
+):
+    """Floats in [0, 1] (ToTensor's habit): a file's or a uint8 array's pixels / 255 are what training saw."""
+    (train, train_labels), (test, test_labels) = quadrants(128, 0), quadrants(64, 1)
+    floats = lambda images: images.astype(np.float32) / 255  # noqa: E731
+    given = floats(test)
+    kept = given.copy()
+    result = hasten.train(None, [*QUIET, "precision=fp32", "model.width=4", f"run.dir={tmp_path / 'run'}"],
+                          data=((floats(train), train_labels), (given, test_labels), CLASSES))  # fmt: skip
+    pre = json.loads((result.run_dir / "summary.json").read_text())["preprocessing"]
+    assert pre["units"] == "fraction" and pre["value_range"][0] >= 0 and pre["value_range"][1] <= 1
+    assert result.evaluate((given, test_labels))["accuracy"] == pytest.approx(result["test_accuracy"])
+    assert torch.allclose(result.probabilities(test), result.probabilities(given), atol=1e-5)  # uint8 pixels: the same
+    assert np.array_equal(given, kept)  # predicting on the user's floats leaves them as they were
+    picture = tmp_path / "one.png"
+    Image.fromarray(test[0]).save(picture)
+    capsys.readouterr()
+    assert main(["predict", str(result.run_dir), str(picture)]) == 0
+    assert result.predict(test[:1])[0].label in capsys.readouterr().out
+    with pytest.raises(DataError, match=r"float images of \(24, 24\) pixels where the model takes 12 x 12"):
+        result.predict(np.zeros((2, 24, 24, 3), np.float32))
+
+
+def test_a_run_on_floats_normalised_by_the_users_code_takes_such_floats_and_refuses_pixels(tmp_path):
+    (train, train_labels), (test, test_labels) = quadrants(128, 0), quadrants(64, 1)
+    normalised = lambda images: (images.astype(np.float32) / 255 - 0.45) / 0.25  # noqa: E731 - Normalize's habit
+    result = hasten.train(None, [*QUIET, "precision=fp32", "model.width=4", f"run.dir={tmp_path / 'run'}"],
+                          data=((normalised(train), train_labels), (normalised(test), test_labels), CLASSES))  # fmt: skip
+    assert json.loads((result.run_dir / "summary.json").read_text())["preprocessing"]["units"] == "own"
+    assert result.evaluate((normalised(test), test_labels))["accuracy"] == pytest.approx(result["test_accuracy"])
+    with pytest.raises(DataError, match=r"trained on float images of values -1.8 to 1.95.*cannot be brought to them"):
+        result.predict(test[:2])
+    session = onnxruntime.InferenceSession(str(result.export(tmp_path / "m.onnx")), providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].type == "tensor(float)"  # the graph takes the floats, as training did
+    logits = session.run(None, {"pixels": np.ascontiguousarray(normalised(test).transpose(0, 3, 1, 2))})[0]
+    assert (logits.argmax(1) == test_labels).mean() == pytest.approx(result["test_accuracy"])
