@@ -116,8 +116,8 @@ def test_a_run_on_floats_in_0_1_reads_pixels_and_files_as_pixels_over_255_and_le
 def test_a_run_on_floats_normalised_by_the_users_code_takes_such_floats_and_refuses_pixels(tmp_path):
     (train, train_labels), (test, test_labels) = quadrants(128, 0), quadrants(64, 1)
     normalised = lambda images: (images.astype(np.float32) / 255 - 0.45) / 0.25  # noqa: E731 - Normalize's habit
-    result = hasten.train(None, [*QUIET, "precision=fp32", "model.width=4", f"run.dir={tmp_path / 'run'}"],
-                          data=((normalised(train), train_labels), (normalised(test), test_labels), CLASSES))  # fmt: skip
+    data = ((normalised(train), train_labels), (normalised(test), test_labels), CLASSES)
+    result = hasten.train(None, [*QUIET, "precision=fp32", "model.width=4", f"run.dir={tmp_path / 'run'}"], data=data)
     assert json.loads((result.run_dir / "summary.json").read_text())["preprocessing"]["units"] == "own"
     assert result.evaluate((normalised(test), test_labels))["accuracy"] == pytest.approx(result["test_accuracy"])
     with pytest.raises(DataError, match=r"trained on float images of values -1.8 to 1.95.*cannot be brought to them"):
