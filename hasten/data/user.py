@@ -260,6 +260,40 @@ def unwrap_loader(value: Any) -> Any:
     return value
 
 
+def _label_names(part: Any) -> list[str] | None:
+    """A pair's labels when they are class names (strings), else None (numbers, or not a pair)."""
+    if part is None or not is_pair(part) or isinstance(part[1], Tensor):
+        return None
+    labels = numpy.asarray(part[1], dtype=object).reshape(-1)
+    if not len(labels) or not all(isinstance(label, str) for label in labels):
+        return None
+    return [str(label) for label in labels]
+
+
+def named_labels(train: Any, test: Any, names: list[str] | None) -> tuple[Any, Any, list[str] | None]:
+    """Pairs whose labels are class names ("cat", "dog") as class indices: into `names` where given, else into
+    the names found, sorted (said); the parts as they are where their labels are numbers. A name not among
+    `names`, or names in one part and numbers in the other, is a DataError."""
+    found = [_label_names(train), _label_names(test)]
+    if all(labels is None for labels in found):
+        return train, test, names
+    if test is not None and is_pair(test) and None in found:
+        raise DataError("data: the labels of one part are class names and the other's are numbers: give both alike")
+    seen = sorted({label for labels in found if labels is not None for label in labels})
+    if names is None:
+        names = seen
+        print(f"data: the labels are class names: {len(names)} classes, in sorted order ({', '.join(names[:8])}"
+              f"{', ...' if len(names) > 8 else ''})")  # fmt: skip
+    elif unknown := [label for label in seen if label not in names]:
+        raise DataError(f"data: label {unknown[0]!r} is not one of the class names {names} ({len(unknown)} such)")
+    index = {name: i for i, name in enumerate(names)}
+    train, test = (
+        (part[0], [index[label] for label in labels]) if labels is not None else part
+        for part, labels in zip((train, test), found, strict=True)
+    )
+    return train, test, names
+
+
 def split_parts(data: Any) -> tuple[Any, Any | None, list[str] | None]:
     """(train part, evaluation part or None, class names or None) from the user's data argument."""
     data = unwrap_loader(data)
@@ -388,6 +422,9 @@ def own_data(
     `size`, `rgb` and `fit` are data.size, data.rgb and data.resize: every image is brought to the shape they and
     the images' own sizes decide (hasten/data/conform.py), said in the result's `notes`."""
     train_value, test_value, names = split_parts(data)
+    train_value, test_value, names = named_labels(
+        train_value, test_value, names or (list(classes) if classes else None)
+    )
     if names is not None and classes and list(classes) != list(names):
         raise DataError(
             f"data.classes: {list(classes)} are not the class names the data brings ({list(names)}); give one of "

@@ -461,6 +461,27 @@ class Items(torch.utils.data.Dataset):
         return self.images[index], self.label if index == self.bad else int(self.labels_[index])
 
 
+def test_labels_that_are_class_names_become_indices_into_the_names_given_or_found(capsys, tmp_path):
+    from hasten.data.user import own_data
+
+    (images, labels), (test, test_labels) = quadrants(40, 0), quadrants(8, 1)
+    named = lambda values: np.array(["cat", "dog", "emu", "ant"])[values]  # noqa: E731
+    found = own_data(((images, named(labels)), (test, list(named(test_labels)))))  # an array, and a list
+    assert (
+        found.classes == ["ant", "cat", "dog", "emu"]
+        and "4 classes, in sorted order (ant, cat" in capsys.readouterr().out
+    )
+    assert torch.equal(found.train_labels, torch.tensor([["ant", "cat", "dog", "emu"].index(n) for n in named(labels)]))
+    given = own_data(((images, named(labels)), (test, named(test_labels)), ["cat", "dog", "emu", "ant"]))
+    assert torch.equal(given.train_labels, torch.from_numpy(labels))
+    assert torch.equal(given.test_labels, torch.from_numpy(test_labels))
+    with pytest.raises(DataError, match=r"label 'emu' is not one of the class names \['cat', 'dog', 'ant'\]"):
+        own_data(((images, named(labels)), (test, named(test_labels)), ["cat", "dog", "ant"]))
+    overrides = [*QUIET, "model.width=4", "data.val_fraction=0.25", f"run.dir={tmp_path}"]
+    result = hasten.train(None, overrides, data=(images, named(labels)))
+    assert result["classes"] == ["ant", "cat", "dog", "emu"] and result.predict(test[:1])[0].label in result["classes"]
+
+
 def test_labels_that_are_not_class_indices_are_refused_naming_the_split_index_and_value():
     from hasten.data.user import own_data
 
@@ -470,7 +491,7 @@ def test_labels_that_are_not_class_indices_are_refused_naming_the_split_index_an
         (labels - 1, r"data: train labels: labels outside \[0, classes\): found -1 at index \d+"),
         (labels + 0.5, r"data: train labels: .*whole numbers 0..K-1: found \d.5 at index 0 \(40 label"),
         (np.where(np.arange(40) == 5, np.nan, labels), r"found nan at index 5"),
-        (np.array([str(v) for v in labels]), r"data: train labels: the labels \(ndarray of <U1\) are not numbers"),
+        (np.array([str(v) for v in labels]), r"data: the labels of one part are class names and the other's are"),
     ):
         with pytest.raises(DataError, match=needle):
             own_data(((images, given), test))
