@@ -55,7 +55,7 @@ from hasten.run.loading import loader_workers, open_folder
 from hasten.run.resolve import resolve, run_dir
 from hasten.run.trainer import Plan, Saving, Trainer
 from hasten.run.user import builtin_holdout, load_data
-from hasten.run.verdicts import majority_share
+from hasten.run.verdicts import absent_classes, majority_share
 from hasten.runfolder.checkpoint import remove_stale_temporaries
 from hasten.runfolder.folder import (
     RunLock,
@@ -433,15 +433,18 @@ def start_run(
     if loss is not None:
         plan.loss = loss
     # chance, for the warnings and the lengthening: the largest class's share where one class stands out
+    training_labels = split_labels(parts.data, "train")
     plan.test_chance, plan.train_chance = (
-        majority_share(split_labels(parts.data, split)) for split in ("test", "train")
+        majority_share(split_labels(parts.data, "test")),
+        majority_share(training_labels),
     )
     saving = Saving(log.dir / "checkpoints", recipe.run.save_every, recipe.run.save_every_steps, recipe.run.keep,
                     recipe.model_dump(mode="json"))  # fmt: skip
     if parts.extendable:  # train.epochs=auto: once at the end of the LR's hold (hasten/run/extension.py)
         plan.extension = Extension(recipe.schedule.peak, lengthening(recipe, parts, log, saving))
     trainer = trainer_for(parts, plan, log, saving)
-    for text in (*parts.warnings, *risky_settings(recipe, parts)):
+    absent = absent_classes(training_labels, parts.data.classes)
+    for text in (*parts.warnings, *risky_settings(recipe, parts), *([absent] if absent else [])):
         trainer.warn(text)
     asked = asked_rise_steps(recipe.schedule, lr_scale(recipe))
     if 2 * plan.rise_steps < asked and checkpoint is None:  # under half the warm-up asked for

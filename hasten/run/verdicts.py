@@ -135,3 +135,20 @@ def no_gradient(model: nn.Module, warn: Callable[[str], None]) -> list[str]:
             "uses them (requires_grad=False keeps a part fixed on purpose)"
         )
     return unreached
+
+
+def absent_classes(labels: Tensor, classes: Sequence[str]) -> str | None:
+    """The warning for classes no training image holds, which the model never learns to predict; where the one
+    absent is label 0 of numbered classes, the labels likely count from 1. None when every class has images."""
+    counts = torch.bincount(labels.long(), minlength=len(classes)) if len(labels) else torch.zeros(len(classes))
+    absent = [str(classes[i]) for i in range(len(classes)) if counts[i] == 0]
+    if not absent:
+        return None
+    shown = ", ".join(repr(name) for name in absent[:5]) + (", ..." if len(absent) > 5 else "")
+    text = (
+        f"{len(absent)} of the {len(classes)} classes have no training images ({shown}): the model never learns "
+        "to predict them"
+    )
+    if absent == [str(classes[0])] and list(classes) == [str(i) for i in range(len(classes))]:
+        text += f"; the labels run 1..{len(classes) - 1}: if they count from 1, subtract 1 (labels are 0..K-1)"
+    return text

@@ -9,7 +9,15 @@ import torch
 
 import hasten
 from hasten.run.extension import Extension
-from hasten.run.verdicts import at_chance, at_chance_warning, chance_line, describe_chance, learnt_late, majority_share
+from hasten.run.verdicts import (
+    absent_classes,
+    at_chance,
+    at_chance_warning,
+    chance_line,
+    describe_chance,
+    learnt_late,
+    majority_share,
+)
 from tests.run.test_extension import Blind
 from tests.run.test_user import QUIET
 
@@ -49,3 +57,20 @@ def test_a_model_that_always_guesses_the_largest_class_is_warned_at_chance(tmp_p
     assert result["test_accuracy"] == pytest.approx(share)  # the constant guess: high, and nothing learnt
     warned = [w for w in result["warnings"] if "at chance level" in w]
     assert len(warned) == 1 and f"({share:.2%}, the largest class's share of them" in warned[0], result["warnings"]
+
+
+def test_classes_without_training_images_are_a_warning_and_labels_counted_from_one_are_told_so(tmp_path):
+    names = [str(i) for i in range(5)]
+    assert absent_classes(torch.tensor([0, 1, 2, 3, 4, 4]), names) is None
+    assert absent_classes(torch.tensor([0, 1, 1, 3]), ["a", "b", "c", "d", "e"]).startswith(
+        "2 of the 5 classes have no training images ('c', 'e'): the model never learns to predict them"
+    )
+    assert absent_classes(torch.tensor([1, 2, 3, 4]), names).endswith(
+        "the labels run 1..4: if they count from 1, subtract 1 (labels are 0..K-1)"
+    )
+    from tests.run.test_user import quadrants
+
+    (images, labels), test = quadrants(64, 0), quadrants(32, 1)
+    result = hasten.train(None, [*QUIET, "model.width=4", f"run.dir={tmp_path}"],
+                          data=((images, labels + 1), (test[0], test[1] + 1)))  # fmt: skip
+    assert any("if they count from 1, subtract 1" in text for text in result["warnings"])
