@@ -11,7 +11,7 @@ a traceback of DataLoader's internals, without the item.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy
@@ -69,6 +69,11 @@ def item_label(label: Any, where: str, num_classes: int | None = None) -> int:
     return int(value)
 
 
+# the keys a dict item's image and label go by, first found first (Hugging Face's "image"/"img", "label"/"labels")
+IMAGE_KEYS = ("image", "img", "pixel_values", "pixels", "input", "x")
+LABEL_KEYS = ("label", "labels", "target", "targets", "class", "y")
+
+
 def read_item(dataset: Any, index: int, name: str) -> tuple[Any, Any] | str:
     """A Dataset's item `index` as (image, label), or the message naming it: what their __getitem__ raised
     (hasten.errors.their_error), or an item that is not an (image, label) pair."""
@@ -76,6 +81,15 @@ def read_item(dataset: Any, index: int, name: str) -> tuple[Any, Any] | str:
         item = dataset[index]
     except Exception as error:  # noqa: BLE001 - whatever their __getitem__ raises is theirs to see
         return f"{name}: your Dataset's item {index} raised {their_error(error)}"
+    if isinstance(item, Mapping):  # {"image": ..., "label": ...}, as Hugging Face datasets and many users give
+        image_key = next((key for key in IMAGE_KEYS if key in item), None)
+        label_key = next((key for key in LABEL_KEYS if key in item), None)
+        if image_key is None or label_key is None:
+            return (
+                f"{name}[{index}]: an item that is a dict must hold an image under one of {list(IMAGE_KEYS)} and "
+                f"its label under one of {list(LABEL_KEYS)}; got the keys {list(item)[:8]}"
+            )
+        return item[image_key], item[label_key]
     if not isinstance(item, (tuple, list)) or len(item) < 2:
         return f"{name}[{index}]: an item must be (image, label), got {type(item).__name__}"
     return item[0], item[1]

@@ -646,3 +646,27 @@ def test_integer_logits_and_a_loss_that_is_not_one_number_are_refused_naming_wha
         with pytest.raises(RecipeError, match=needle):
             UserLoss(loss)(logits, targets)
     assert UserLoss(lambda x, y: (x - y).square().mean().reshape(1))(logits, targets).shape == ()  # one number
+
+
+class DictItems(torch.utils.data.Dataset):
+    """Items as dicts, as Hugging Face datasets and many users' Datasets give them."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, keys: tuple[str, str] = ("image", "label")):
+        self.images, self.labels, self.keys = images, labels, keys
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, object]:
+        return {self.keys[0]: self.images[index], self.keys[1]: int(self.labels[index]), "id": index}
+
+
+def test_a_dataset_of_dict_items_trains_by_its_image_and_label_keys(tmp_path):
+    (images, labels), (test, test_labels) = quadrants(64, 0), quadrants(32, 1)
+    data = (DictItems(images, labels), DictItems(test, test_labels, ("img", "labels")))
+    result = hasten.train(None, [*QUIET, "model.width=4", "precision=fp32", f"run.dir={tmp_path}"], data=data)
+    assert result["dataset"]["train_size"] == 64 and result["dataset"]["test_size"] == 32
+    with pytest.raises(DataError, match=r"\[0\]: an item that is a dict must hold an image under one of .*got the keys "
+                                        r"\['picture', 'cls', 'id'\]"):  # fmt: skip
+        hasten.train(None, [*QUIET, f"run.dir={tmp_path / 'bad'}"], data=(DictItems(images, labels, ("picture", "cls")),
+                                                                          DictItems(test, test_labels)))  # fmt: skip
