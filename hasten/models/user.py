@@ -192,9 +192,15 @@ def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int
         )
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        squeeze = ""
+        if isinstance(out, torch.Tensor) and out.dim() > 2 and tuple(out.shape[:2]) == (2, num_classes):
+            if all(side == 1 for side in out.shape[2:]):  # a fully convolutional head's 1 x 1 map
+                squeeze = " (its map of 1 x 1: end the forward with x.flatten(1))"
+            else:  # a map of class scores per position
+                squeeze = " (a map of class scores: pool it, e.g. x.mean((2, 3)), to one score per class)"
         raise RecipeError(
-            f"model {name}: returns {got} for a batch of 2 images of shape {tuple(image_shape)}; it must return "
-            f"class logits of shape (2, {num_classes}) for the data's {num_classes} classes (labels "
+            f"model {name}: returns {got} for a batch of 2 images of shape {tuple(image_shape)}{squeeze}; it must "
+            f"return class logits of shape (2, {num_classes}) for the data's {num_classes} classes (labels "
             f"0..{num_classes - 1}; give the class names, data.classes, if there are more than the labels show)"
         )
 

@@ -271,3 +271,13 @@ def test_a_torchscript_model_is_refused_naming_what_to_give():
     scripted = torch.jit.script(nn.Sequential(nn.Flatten(), nn.Linear(3 * 12 * 12, 4)))
     with pytest.raises(RecipeError, match="is a TorchScript module .*give the nn.Module it was made from"):
         hasten.train(None, QUIET, model=scripted, data=(quadrants(64, 0), quadrants(32, 1)))
+
+
+@pytest.mark.parametrize(("pool", "advice"), [(True, r"its map of 1 x 1: end the forward with x.flatten\(1\)"),
+                                              (False, r"a map of class scores: pool it")])  # fmt: skip
+def test_a_fully_convolutional_head_is_told_how_to_give_one_score_per_class(pool, advice):
+    from hasten.models.user import check_model
+
+    head = [nn.Conv2d(3, 4, 1)] + ([nn.AdaptiveAvgPool2d(1)] if pool else [])
+    with pytest.raises(RecipeError, match=rf"returns \(2, 4, \d+, \d+\) for a batch of 2 images .*\({advice}"):
+        check_model(nn.Sequential(*head), (3, 12, 12), 4, torch.device("cpu"))
