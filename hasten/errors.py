@@ -69,6 +69,16 @@ def _theirs(filename: str) -> bool:
     return not str(Path(filename).resolve()).startswith(_not_theirs())
 
 
+# what torch's allocators say when a request cannot be met (CPU, CUDA, MPS)
+OUT_OF_MEMORY = ("can't allocate memory", "out of memory", "not enough memory", "Cannot allocate memory")
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is memory that could not be had (Python's MemoryError, or what torch's allocators raise):
+    the machine's failure, said as such, whoever's code asked."""
+    return isinstance(error, MemoryError) or any(marker in str(error) for marker in OUT_OF_MEMORY)
+
+
 def raised_in_their_code(error: BaseException) -> bool:
     """Whether any frame of `error`'s traceback is the user's code (their model's forward, a hook of theirs):
     the failure is theirs to see as one line (`their_error`), not as hasten's traceback."""

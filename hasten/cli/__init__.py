@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from hasten.cli.command import console
 from hasten.cli.parser import UsageError, build, parse
-from hasten.errors import HastenError
+from hasten.errors import HastenError, out_of_memory
 from hasten.text import printable
 
 
@@ -99,17 +99,13 @@ def _world_size() -> int:
         return 1
 
 
-# what torch's allocators say when a request cannot be met (CPU, CUDA, MPS)
-OUT_OF_MEMORY = ("can't allocate memory", "out of memory", "not enough memory", "Cannot allocate memory")
-
-
 def _resource_failure(error: BaseException, who: str) -> int:
     """The one line for a failure that is not hasten's input check but the machine's: memory that cannot be had, or
     (in a worker of several) another rank that vanished. Anything else is a bug, raised with its traceback."""
     from hasten.engine.distributed import PEER_LOST_EXIT, lost_peer
 
     first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-    if isinstance(error, MemoryError) or any(marker in str(error) for marker in OUT_OF_MEMORY):
+    if out_of_memory(error):
         console.print(
             f"[red]{who}error:[/red] out of memory ({escape(first)}): the sizes asked for are too large for this "
             "machine (in a recipe: train.batch_size, train.eval_batch_size, model.width, data.size), or free memory",

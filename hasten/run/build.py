@@ -30,7 +30,15 @@ from hasten.engine.memory import available_memory_bytes
 from hasten.engine.norms import has_batch_norm
 from hasten.engine.precision import check_precision
 from hasten.engine.schedules import asked_rise_steps, lr_and_momentum, rise_steps
-from hasten.errors import CheckpointError, DataError, HastenError, RecipeError, raised_in_their_code, their_error
+from hasten.errors import (
+    CheckpointError,
+    DataError,
+    HastenError,
+    RecipeError,
+    out_of_memory,
+    raised_in_their_code,
+    their_error,
+)
 from hasten.machine import apply_cpu_allocator, cpu_allocator
 from hasten.machine import current as current_machine
 from hasten.models import build_model, meta_parameter_count
@@ -343,7 +351,7 @@ def train(
         try:
             parts = build(recipe, model, data, clock, loss_given=loss is not None)
         except Exception as error:  # the start-up runs their model (the probe, the numerics, the LR range test)
-            if isinstance(error, HastenError | MemoryError | torch.OutOfMemoryError) or not raised_in_their_code(error):
+            if isinstance(error, HastenError) or out_of_memory(error) or not raised_in_their_code(error):
                 raise
             raise RecipeError(f"start-up: trying the run on one batch, your code raised {their_error(error)}") from None
         recipe = parts.recipe  # what was used: every choice made (resolve), the user's model and data recorded

@@ -129,7 +129,9 @@ def test_a_used_run_folder_is_refused_before_the_data_the_probe_or_any_decision(
 
     hasten.train(None, [*tiny_overrides, "train.epochs=1"])
     built = []
-    monkeypatch.setattr(build_module, "build", lambda recipe, model=None, data=None, clock=None: built.append(1))
+    monkeypatch.setattr(
+        build_module, "build", lambda recipe, model=None, data=None, clock=None, loss_given=False: built.append(1)
+    )
     with pytest.raises(RunFolderError, match="holds another run's files"):
         hasten.train(None, [*tiny_overrides, "train.epochs=1"])
     assert not built  # refused before anything slow
