@@ -12,19 +12,36 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy
 import torch
+from PIL import Image
 from torch import Tensor
 
 from hasten.data.conform import Target
-from hasten.errors import DataError, their_error
+from hasten.data.preprocessing import open_image
+from hasten.errors import DataError, first_line, their_error
+from hasten.text import printable
+
+# Pillow modes whose pixels numpy reads as they are; others (palette, 1-bit, CMYK, YCbCr, ...) are converted first
+PLAIN_MODES = ("L", "LA", "RGB", "RGBA", "I", "I;16", "F")
 
 
 def item_pixels(image: Any, where: str) -> Tensor:
     """One streamed image as (C, H, W): tensors are C x H x W (torchvision's layout); PIL images and numpy arrays
-    are H x W or H x W x C. uint8 stays uint8 (normalised like the in-memory path); other types become float32."""
+    are H x W or H x W x C; a file path is read with Pillow. A palette or other coded Pillow mode is converted to the
+    colours it stands for (RGB, RGBA where it has transparency; 1-bit to grey). uint8 stays uint8 (normalised like
+    the in-memory path); other types become float32."""
+    if isinstance(image, str | Path):
+        try:
+            with open_image(image) as opened:
+                return item_pixels(plain_mode(opened), printable(str(image)))
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+            raise DataError(f"{where}: cannot read {printable(str(image))} as an image ({first_line(error)})") from None
+    if isinstance(image, Image.Image):
+        image = plain_mode(image)
     if isinstance(image, Tensor):
         pixels = image.detach().cpu()
         pixels = pixels[None] if pixels.ndim == 2 else pixels
@@ -44,6 +61,17 @@ def item_pixels(image: Any, where: str) -> Tensor:
     if pixels.dtype.is_floating_point and not bool(torch.isfinite(pixels).all()):
         raise DataError(f"{where}: the image holds NaN or inf pixel values; replace them before training")
     return pixels if pixels.dtype == torch.uint8 else pixels.float()
+
+
+def plain_mode(image: Image.Image) -> Image.Image:
+    """`image` in a mode whose pixels are its colours (PLAIN_MODES): a palette image converted to RGB (RGBA where it
+    has transparency), a 1-bit one to grey, CMYK, YCbCr and others to RGB."""
+    if image.mode in PLAIN_MODES:
+        return image
+    if image.mode == "1":
+        return image.convert("L")
+    transparent = image.mode in ("P", "PA") and ("transparency" in image.info or image.mode == "PA")
+    return image.convert("RGBA" if transparent else "RGB")
 
 
 def item_label(label: Any, where: str, num_classes: int | None = None) -> int:

@@ -168,8 +168,8 @@ class Preprocessing:
         low, high = self.value_range or (math.nan, math.nan)
         raise DataError(
             f"images: this model trained on float images of values {low:.3g} to {high:.3g}, as your code made them "
-            "(normalised?): image files and uint8 pixels cannot be brought to them; give float images (N, C, H, W) "
-            "made the same way"
+            "(normalised, or on a scale other than 0..1 and 0..255): image files and uint8 pixels cannot be brought "
+            "to them; give float images (N, C, H, W) made the same way"
         )
 
     def image(self, image: Image.Image) -> Tensor:
@@ -258,14 +258,15 @@ class Preprocessing:
 
 def units_of(value_range: tuple[float, float] | None) -> str:
     """What a run's training images were in, from the smallest and largest value of its float images (None: uint8
-    pixels): "pixels" (0..255), "fraction" (floats in [0, 1], ToTensor's and many users' habit: a file's pixels
-    / 255), or "own" (values outside both, e.g. normalised by the user's code: no file's pixels map to them)."""
+    pixels): "pixels" (0..255, reaching past 127 as photos do), "fraction" (floats in [0, 1], ToTensor's and many
+    users' habit: a file's pixels / 255), or "own" (anything else: normalised by the user's code, or another scale
+    such as scikit-learn's digits' 0..16, which no file's pixels map to: refused rather than guessed)."""
     if value_range is None:
         return "pixels"
     low, high = value_range
     if low >= 0 and high <= 1:
         return "fraction"
-    return "pixels" if low >= 0 and high <= 255 else "own"
+    return "pixels" if low >= 0 and 127 < high <= 255 else "own"
 
 
 def preprocessing_for(

@@ -57,11 +57,12 @@ def _is_array(value: object) -> bool:
 
 
 def is_image_list(value: object) -> bool:
-    """A list (or tuple) of single images: each a PIL image, or an array or tensor of 2 or 3 axes."""
+    """A list (or tuple) of single images: each a PIL image, an array or tensor of 2 or 3 axes, or an image file's
+    path (a CSV's column of file names, read with Pillow)."""
     return (
         isinstance(value, (tuple, list))
         and len(value) > 0
-        and all(isinstance(v, Image.Image) or (_is_array(v) and v.ndim in (2, 3)) for v in value)
+        and all(isinstance(v, Image.Image | str | Path) or (_is_array(v) and v.ndim in (2, 3)) for v in value)
     )
 
 

@@ -670,3 +670,24 @@ def test_a_dataset_of_dict_items_trains_by_its_image_and_label_keys(tmp_path):
                                         r"\['picture', 'cls', 'id'\]"):  # fmt: skip
         hasten.train(None, [*QUIET, f"run.dir={tmp_path / 'bad'}"], data=(DictItems(images, labels, ("picture", "cls")),
                                                                           DictItems(test, test_labels)))  # fmt: skip
+
+
+def test_image_file_paths_and_names_as_a_csv_gives_them_train_and_a_file_that_is_no_image_is_named(tmp_path):
+    from PIL import Image as PILImage
+
+    (images, labels), (test, test_labels) = quadrants(48, 0), quadrants(16, 1)
+    names = np.array(["ant", "bee", "cat", "dog"])
+    paths = []
+    for i, image in enumerate(np.concatenate([images, test])):
+        path = tmp_path / f"{i}.png"
+        # every fourth a palette PNG (as many PNGs are): read as the colours it stands for, not its palette indices
+        (PILImage.fromarray(image).quantize(64) if i % 4 == 0 else PILImage.fromarray(image)).save(path)
+        paths.append(str(path))
+    data = ((paths[:48], list(names[labels])), (paths[48:], list(names[test_labels])))
+    result = hasten.train(None, [*QUIET, "model.width=4", f"run.dir={tmp_path / 'run'}"], data=data)
+    assert result["classes"] == list(names) and result["dataset"]["train_size"] == 48
+    assert result["preprocessing"]["channels"] == 3  # the palette files read as RGB
+    (tmp_path / "broken.png").write_bytes(b"not an image")
+    broken = ([str(tmp_path / "broken.png"), *paths[1:48]], labels)
+    with pytest.raises(DataError, match=r"cannot read .*broken.png as an image"):
+        hasten.train(None, [*QUIET, f"run.dir={tmp_path / 'bad'}"], data=(broken, (paths[48:], test_labels)))

@@ -126,3 +126,14 @@ def test_a_run_on_floats_normalised_by_the_users_code_takes_such_floats_and_refu
     assert session.get_inputs()[0].type == "tensor(float)"  # the graph takes the floats, as training did
     logits = session.run(None, {"pixels": np.ascontiguousarray(normalised(test).transpose(0, 3, 1, 2))})[0]
     assert (logits.argmax(1) == test_labels).mean() == pytest.approx(result["test_accuracy"])
+
+
+@pytest.mark.parametrize(
+    ("value_range", "units"),
+    [(None, "pixels"), ((0.0, 1.0), "fraction"), ((0.0, 0.8), "fraction"), ((0.0, 255.0), "pixels"),
+     ((3.0, 201.0), "pixels"), ((0.0, 16.0), "own"), ((-2.1, 2.6), "own"), ((0.0, 1000.0), "own")],
+)  # fmt: skip
+def test_the_units_of_float_images_are_read_off_their_values_and_a_scale_unlike_pixels_is_their_own(value_range, units):
+    from hasten.data.preprocessing import units_of
+
+    assert units_of(value_range) == units  # scikit-learn's digits, 0..16: their own, which no file's pixels map to
