@@ -139,8 +139,13 @@ def as_labels(labels: Any, count: int, where: str, num_classes: int | None = Non
     if values.dtype.is_complex:
         raise DataError(f"{where}: labels are {str(values.dtype).removeprefix('torch.')}; they must be class "
                         "indices, integers 0..K-1")  # fmt: skip
+    if values.ndim == 2 and values.shape[1] > 1 and len(values) and _one_hot(values):
+        values = values.argmax(1)  # Keras' to_categorical: each row one 1, the rest 0, exactly one class index
     if values.ndim > 1 and values.shape[1:] != (1,):
-        raise DataError(f"{where}: labels must be one class index per image (N,), not one-hot or soft targets")
+        raise DataError(
+            f"{where}: labels must be one class index per image (N,), or one-hot rows (one 1, the rest 0); got "
+            f"{tuple(values.shape)} that are neither (soft targets: give each image's class)"
+        )
     values = values.reshape(-1)
     if len(values) != count:
         raise DataError(f"{where}: {count} images but {len(values)} labels")
@@ -155,6 +160,13 @@ def as_labels(labels: Any, count: int, where: str, num_classes: int | None = Non
     values = values.to(torch.int64)
     check_label_range(values, where, num_classes)
     return values
+
+
+def _one_hot(values: Tensor) -> bool:
+    """Whether (N, K) labels are one-hot rows: each exactly one 1 and K - 1 zeros."""
+    if values.dtype.is_complex or values.dtype == torch.bool:
+        return values.dtype == torch.bool and bool((values.sum(1) == 1).all())
+    return bool(((values == 0) | (values == 1)).all()) and bool((values.sum(1) == 1).all())
 
 
 def check_label_range(labels: Tensor, where: str, num_classes: int | None) -> None:

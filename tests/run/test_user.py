@@ -500,6 +500,10 @@ def test_labels_that_are_not_class_indices_are_refused_naming_the_split_index_an
     with pytest.raises(DataError, match=r"data: test labels: labels outside \[0, 4\) \(the 4 class names\): found 4 "
                                         r"at index 9 \(1 such"):  # fmt: skip
         own_data((test, (images, bad), CLASSES))
+    # one-hot rows (Keras' to_categorical) are the class each holds; soft rows are refused naming the shape
+    assert torch.equal(own_data(((images, np.eye(4)[labels]), test)).train_labels, torch.from_numpy(labels))
+    with pytest.raises(DataError, match=r"or one-hot rows \(one 1, the rest 0\); got \(40, 4\) that are neither"):
+        own_data(((images, np.full((40, 4), 0.25)), test))
     # whole-number floats are the integers they hold (float label columns are common: pandas, MATLAB files)
     assert torch.equal(own_data(((images, labels.astype(np.float32)), test)).train_labels, torch.from_numpy(labels))
 
