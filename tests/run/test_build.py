@@ -118,7 +118,8 @@ def test_the_normalisation_statistics_are_computed_once_a_run(tiny_overrides, mo
     parts = build(load_recipe(None, [*tiny_overrides, "train.channels_last=auto"]))
     assert computed == [len(parts.data.train_images)]  # the probe's batch and the run's loaders share them
     mean, std = real(parts.data.train_images)
-    assert torch.equal(parts.train_loader.mean.flatten(), mean) and torch.equal(parts.train_loader.std.flatten(), std)
+    loader = parts.train_loader  # (on the run's device: a GPU's where there is one)
+    assert torch.equal(loader.mean.flatten().cpu(), mean) and torch.equal(loader.std.flatten().cpu(), std)
     build(load_recipe(None, [*tiny_overrides, "seed=1", "data.subset=128"]))  # other images: computed afresh
     assert computed == [len(parts.data.train_images), 128]
 

@@ -165,6 +165,12 @@ def test_probe_leaves_the_model_as_it_was(monkeypatch):
     assert model[0].weight.is_contiguous()  # memory format unchanged
 
 
+def same_run(value: float) -> object:
+    """What a repeat of a run gives: `value` exactly on a CPU; on a GPU, whose kernels' sums have no fixed order
+    (atomics, cuDNN's algorithms), `value` to its rounding."""
+    return pytest.approx(value, rel=1e-4) if torch.cuda.is_available() else value
+
+
 def test_auto_run_records_the_choice_and_trains_as_that_fixed_choice_would(tiny_overrides, tmp_path):
     auto = hasten.train(None, [*tiny_overrides, "precision=auto", "train.channels_last=auto", "model.width=4",
                                f"run.dir={tmp_path / 'auto'}"])  # fmt: skip
@@ -173,8 +179,9 @@ def test_auto_run_records_the_choice_and_trains_as_that_fixed_choice_would(tiny_
     assert chosen in {("fp32", False), ("fp32", True), ("bf16", False), ("bf16", True)}
     fixed = hasten.train(None, [*tiny_overrides, f"precision={chosen[0]}", f"train.channels_last={chosen[1]}",
                                 "model.width=4", f"run.dir={tmp_path / 'fixed'}"])  # fmt: skip
-    # the probe trained copies, under a forked random stream: the run itself is the fixed choice's, bit for bit
-    assert auto["train_loss"] == fixed["train_loss"] and auto["test_accuracy"] == fixed["test_accuracy"]
+    # the probe trained copies, under a forked random stream: the run itself is the fixed choice's, bit for bit (on
+    # a GPU, whose convolution kernels sum in no fixed order, to their rounding)
+    assert auto["train_loss"] == same_run(fixed["train_loss"]) and auto["test_accuracy"] == fixed["test_accuracy"]
 
 
 def test_a_resume_keeps_what_the_resumed_run_chose(tiny_overrides, tmp_path, monkeypatch, capsys):
@@ -333,7 +340,7 @@ def test_an_auto_run_probes_once_and_the_next_reads_the_cache(tiny_overrides, tm
     second = hasten.train(None, [*common, f"run.dir={tmp_path / 'two'}"])
     assert "as probed on this machine before" in unwrapped(capsys.readouterr().err)
     assert (first["precision"], first["channels_last"]) == (second["precision"], second["channels_last"])
-    assert first["train_loss"] == second["train_loss"]  # the same choice, the same run
+    assert first["train_loss"] == same_run(second["train_loss"])  # the same choice, the same run
 
 
 # ----- a busy machine, timings that do not repeat --------------------------------------------------------------

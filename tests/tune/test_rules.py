@@ -116,7 +116,7 @@ def test_the_eval_batch_on_a_cpu_is_smaller_for_larger_images_and_larger_in_bf16
 
 def test_a_run_records_the_eval_batch_it_decided_at_its_precision(tmp_path, capsys):
     overrides = [*QUIET, "data.name=synthetic", "data.synthetic_size=64", "data.size=64", "train.batch_size=16",
-                 "train.epochs=1", "model.width=4", "precision=fp32", f"run.dir={tmp_path}"]  # fmt: skip
+                 "train.epochs=1", "model.width=4", "device=cpu", "precision=fp32", f"run.dir={tmp_path}"]  # fmt: skip
     hasten.train(None, overrides)
     assert yaml.safe_load((tmp_path / "recipe.yaml").read_text())["train"]["eval_batch_size"] == 64
     assert "train.eval_batch_size=auto -> 64 (64x64 images in fp32 on a CPU)" in capsys.readouterr().err
