@@ -140,7 +140,7 @@ def as_labels(labels: Any, count: int, where: str, num_classes: int | None = Non
         raise DataError(f"{where}: labels are {str(values.dtype).removeprefix('torch.')}; they must be class "
                         "indices, integers 0..K-1")  # fmt: skip
     if values.ndim == 2 and values.shape[1] > 1 and len(values) and _one_hot(values):
-        values = values.to(torch.int64).argmax(1)  # Keras' to_categorical: each row one 1, the rest 0, exactly one class index
+        values = values.to(torch.int64).argmax(1)  # Keras' to_categorical: one 1 a row
     if values.ndim > 1 and values.shape[1:] != (1,):
         raise DataError(
             f"{where}: labels must be one class index per image (N,), or one-hot rows (one 1, the rest 0); got "
