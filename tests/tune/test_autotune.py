@@ -165,10 +165,13 @@ def test_probe_leaves_the_model_as_it_was(monkeypatch):
     assert model[0].weight.is_contiguous()  # memory format unchanged
 
 
-def same_run(value: float) -> object:
+def same_run(value: float, within: float = 0.0) -> object:
     """What a repeat of a run gives: `value` exactly on a CPU; on a GPU, whose kernels' sums have no fixed order
-    (atomics, cuDNN's algorithms), `value` to its rounding."""
-    return pytest.approx(value, rel=1e-4) if torch.cuda.is_available() else value
+    (atomics, cuDNN's algorithms), `value` to its rounding, or within `within` (an accuracy: the share of the test
+    images that rounding may move across a decision)."""
+    if not torch.cuda.is_available():
+        return value
+    return pytest.approx(value, abs=within) if within else pytest.approx(value, rel=1e-4)
 
 
 def test_auto_run_records_the_choice_and_trains_as_that_fixed_choice_would(tiny_overrides, tmp_path):
@@ -181,7 +184,8 @@ def test_auto_run_records_the_choice_and_trains_as_that_fixed_choice_would(tiny_
                                 "model.width=4", f"run.dir={tmp_path / 'fixed'}"])  # fmt: skip
     # the probe trained copies, under a forked random stream: the run itself is the fixed choice's, bit for bit (on
     # a GPU, whose convolution kernels sum in no fixed order, to their rounding)
-    assert auto["train_loss"] == same_run(fixed["train_loss"]) and auto["test_accuracy"] == fixed["test_accuracy"]
+    assert auto["train_loss"] == same_run(fixed["train_loss"])
+    assert auto["test_accuracy"] == same_run(fixed["test_accuracy"], within=2 / fixed["dataset"]["test_size"])
 
 
 def test_a_resume_keeps_what_the_resumed_run_chose(tiny_overrides, tmp_path, monkeypatch, capsys):
