@@ -17,11 +17,13 @@
 # a phase that fails or times out reported and the next one run all the same:
 #   tests     (LIMIT_TESTS=60):      the tests that need the GPU itself (marked cuda) and the machine's decisions
 #                                    (marked machine) on this machine's gathered facts
-#   precision (LIMIT_PRECISION=130): fashion-fast for 3 epochs in fp32, bf16, fp16 and fp16-master, side by side
-#   layout    (LIMIT_LAYOUT=110):    bf16 with channels_last off/on x torch.compile off/on, 2 epochs
-#   auto      (LIMIT_AUTO=40):       one epoch with precision=auto train.channels_last=auto: what the probe picks here
-#   headline  (LIMIT_HEADLINE=190):  the shipped recipes side by side (fashion-fast, fashion-sprint, fashion-94)
-#   nccl      (LIMIT_NCCL=60):       fashion-fast for 2 epochs data-parallel over every GPU, NCCL (torchrun)
+#   precision (LIMIT_PRECISION=160): fashion-fast for 3 epochs in fp32, bf16, fp16 and fp16-master, side by side
+#   layout    (LIMIT_LAYOUT=110):    bf16 channels_last with torch.compile off and on, 2 epochs (the layouts'
+#                                    own speeds: the auto phase's probe line)
+#   auto      (LIMIT_AUTO=30):       one epoch with precision=auto train.channels_last=auto: what the probe picks here
+#   headline  (LIMIT_HEADLINE=160):  the shipped recipes side by side (fashion-fast, fashion-sprint, fashion-94)
+#   nccl      (LIMIT_NCCL=40):       fashion-fast for 2 epochs data-parallel over every GPU, NCCL (torchrun)
+# (On an H200: tests 44-50 s, precision about 145 s, auto 15 s, headline 142 s, nccl 21 s; docs/results/gpu-h200.md.)
 # SMOKE="data.subset=512 data.test_subset=256" adds overrides to every run, and ALLOW_CPU=1 accepts a torch without
 # CUDA: together, a minute-long check of the script itself on a CPU machine (the numbers mean nothing there).
 # Results: $OUT (default bench/gpu)/<phase>/ (report.md, results.csv/json, plots) and $OUT/README.md, which
@@ -114,16 +116,15 @@ phase() {  # phase NAME LIMIT COMMAND...: run it, cut off after LIMIT seconds; a
 : > "$OUT/phases.txt"
 phase tests "${LIMIT_TESTS:-60}" "$PY" -m pytest -q -p no:cacheprovider -m "cuda or machine" tests \
   --junitxml "$OUT/tests.xml"
-phase precision "${LIMIT_PRECISION:-130}" "$PY" -m hasten bench fashion-fast train.epochs=3 $SMOKE \
+phase precision "${LIMIT_PRECISION:-160}" "$PY" -m hasten bench fashion-fast train.epochs=3 $SMOKE \
   --vary precision=fp32,bf16,fp16,fp16-master --repeats 1 --no-naive --out "$OUT/precision"
-phase layout "${LIMIT_LAYOUT:-110}" "$PY" -m hasten bench fashion-fast precision=bf16 train.epochs=2 $SMOKE \
-  --vary train.channels_last=false,true --vary train.compile=false,true --repeats 1 --no-naive --no-warmup \
-  --out "$OUT/layout"
-phase auto "${LIMIT_AUTO:-40}" "$PY" -m hasten train fashion-fast precision=auto train.channels_last=auto \
+phase layout "${LIMIT_LAYOUT:-110}" "$PY" -m hasten bench fashion-fast precision=bf16 train.channels_last=true \
+  train.epochs=2 $SMOKE --vary train.compile=false,true --repeats 1 --no-naive --no-warmup --out "$OUT/layout"
+phase auto "${LIMIT_AUTO:-30}" "$PY" -m hasten train fashion-fast precision=auto train.channels_last=auto \
   train.epochs=1 $SMOKE run.progress=false run.overwrite=true "run.dir=$OUT/auto"
-phase headline "${LIMIT_HEADLINE:-190}" "$PY" -m hasten bench fashion-fast --also fashion-sprint --also fashion-94 $SMOKE \
+phase headline "${LIMIT_HEADLINE:-160}" "$PY" -m hasten bench fashion-fast --also fashion-sprint --also fashion-94 $SMOKE \
   --repeats 1 --naive-epochs 2 --out "$OUT/headline"
-phase nccl "${LIMIT_NCCL:-60}" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$GPUS" -m hasten train \
+phase nccl "${LIMIT_NCCL:-40}" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$GPUS" -m hasten train \
   fashion-fast train.epochs=2 $SMOKE run.progress=false run.overwrite=true "run.dir=$OUT/nccl"
 
 {
