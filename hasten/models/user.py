@@ -78,13 +78,20 @@ def unwrapped(model: nn.Module, key: str, announce: bool = False) -> nn.Module:
     return model
 
 
+# the names a model's constructor takes its class count and its input channels by (shape_args)
+CLASS_NAMES = ("num_classes", "n_classes", "nclasses", "num_labels")
+CHANNEL_NAMES = ("in_channels", "in_chans", "n_channels", "input_channels", "in_ch")
+
+
 def shape_args(target: Any, image_shape: tuple[int, ...], num_classes: int, key: str) -> dict[str, Any]:
     """What the data says the model takes in and puts out, under the names models use for it: hasten's
-    (`num_classes`, `in_channels`, `image_size`) and timm's (`in_chans`, `img_size`); `call_target` passes those the
-    model's signature names. The image size is (H, W), or the side alone where the model's parameter has an int
-    default or annotation (`image_size=28`, `img_size: int`) and the images are square."""
+    (`num_classes`, `in_channels`, `image_size`), timm's (`in_chans`, `img_size`), Hugging Face's `num_labels`, and
+    the other spellings tutorials use (`n_classes`, `nclasses`; `n_channels`, `input_channels`, `in_ch`);
+    `call_target` passes those the model's signature names. The image size is (H, W), or the side alone where the
+    model's parameter has an int default or annotation (`image_size=28`, `img_size: int`) and the images are
+    square."""
     size = tuple(image_shape[1:])
-    shape: dict[str, Any] = dict(num_classes=num_classes, in_channels=image_shape[0], in_chans=image_shape[0])
+    shape: dict[str, Any] = dict.fromkeys(CLASS_NAMES, num_classes) | dict.fromkeys(CHANNEL_NAMES, image_shape[0])
     try:
         parameters = inspect.signature(target).parameters
     except (TypeError, ValueError):

@@ -95,6 +95,19 @@ def test_the_image_size_is_given_in_the_form_the_model_takes_and_under_timms_nam
         return nn.Linear(1, num_classes)
 
     assert shape_args(annotated, (1, 9, 9), 4, "model")["img_size"] == 9
+
+    class Spelt(nn.Module):  # other spellings of the class count and the input channels, as tutorials write them
+        def __init__(self, n_classes=10, n_channels=1):
+            super().__init__()
+            self.fc = nn.Sequential(nn.Flatten(), nn.LazyLinear(n_classes))
+            self.channels = n_channels
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    spelt = hasten.train(None, [*QUIET, "train.epochs=1", f"run.dir={tmp_path / 'spelt'}"], model=Spelt,
+                         data=(quadrants(48, 0), quadrants(16, 1)))  # fmt: skip
+    assert spelt.model.model.channels == 3 and spelt.predict(quadrants(2, 2)[0])[0].index in range(4)
     with pytest.raises(RecipeError, match=r"IntSide takes image_size as one side \(an int\), but the images are "
                                           r"12 x 16: set data.size"):  # fmt: skip
         shape_args(IntSide, (3, 12, 16), 4, "model.target=pkg:IntSide")
