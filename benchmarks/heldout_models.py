@@ -1,9 +1,12 @@
-"""Three models written after the default's rules were fixed, the way users write them, to check the rules on
-models none of them was tuned with (docs/results/models.md, "Three models written after the rules"):
+"""Models written after the default's rules were fixed, the way users write them, to check the rules on models
+none of them was tuned with (docs/results/models.md, "Three models written after the rules" and "Two more"):
 
     PYTHONPATH=benchmarks .venv/bin/python benchmarks/generalization.py --only digits,letters,fashion-1000 \
         --model lenet=heldout_models:LeNet5 --model convnext=heldout_models:MiniConvNeXt \
         --model instnet=heldout_models:InstanceNet --budgets recipe --arms default,plain --seeds 0,1,2
+    PYTHONPATH=benchmarks .venv/bin/python benchmarks/generalization.py --only digits,letters \
+        --model mixer=heldout_models:MixerLite --model squeeze=heldout_models:SqueezeLike \
+        --budgets recipe --arms default,plain --seeds 0,1,2 --jobs 1 --threads 2
 """
 
 import torch
@@ -92,3 +95,62 @@ class InstanceNet(nn.Module):
 
     def forward(self, x):
         return self.fc(self.features(x))
+
+
+class MixerLite(nn.Module):
+    """An MLP-Mixer-style net: patches, token-mixing and channel-mixing MLPs with LayerNorm."""
+
+    def __init__(self, num_classes=10, in_channels=1, image_size=32, patch=4, dim=64):
+        super().__init__()
+        h, w = image_size if isinstance(image_size, tuple) else (image_size, image_size)
+        self.patch = nn.Conv2d(in_channels, dim, patch, stride=patch)
+        tokens = (h // patch) * (w // patch)
+        self.blocks = nn.ModuleList()
+        for _ in range(3):
+            self.blocks.append(
+                nn.ModuleDict(
+                    {
+                        "n1": nn.LayerNorm(dim),
+                        "tok": nn.Sequential(nn.Linear(tokens, 2 * tokens), nn.GELU(), nn.Linear(2 * tokens, tokens)),
+                        "n2": nn.LayerNorm(dim),
+                        "ch": nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim)),
+                    }
+                )
+            )
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2)  # (N, tokens, dim)
+        for b in self.blocks:
+            x = x + b["tok"](b["n1"](x).transpose(1, 2)).transpose(1, 2)
+            x = x + b["ch"](b["n2"](x))
+        return self.head(self.norm(x).mean(1))
+
+
+class SqueezeLike(nn.Module):
+    """Fire modules, a 1x1 conv classifier and global pooling, as SqueezeNet ends."""
+
+    def __init__(self, num_classes=10, in_channels=1):
+        super().__init__()
+
+        def fire(cin, s, e):
+            return nn.Sequential(
+                nn.Conv2d(cin, s, 1), nn.ReLU(inplace=True), nn.Conv2d(s, e, 3, padding=1), nn.ReLU(inplace=True)
+            )
+
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            fire(32, 16, 64),
+            fire(64, 16, 64),
+            nn.MaxPool2d(2),
+            fire(64, 32, 128),
+        )
+        self.classifier = nn.Sequential(
+            nn.Dropout(0.5), nn.Conv2d(128, num_classes, 1), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1)
+        )
+
+    def forward(self, x):
+        return torch.flatten(self.classifier(self.features(x)), 1)

@@ -57,6 +57,8 @@ class Plan:
     eval_every_steps: int = recipe_default("train.eval_every_steps")  # also evaluate every N optimizer steps (0: off)
     # what the divergence warning advises: overrides the run's own recipe accepts (build.divergence_advice)
     divergence_advice: Sequence[str] = ("optim.lr=...",)
+    # what a run whose outputs became the same for every class is told to try first (a larger batch); None: nothing
+    collapse_advice: str | None = None
     # the evaluations before the last: "plain", every test image once (no test-time augmentation); "tta": as the last
     mid_eval: str = recipe_default("train.mid_eval")
     clock: Clock = field(default_factory=Clock)  # wall seconds since the command started (hasten/clock.py)

@@ -75,22 +75,13 @@ GRAD_NORM_EVERY = 10  # optimizer steps between TensorBoard's grad_norm_per_step
 
 RECENT_STEPS = 20  # the training loss judged against ln(C) is the mean of this many last steps after the warm-up
 
-METRICS = [
-    "epoch",
-    "step",
-    "lr",
-    "train_loss",
-    "train_accuracy",
-    "test_loss",
-    "test_accuracy",
-    "train_seconds",
-    "images_per_second",
-    "loss_scale",
-]
+METRICS = ["epoch", "step", "lr", "train_loss", "train_accuracy", "test_loss", "test_accuracy", "train_seconds",
+           "images_per_second", "loss_scale"]  # fmt: skip
 
 
 # a training loss this many times a uniform guess's, ln(classes), is a warning at once (not learning: at the end)
 UNLEARNT_MARGIN = 2.0
+COLLAPSED = 1e-3  # a training loss this close to ln(classes): the model's outputs are the same for every class
 
 
 def _sync(device: torch.device) -> None:
@@ -379,9 +370,11 @@ class Trainer:
 
     def check_result(self, test_accuracy: float, train_accuracy: float | None = None) -> None:
         """At the end: an accuracy near chance is a warning, never just a number (hasten/run/verdicts.py)."""
-        plan = self.plan
-        if (text := at_chance_warning(test_accuracy, plan.num_classes, plan.epochs, plan.divergence_advice,
-                                      train_accuracy, plan.test_chance, plan.train_chance)) is not None:  # fmt: skip
+        plan, late = self.plan, statistics.fmean(self.recent_losses) if self.recent_losses else math.nan
+        collapsed = plan.collapse_advice if abs(late - math.log(plan.num_classes)) < COLLAPSED else None
+        text = at_chance_warning(test_accuracy, plan.num_classes, plan.epochs, plan.divergence_advice,
+                                 train_accuracy, plan.test_chance, plan.train_chance, collapsed)  # fmt: skip
+        if text is not None:
             self.warn(text)
 
     def check_start(self) -> None:

@@ -8,6 +8,7 @@ says that class scores 80%: at chance, and said so, not a good number."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -83,12 +84,15 @@ def at_chance_warning(
     train_accuracy: float | None = None,
     chance: float | None = None,
     train_chance: float | None = None,
+    collapsed: str | None = None,
 ) -> str | None:
     """The end-of-run warning for an accuracy at chance, with what to try: `advice` (the plan's divergence
     advice), a longer run first when it names no epochs (a model that learns slowly is not helped by any LR).
     Where the training accuracy (`train_accuracy`, the last epoch's) is off chance, the model did learn, the
     training images only: the warning says so, and what helps there instead. `chance`, `train_chance`: the
-    test and training images' `majority_share`."""
+    test and training images' `majority_share`. `collapsed`: what to try first where the training loss ended at a
+    uniform guess's (the model's outputs the same for every class: a ReLU at its end dead for all of them), a
+    larger batch."""
     if not at_chance(accuracy, num_classes, chance):
         return None
     said = f"test accuracy {accuracy:.2%} is at chance level ({describe_chance(num_classes, chance)})"
@@ -102,6 +106,13 @@ def at_chance_warning(
     tries = list(advice)
     if not any(item.startswith("train.epochs=") for item in tries):
         tries.insert(0, f"train.epochs={LONGER * epochs}")
+    if collapsed:
+        return (
+            f"{said}: the model did not learn: its outputs became the same for every class (the training loss ended "
+            f"at ln({num_classes}) = {math.log(num_classes):.3f}, a uniform guess's; a ReLU or another clamp at its "
+            f"end stopped at 0 for all of them), which no longer run mends; try {collapsed} first (a larger batch "
+            f"steadies the first steps), then {', '.join(tries)}"
+        )
     return (
         f"{said}: the model did not learn; see the training loss per epoch in metrics.csv, and try {', '.join(tries)}"
     )

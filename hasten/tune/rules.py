@@ -254,3 +254,10 @@ def describe_batch_choice(seconds: Mapping[int, float], chosen: int, measured: M
         f"train.batch_size=auto -> {chosen}: least predicted time to the result, (1 + {NOISE_BATCH}/B) x step time "
         f"(batch images/s time; *: timed): {shown}"
     )
+
+
+# the batch a run whose model's outputs collapsed to the same for every class is advised first: a user's SqueezeNet-like
+# net (a ReLU after its classifier) on 1,200 letters collapsed at the rule's batch 16 on seeds 0 and 2 (training loss
+# ln(10) to 1e-5; seed 1 at 11.5%), and at 64 reached 95.0% and 91.2% on seeds 0 and 1, seed 2 collapsing again
+# (docs/results/models.md, "Two more"); the plain loop's batch 64 at its lower LR learnt all three
+COLLAPSE_BATCH = 64

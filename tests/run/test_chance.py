@@ -74,3 +74,25 @@ def test_classes_without_training_images_are_a_warning_and_labels_counted_from_o
     result = hasten.train(None, [*QUIET, "model.width=4", f"run.dir={tmp_path}"],
                           data=((images, labels + 1), (test[0], test[1] + 1)))  # fmt: skip
     assert any("if they count from 1, subtract 1" in text for text in result["warnings"])
+
+
+class DeadEnd(torch.nn.Module):
+    """A ReLU after the classifier that never opens: every class's output 0, a uniform guess's loss."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3):
+        super().__init__()
+        self.head = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.head(x) - 1e3)
+
+
+def test_a_model_whose_outputs_collapse_to_one_for_every_class_is_told_to_try_a_larger_batch_first(tmp_path):
+    from tests.run.test_user import quadrants
+
+    data = (quadrants(64, 0), quadrants(32, 1))
+    result = hasten.train(None, [*QUIET, "precision=fp32", f"run.dir={tmp_path}"], model=DeadEnd, data=data)
+    (warned,) = [text for text in result["warnings"] if "at chance level" in text]
+    assert "its outputs became the same for every class (the training loss ended at ln(4) = 1.386" in warned
+    assert "try train.batch_size=64 first" in warned
+    assert at_chance_warning(0.25, 4, 2, ["optim.lr=0.001"]).endswith("try train.epochs=8, optim.lr=0.001")

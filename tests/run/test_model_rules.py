@@ -86,17 +86,18 @@ def test_a_run_at_chance_at_its_budget_is_advised_longer_first_and_a_short_one_i
 
     said: list[str] = []
     plan = Plan(num_classes=10, epochs=8, divergence_advice=["optim.lr=0.00035", "train.batch_size=8"])
-    Trainer.check_result(SimpleNamespace(plan=plan, warn=said.append), 0.105)
+    ran = SimpleNamespace(plan=plan, warn=said.append, recent_losses=[2.1])  # a loss off ln(10): not collapsed
+    Trainer.check_result(ran, 0.105)
     assert f"try train.epochs={LONGER * 8}, optim.lr=0.00035" in said[0]
     load_recipe(None, [f"train.epochs={LONGER * 8}"])  # the advice is a valid override
     plan.divergence_advice = ["train.epochs=75", "optim.lr=0.00035"]  # a short run: its budget's epochs, not 4x
-    Trainer.check_result(SimpleNamespace(plan=plan, warn=said.append), 0.105)
+    Trainer.check_result(ran, 0.105)
     assert "try train.epochs=75, optim.lr" in said[1] and f"train.epochs={LONGER * 8}" not in said[1]
-    Trainer.check_result(SimpleNamespace(plan=plan, warn=said.append), 0.5)  # learnt: nothing said
+    Trainer.check_result(ran, 0.5)  # learnt: nothing said
     assert len(said) == 2
-    Trainer.check_result(SimpleNamespace(plan=plan, warn=said.append), 0.105, 0.18)  # training at chance too
+    Trainer.check_result(ran, 0.105, 0.18)  # training at chance too
     assert "the model did not learn" in said[2]
-    Trainer.check_result(SimpleNamespace(plan=plan, warn=said.append), 0.105, 0.41)  # the training images learnt
+    Trainer.check_result(ran, 0.105, 0.41)  # the training images learnt
     assert "while the training accuracy is 41.00%: the model learns the training images, but what it learns does " \
            "not carry over to the test images" in said[3] and "did not learn" not in said[3]  # fmt: skip
     assert "data.augment.translate=4" in said[3]
