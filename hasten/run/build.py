@@ -440,9 +440,9 @@ def start_run(
     )
     if loss is not None:
         plan.loss = loss
-    batch = recipe.train.batch_size  # a larger one steadies the first steps of a model whose outputs collapse
-    if batch < rules.COLLAPSE_BATCH and recipe.train.accumulate == 1:
-        plan.collapse_advice = f"train.batch_size={rules.COLLAPSE_BATCH}"
+    batch, lr = recipe.train.batch_size, recipe.optim.lr  # a larger batch at half the LR, for outputs that collapse
+    if batch < rules.COLLAPSE_BATCH and recipe.train.accumulate == 1 and isinstance(lr, float):
+        plan.collapse_advice = f"train.batch_size={rules.COLLAPSE_BATCH} optim.lr={lr / 2:.3g}"
     # chance, for the warnings and the lengthening: the largest class's share where one class stands out
     training_labels = split_labels(parts.data, "train")
     plan.test_chance, plan.train_chance = (

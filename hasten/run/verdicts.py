@@ -110,8 +110,8 @@ def at_chance_warning(
         return (
             f"{said}: the model did not learn: its outputs became the same for every class (the training loss ended "
             f"at ln({num_classes}) = {math.log(num_classes):.3f}, a uniform guess's; a ReLU or another clamp at its "
-            f"end stopped at 0 for all of them), which no longer run mends; try {collapsed} first (a larger batch "
-            f"steadies the first steps), then {', '.join(tries)}"
+            f"end stopped at 0 for all of them), which no longer run mends; try {collapsed} first (a larger batch at "
+            f"a lower LR steadies the first steps), else {', '.join(tries)}"
         )
     return (
         f"{said}: the model did not learn; see the training loss per epoch in metrics.csv, and try {', '.join(tries)}"

@@ -256,8 +256,9 @@ def describe_batch_choice(seconds: Mapping[int, float], chosen: int, measured: M
     )
 
 
-# the batch a run whose model's outputs collapsed to the same for every class is advised first: a user's SqueezeNet-like
-# net (a ReLU after its classifier) on 1,200 letters collapsed at the rule's batch 16 on seeds 0 and 2 (training loss
-# ln(10) to 1e-5; seed 1 at 11.5%), and at 64 reached 95.0% and 91.2% on seeds 0 and 1, seed 2 collapsing again
-# (docs/results/models.md, "Two more"); the plain loop's batch 64 at its lower LR learnt all three
+# the batch a run whose model's outputs collapsed to the same for every class is advised first, at half its LR: a
+# user's SqueezeNet-like net (a ReLU after its classifier) on 1,200 letters collapsed at the rule's batch 16 on seeds 0
+# and 2 (training loss ln(10) to 1e-5; seed 1 at 11.5%); at 64 it reached 95.0% and 91.2% on seeds 0 and 1 and seed 2
+# collapsed again, at 64 and half the LR seed 2 reached 94.8% (the plain loop's batch and about its LR, which learnt
+# all three), and at batch 16 and a third of the LR seed 0 77.5% (docs/results/models.md, "Two more")
 COLLAPSE_BATCH = 64

@@ -94,5 +94,5 @@ def test_a_model_whose_outputs_collapse_to_one_for_every_class_is_told_to_try_a_
     result = hasten.train(None, [*QUIET, "precision=fp32", f"run.dir={tmp_path}"], model=DeadEnd, data=data)
     (warned,) = [text for text in result["warnings"] if "at chance level" in text]
     assert "its outputs became the same for every class (the training loss ended at ln(4) = 1.386" in warned
-    assert "try train.batch_size=64 first" in warned
+    assert "try train.batch_size=64 optim.lr=0.00075 first" in warned  # the rule's 0.0015 per 32 for a model without BN
     assert at_chance_warning(0.25, 4, 2, ["optim.lr=0.001"]).endswith("try train.epochs=8, optim.lr=0.001")
