@@ -32,13 +32,12 @@ from typing import Any
 
 import numpy
 import torch
-from PIL import Image
 from torch import Tensor
 
 from hasten.data.datasets import ImageDataset
 from hasten.data.fitting import SQUASH, fit_pil, mixed_sizes_side
 from hasten.data.loader import Augment, ShardedEpochs, channel_stats
-from hasten.data.preprocessing import open_image
+from hasten.data.preprocessing import UNREADABLE, open_image
 from hasten.data.transforms import class_interleaved, first_per_class, flip_labels, noise_generator
 from hasten.errors import DataError
 from hasten.machine import current as current_machine
@@ -210,9 +209,7 @@ def decode(path: str, mode: str, size: tuple[int, int], resize: bool, fit: str =
             pixels = fit_pil(image.convert(mode), size[1], size[0], fit)
     except DataError:
         raise
-    # Pillow reports undecodable, truncated or hostile files as OSError, ValueError, SyntaxError or its
-    # DecompressionBombError, depending on the format plugin
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except UNREADABLE as exc:
         raise DataError(f"{printable(path)}: cannot decode as an image ({type(exc).__name__}: {exc})") from None
     return pixels
 
@@ -324,7 +321,7 @@ def _header(path: str) -> tuple[tuple[int, int], str]:
             return image.size, image.mode
     except DataError:
         raise
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except UNREADABLE as exc:
         raise DataError(f"{printable(path)}: cannot decode as an image ({type(exc).__name__}: {exc})") from None
 
 

@@ -21,7 +21,7 @@ from PIL import Image
 from torch import Tensor
 
 from hasten.data.conform import Target
-from hasten.data.preprocessing import open_image
+from hasten.data.preprocessing import UNREADABLE, open_image
 from hasten.errors import DataError, first_line, their_error
 from hasten.text import printable
 
@@ -37,8 +37,8 @@ def item_pixels(image: Any, where: str) -> Tensor:
     if isinstance(image, str | Path):
         try:
             with open_image(image) as opened:
-                return item_pixels(plain_mode(opened), printable(str(image)))
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+                where, image = printable(str(image)), numpy.array(plain_mode(opened))
+        except UNREADABLE as error:
             raise DataError(f"{where}: cannot read {printable(str(image))} as an image ({first_line(error)})") from None
     if isinstance(image, Image.Image):
         image = plain_mode(image)
@@ -70,7 +70,7 @@ def plain_mode(image: Image.Image) -> Image.Image:
         return image
     if image.mode == "1":
         return image.convert("L")
-    transparent = image.mode in ("P", "PA") and ("transparency" in image.info or image.mode == "PA")
+    transparent = image.mode == "PA" or (image.mode == "P" and "transparency" in image.info)
     return image.convert("RGBA" if transparent else "RGB")
 
 

@@ -43,6 +43,11 @@ MAX_IMAGE_SIDE = 2048
 PREDICT_BYTES = 1 << 28  # float bytes of images per forward pass in predict, at most
 
 
+# what Pillow raises for an undecodable, truncated or hostile file, depending on the format plugin (the decompression
+# bomb too, where it is not open_image's DataError): every reader of image files says it as a DataError naming the file
+UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
 @contextlib.contextmanager
 def open_image(path: str | Path) -> Iterator[Image.Image]:
     """`Image.open(path)`, where an image larger than Pillow's decompression-bomb limit (`Image.MAX_IMAGE_PIXELS`,
@@ -186,8 +191,7 @@ class Preprocessing:
         try:
             with open_image(path) as image:
                 return self.image(image)
-        # Pillow reports undecodable files as OSError, ValueError, SyntaxError or DecompressionBombError
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+        except UNREADABLE as error:
             raise DataError(
                 f"{printable(str(path))}: cannot read as an image ({type(error).__name__}: {error})"
             ) from None

@@ -163,9 +163,7 @@ def as_labels(labels: Any, count: int, where: str, num_classes: int | None = Non
 
 
 def _one_hot(values: Tensor) -> bool:
-    """Whether (N, K) labels are one-hot rows: each exactly one 1 and K - 1 zeros."""
-    if values.dtype.is_complex or values.dtype == torch.bool:
-        return values.dtype == torch.bool and bool((values.sum(1) == 1).all())
+    """Whether (N, K) labels (real numbers or bool) are one-hot rows: each exactly one 1 and K - 1 zeros."""
     return bool(((values == 0) | (values == 1)).all()) and bool((values.sum(1) == 1).all())
 
 

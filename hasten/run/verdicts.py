@@ -151,7 +151,7 @@ def no_gradient(model: nn.Module, warn: Callable[[str], None]) -> list[str]:
 def absent_classes(labels: Tensor, classes: Sequence[str]) -> str | None:
     """The warning for classes no training image holds, which the model never learns to predict; where the one
     absent is label 0 of numbered classes, the labels likely count from 1. None when every class has images."""
-    counts = torch.bincount(labels.long(), minlength=len(classes)) if len(labels) else torch.zeros(len(classes))
+    counts = torch.bincount(labels.long(), minlength=len(classes))
     absent = [str(classes[i]) for i in range(len(classes)) if counts[i] == 0]
     if not absent:
         return None
