@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
 from hasten.clock import Clock
 from hasten.data import ImageDataset, load_dataset
@@ -60,11 +61,12 @@ from hasten.run.assemble import (
 )
 from hasten.run.extension import Extension
 from hasten.run.loading import loader_workers, open_folder
+from hasten.run.plan import Collapsed
 from hasten.run.resolve import resolve, run_dir
 from hasten.run.trainer import Plan, Saving, Trainer
 from hasten.run.user import builtin_holdout, load_data
 from hasten.run.verdicts import absent_classes, majority_share
-from hasten.runfolder.checkpoint import remove_stale_temporaries
+from hasten.runfolder.checkpoint import prune, remove_stale_temporaries
 from hasten.runfolder.folder import (
     RunLock,
     check_resume_recipe,
@@ -73,6 +75,7 @@ from hasten.runfolder.folder import (
     recipe_changes,
     refuse_links,
     refuse_taken,
+    remove_run_records,
 )
 from hasten.runfolder.log import RunLog
 from hasten.tune import rules
@@ -336,7 +339,12 @@ def train(
     """Train the recipe (with the user's `model` and `data`, see `build`; `loss(logits, soft targets)` in place
     of the soft cross-entropy); writes the run folder and returns the summary. The folder is locked while the run
     writes it (hasten/runfolder/folder.py): two runs never share one. Wall-clock times count from `clock`'s start (the
-    `hasten` command passes its process's start; by default, this call)."""
+    `hasten` command passes its process's start; by default, this call).
+
+    A run whose batch, LR and epochs were all left to hasten, and whose model's outputs collapse (the same for every
+    test image and class, no gradient left: hasten/run/verdicts.py, collapsed_outputs), is restarted once from its
+    first weights at a larger batch and half the LR (`restart_settings`); the abandoned start's files are removed,
+    its seconds stay in the wall clock, and summary.json's `restarted` records it."""
     clock = clock or Clock()
     clock.mark("start and imports")
     folder = run_dir(recipe)
@@ -348,54 +356,140 @@ def train(
     # held from before the data is read: the checkpoint a resume continues from is read once, under the lock, and
     # a second run into the folder is refused before it has timed or decided anything
     with RunLock(folder) if main else contextlib.nullcontext():
-        try:
-            parts = build(recipe, model, data, clock, loss_given=loss is not None)
-        except Exception as error:  # the start-up runs their model (the probe, the numerics, the LR range test)
-            if isinstance(error, HastenError) or out_of_memory(error) or not raised_in_their_code(error):
-                raise
-            raise RecipeError(f"start-up: trying the run on one batch, your code raised {their_error(error)}") from None
-        recipe = parts.recipe  # what was used: every choice made (resolve), the user's model and data recorded
-        trainer, log = start_run(recipe, parts, folder, loss, clock)
-        # signals stay caught until the run returns: a stop once the last epoch is done lets the summary be written
-        # and the run end with 0 (its work is complete), instead of killing it mid-write
-        try:
-            with trainer.stop_on_signals():
-                summary = trainer.fit()
-                model = distributed.unwrap(parts.model)
-                if recipe.run.save_weights and log.enabled:  # the weights evaluated: the EMA copy when there is one
-                    save_weights(parts.hooks.eval_model(model) if parts.hooks.eval_model else model, log.dir)
-                summary |= {"run_dir": str(log.dir), "lr": parts.lr, "global_batch": global_batch(recipe)}
-                summary |= {"world_size": world_size(), "precision": recipe.precision}  # auto: as chosen
-                summary |= {"channels_last": recipe.train.channels_last}
-                if parts.machine is not None:  # the facts its machine rules read (hasten/machine.py)
-                    summary["machine"] = parts.machine.record()
-                summary["cpu_allocator"] = parts.cpu_allocator  # glibc's mallopt settings taken; None: none
-                # for evaluate and predict: the class names, the preprocessing (data.resize's fit among it)
-                summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader, recipe.data.resize)
-                summary["evaluated_on"] = evaluated_on(recipe)
-                summary["wall_seconds"] = round(trainer.wall_seconds(), 3)  # everything, from the command's start
-                log.summary(summary)
-                distributed.barrier()  # the ranks end together, once rank 0 has written everything
-        except Exception as error:
-            theirs = recipe.model.name in USER_SOURCES and not isinstance(error, MemoryError | torch.OutOfMemoryError)
-            if not isinstance(error, HastenError) and not (theirs and raised_in_their_code(error)):
-                raise  # hasten's own failure: its traceback is the report
-            log.close()
-            fresh = parts.checkpoint is None and not int(os.environ.get(RESTARTS, "0"))
-            if fresh and log.enabled and forget_unfinished_start(folder):  # a step-1 failure leaves no debris
-                say(f"run folder: {folder} left as it was (the run ended before its first checkpoint)")
-            if isinstance(error, HastenError):
-                raise
-            # their model's forward or backward in training (the start-up check runs it in evaluation mode only)
-            layout = ""
-            if recipe.train.channels_last is True and "view size is not compatible" in str(error):
-                layout = " in the channels_last layout, which its `view` cannot take (set train.channels_last=auto),"
-            raise RecipeError(f"model: training your model{layout} raised {their_error(error)}") from None
-        finally:
-            log.close()
-            if parts.output_hook is not None:  # a model object of the user's returns what it returned before
-                parts.output_hook.remove()
-        return summary
+        first = first_weights(model) if may_restart(recipe) else None
+        asked, restart = recipe, None  # restart: the record of a start that collapsed, once there was one
+        while True:  # once, or twice when the first start's outputs collapsed (the second never restarts)
+            try:
+                parts = build(asked, model, data, clock, loss_given=loss is not None)
+            except Exception as error:  # the start-up runs their model (the probe, the numerics, the LR range test)
+                if isinstance(error, HastenError) or out_of_memory(error) or not raised_in_their_code(error):
+                    raise
+                raise RecipeError(
+                    f"start-up: trying the run on one batch, your code raised {their_error(error)}"
+                ) from None
+            recipe = parts.recipe  # what was used: every choice made (resolve), the user's model and data recorded
+            trainer, log = start_run(recipe, parts, folder, loss, clock, restartable=first is not None and not restart)
+            # signals stay caught until the run returns: a stop once the last epoch is done lets the summary be
+            # written and the run end with 0 (its work is complete), instead of killing it mid-write
+            try:
+                with trainer.stop_on_signals():
+                    summary = trainer.fit()
+                    model = distributed.unwrap(parts.model)
+                    if recipe.run.save_weights and log.enabled:  # the weights evaluated: the EMA copy when there is one
+                        save_weights(parts.hooks.eval_model(model) if parts.hooks.eval_model else model, log.dir)
+                    summary |= {"run_dir": str(log.dir), "lr": parts.lr, "global_batch": global_batch(recipe)}
+                    summary |= {"world_size": world_size(), "precision": recipe.precision}  # auto: as chosen
+                    summary |= {"channels_last": recipe.train.channels_last}
+                    if parts.machine is not None:  # the facts its machine rules read (hasten/machine.py)
+                        summary["machine"] = parts.machine.record()
+                    summary["cpu_allocator"] = parts.cpu_allocator  # glibc's mallopt settings taken; None: none
+                    # for evaluate and predict: the class names, the preprocessing (data.resize's fit among it)
+                    summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader, recipe.data.resize)
+                    summary["evaluated_on"] = evaluated_on(recipe)
+                    summary["restarted"] = restart  # None: the run's one start; else the start it replaced, and why
+                    summary["wall_seconds"] = round(trainer.wall_seconds(), 3)  # everything, from the command's start
+                    log.summary(summary)
+                    distributed.barrier()  # the ranks end together, once rank 0 has written everything
+                    return summary
+            except Collapsed as collapse:  # start again from the first weights, with the plan's settings
+                log.close()
+                restart = collapse.record | {
+                    "from": {"train.batch_size": recipe.train.batch_size, "optim.lr": recipe.optim.lr},
+                    "to": dict(trainer.plan.restart or {}),
+                }
+                say(collapse_note(restart))
+                discard_start(folder)
+                if isinstance(first, dict):  # the user's own model object: back to the weights it came with
+                    model.load_state_dict(first)
+                asked = replaced(asked, restart["to"])
+            except Exception as error:
+                theirs = recipe.model.name in USER_SOURCES and not isinstance(
+                    error, MemoryError | torch.OutOfMemoryError
+                )
+                if not isinstance(error, HastenError) and not (theirs and raised_in_their_code(error)):
+                    raise  # hasten's own failure: its traceback is the report
+                log.close()
+                fresh = parts.checkpoint is None and not int(os.environ.get(RESTARTS, "0"))
+                if fresh and log.enabled and forget_unfinished_start(folder):  # a step-1 failure leaves no debris
+                    say(f"run folder: {folder} left as it was (the run ended before its first checkpoint)")
+                if isinstance(error, HastenError):
+                    raise
+                # their model's forward or backward in training (the start-up check runs it in evaluation mode only)
+                layout = ""
+                if recipe.train.channels_last is True and "view size is not compatible" in str(error):
+                    layout = (
+                        " in the channels_last layout, which its `view` cannot take (set train.channels_last=auto),"
+                    )
+                raise RecipeError(f"model: training your model{layout} raised {their_error(error)}") from None
+            finally:
+                log.close()
+                if parts.output_hook is not None:  # a model object of the user's returns what it returned before
+                    parts.output_hook.remove()
+
+
+def may_restart(recipe: Recipe) -> bool:
+    """Whether a run whose outputs collapse may restart (`train`): its batch, LR and epochs are hasten's to choose
+    (`auto`, unset), it is fresh (no resume) and one process's (a restart rebuilds the run; torchrun's workers
+    would each have to agree on it)."""
+    asked = recipe.train
+    return (
+        asked.epochs == "auto"
+        and asked.batch_size == "auto"
+        and asked.accumulate == 1
+        and recipe.optim.lr is None
+        and recipe.resume is None
+        and DistEnv.from_environ().world_size == 1
+        and not int(os.environ.get(RESTARTS, "0"))
+    )
+
+
+def first_weights(model: Any) -> dict[str, Tensor] | bool | None:
+    """What a restart starts again from: for the user's model object, a copy of its weights (None when a lazy
+    layer has none yet: no restart); for a model the run makes (a class, a function, the recipe's), True: the
+    restart makes it again from the same seed."""
+    if not isinstance(model, torch.nn.Module):
+        return True
+    state = model.state_dict()
+    if any(isinstance(value, UninitializedParameter | UninitializedBuffer) for value in state.values()):
+        return None
+    return {name: value.detach().clone() for name, value in state.items()}
+
+
+def restart_settings(recipe: Recipe, images: int, budget: int) -> dict[str, Any] | None:
+    """The overrides a run whose outputs collapsed restarts with: half its LR, and a batch of COLLAPSE_BATCH when
+    it trained at a smaller one and the data holds enough images for that batch's run to take half its `budget` of
+    optimizer steps within MAX_EPOCHS (1,200 images at 64: 1,140 of a model without batch norm's 1,200);
+    None when the recipe's LR is not a number (`auto`: the range test's own choice)."""
+    lr = recipe.optim.lr
+    if not isinstance(lr, float | int):
+        return None
+    batch = recipe.train.batch_size
+    # the larger batch where its run, at most MAX_EPOCHS epochs, keeps half the budget's optimizer steps or more
+    larger = 2 * rules.MAX_EPOCHS * rules.steps_per_epoch(images, rules.COLLAPSE_BATCH, world_size()) >= budget
+    if isinstance(batch, int) and batch < rules.COLLAPSE_BATCH and larger:
+        batch = rules.COLLAPSE_BATCH
+    return {"train.batch_size": batch, "optim.lr": float(f"{lr / 2:.3g}")}
+
+
+def collapse_note(record: dict[str, Any]) -> str:
+    """What the run says when it restarts for collapsed outputs."""
+    settings = " ".join(f"{key}={value:g}" for key, value in record["to"].items())
+    return (
+        f"epoch {record['at_epoch']}: the model's outputs collapsed: every test image got the same output for every "
+        f"class (test loss {record['test_loss']:.5f}, ln of the classes) and the training loss is there too "
+        f"({record['train_loss']:.5f}), so no gradient reaches the weights and no longer run mends it; restarting "
+        f"from the first weights at {settings} (a larger batch at half the LR steadies the first steps; once; "
+        "recipe.yaml records them, summary.json's `restarted` this start)"
+    )
+
+
+def discard_start(folder: Path) -> None:
+    """Remove what a start that collapsed wrote in its run folder (its checkpoints, which a resume would continue,
+    recipe.yaml, metrics.csv, its TensorBoard events): the restart writes them afresh."""
+    checkpoints = folder / "checkpoints"
+    if checkpoints.is_dir() and not checkpoints.is_symlink():
+        prune(checkpoints, keep=0)  # hasten's own alone (hasten/runfolder/checkpoint.py)
+    remove_run_records(folder)
 
 
 def lengthening(recipe: Recipe, parts: Parts, log: RunLog, saving: Saving) -> Callable[[int], None]:
@@ -413,10 +507,16 @@ def lengthening(recipe: Recipe, parts: Parts, log: RunLog, saving: Saving) -> Ca
 
 
 def start_run(
-    recipe: Recipe, parts: Parts, folder: Path, loss: Callable[[Tensor, Tensor], Tensor] | None, clock: Clock
+    recipe: Recipe,
+    parts: Parts,
+    folder: Path,
+    loss: Callable[[Tensor, Tensor], Tensor] | None,
+    clock: Clock,
+    restartable: bool = False,
 ) -> tuple[Trainer, RunLog]:
     """The loop over the built `parts`, ready in its (locked) run folder: resumed from a checkpoint when the recipe
-    asks, the folder claimed, recipe.yaml written, the warnings and the resolved LR scaling said."""
+    asks, the folder claimed, recipe.yaml written, the warnings and the resolved LR scaling said. `restartable`:
+    outputs that collapse end the loop with `Collapsed` and the settings to restart with (`train`)."""
     checkpoint = parts.checkpoint  # read by resolve, under the run's lock, before anything in the folder is written
     claim_run_folder(recipe, folder, checkpoint, parts.machine_keys)
     log = RunLog(folder, enabled=distributed.is_main(), tensorboard=recipe.run.tensorboard)
@@ -445,6 +545,8 @@ def start_run(
         plan.collapse_advice = f"train.batch_size={rules.COLLAPSE_BATCH} optim.lr={lr / 2:.3g}"
     # chance, for the warnings and the lengthening: the largest class's share where one class stands out
     training_labels = split_labels(parts.data, "train")
+    if restartable and parts.extendable and checkpoint is None:
+        plan.restart = restart_settings(recipe, len(training_labels), budget)
     plan.test_chance, plan.train_chance = (
         majority_share(split_labels(parts.data, "test")),
         majority_share(training_labels),

@@ -59,6 +59,10 @@ class Plan:
     divergence_advice: Sequence[str] = ("optim.lr=...",)
     # what a run whose outputs became the same for every class is told to try first (a larger batch); None: nothing
     collapse_advice: str | None = None
+    # what a run whose outputs became the same for every test image and class is restarted with, from its first
+    # weights (recipe overrides: a larger batch at half the LR), raised as `Collapsed` for hasten.run.build.train to
+    # act on; None: such a run goes on to its end and its warning (the settings were the user's, or it restarted)
+    restart: dict[str, Any] | None = None
     # the evaluations before the last: "plain", every test image once (no test-time augmentation); "tta": as the last
     mid_eval: str = recipe_default("train.mid_eval")
     clock: Clock = field(default_factory=Clock)  # wall seconds since the command started (hasten/clock.py)
@@ -90,6 +94,15 @@ class Interrupted(HastenError):
         where = f"; checkpoint {checkpoint}" if checkpoint else ""
         super().__init__(f"stopped by {signal.Signals(signum).name} {when}{where}")
         self.signum, self.exit_code = signum, 128 + signum
+
+
+class Collapsed(Exception):  # noqa: N818  (a turn of the run, not an error: the user never sees it raised)
+    """The loop's word that the model's outputs collapsed and the plan allows a restart (`Plan.restart`): `record`
+    says when and what was seen (hasten/run/verdicts.py, collapsed_outputs); hasten.run.build.train restarts."""
+
+    def __init__(self, record: dict[str, Any]):
+        super().__init__(f"outputs collapsed at epoch {record.get('at_epoch')}")
+        self.record = record
 
 
 class NonFiniteLoss(HastenError):

@@ -59,10 +59,10 @@ from hasten.errors import CheckpointError, HastenError
 from hasten.progress import EpochProgress, say
 from hasten.run.evaluation import evaluate_loader
 from hasten.run.extension import extension_note, lengthened
-from hasten.run.plan import Hooks, Interrupted, NonFiniteLoss, Plan, Saving
+from hasten.run.plan import Collapsed, Hooks, Interrupted, NonFiniteLoss, Plan, Saving
 from hasten.run.signals import asked_to_stop, handling_stop_signals
 from hasten.run.state import State, rank_state, restore, time_to_fraction_of_best, wall_time_to_accuracy
-from hasten.run.verdicts import at_chance_warning, late_warning, no_gradient
+from hasten.run.verdicts import at_chance_warning, collapsed_outputs, late_warning, no_gradient
 from hasten.runfolder.checkpoint import prune, save_checkpoint, set_rng_state
 from hasten.runfolder.log import RunLog
 from hasten.techniques.tta import views
@@ -121,6 +121,7 @@ class Trainer:
         self.seconds_per_view: float | None = None  # an evaluation's measured seconds per view: what the ETA assumes
         self.pace = (0, 0.0)  # (batches, training seconds) this process has trained: the ETA's pace
         self.unreached: list[str] | None = None  # trainable parameters the first step's loss gave no gradient
+        self.test_losses: deque[float] = deque(maxlen=2)  # the last evaluations' test losses: collapsed outputs
 
     def wall_seconds(self) -> float:
         """The run's wall-clock seconds so far: since the command's start, plus a resumed run's earlier ones."""
@@ -368,6 +369,14 @@ class Trainer:
                 f"{', '.join(self.plan.divergence_advice)}"
             )
 
+    def _check_collapse(self, train_loss: float) -> None:
+        """After an epoch's evaluation: outputs that collapsed (hasten/run/verdicts.py) end this attempt with
+        `Collapsed`, for the run to restart from its first weights with `Plan.restart`'s settings."""
+        if collapsed_outputs(self.test_losses, train_loss, self.plan.num_classes):
+            raise Collapsed({"at_epoch": self.state.epoch, "step": self.state.step, "train_loss": train_loss,
+                             "test_loss": self.test_losses[-1], "train_seconds": round(self.state.train_seconds, 3),
+                             "wall_seconds": round(self.wall_seconds(), 3)})  # fmt: skip
+
     def check_result(self, test_accuracy: float, train_accuracy: float | None = None) -> None:
         """At the end: an accuracy near chance is a warning, never just a number (hasten/run/verdicts.py)."""
         plan, late = self.plan, statistics.fmean(self.recent_losses) if self.recent_losses else math.nan
@@ -505,6 +514,9 @@ class Trainer:
                 final = self.state.epoch == self.plan.epochs
                 test_loss, test_accuracy = self.evaluate() if final else self.evaluate_between()
                 self.check_health(row | {"test_loss": test_loss})
+                self.test_losses.append(test_loss)
+                if not final and self.plan.restart is not None:
+                    self._check_collapse(row["train_loss"])
                 self.record_accuracy(test_accuracy, self.state.train_seconds)
                 row.update(
                     epoch=self.state.epoch,

@@ -76,6 +76,30 @@ def learnt_late(
     return (until, total) if total > 0 and until >= LATE_SHARE * total else None
 
 
+# the test loss of a model whose outputs are the same for every test image and class: ln(classes), exactly up to
+# float32's rounding of the mean (a SqueezeNet-like net whose ReLU after the classifier stopped at 0 everywhere gave
+# ln(10) + 3.6e-7 at every epoch, where the same net alive at chance was 2e-6 to 5e-4 away from it and moved each epoch)
+UNIFORM_TEST_LOSS = 1e-5
+SAME_TEST_LOSS = 1e-7  # ... and one evaluation to the next: unchanged by a whole epoch of training
+COLLAPSED_TRAIN_LOSS = 1e-3  # the epoch's training loss this close to ln(classes) too
+
+
+def collapsed_outputs(test_losses: Sequence[float], train_loss: float, num_classes: int) -> bool:
+    """Whether the model's outputs collapsed: the last two evaluations' test losses (`test_losses`, oldest first)
+    are ln(C) (every test image gets the same output for every class) and the same, and the epoch's training loss
+    is within COLLAPSED_TRAIN_LOSS of ln(C). Such a model passes no gradient back (a ReLU or another clamp after its
+    classifier at 0 for every image): no longer run mends it; a restart from its first weights may."""
+    uniform = math.log(num_classes)
+    if num_classes < 2 or len(test_losses) < 2:
+        return False
+    before, now = test_losses[-2], test_losses[-1]
+    return (
+        abs(now - uniform) < UNIFORM_TEST_LOSS
+        and abs(now - before) < SAME_TEST_LOSS
+        and abs(train_loss - uniform) < COLLAPSED_TRAIN_LOSS
+    )
+
+
 def at_chance_warning(
     accuracy: float,
     num_classes: int,

@@ -316,7 +316,16 @@ def forget_unfinished_start(folder: str | Path) -> bool:
     checkpoints = folder / "checkpoints"
     if checkpoints.is_symlink() or (checkpoints.is_dir() and any(checkpoints.iterdir())):
         return False
-    removed = False
+    removed = remove_run_records(folder)
+    if checkpoints.is_dir():
+        checkpoints.rmdir()
+    return removed
+
+
+def remove_run_records(folder: str | Path) -> bool:
+    """Remove the records a run writes beside its checkpoints (recipe.yaml, metrics.csv, summary.json, its
+    TensorBoard events; never through a link); whether anything was removed."""
+    folder, removed = Path(folder), False
     for name in ("recipe.yaml", "metrics.csv", "summary.json"):
         path = folder / name
         if path.is_file() and not path.is_symlink():
@@ -326,8 +335,6 @@ def forget_unfinished_start(folder: str | Path) -> bool:
     if board.is_dir() and not board.is_symlink():
         shutil.rmtree(board, ignore_errors=True)
         removed = True
-    if checkpoints.is_dir():
-        checkpoints.rmdir()
     return removed
 
 
