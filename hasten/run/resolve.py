@@ -6,6 +6,7 @@ records and `assemble` builds from.
 from __future__ import annotations
 
 import copy
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,11 +168,11 @@ def resolve(
     check_assembly(recipe, device, world)
     recipe, more = resolve_whiten(recipe, given_model is not None)
     notes += more
-    recipe, more = resolve_default_lr(recipe, model, given_model is not None)
+    checkpoint = resume_from(recipe, run_dir(recipe) / "checkpoints")  # read once: the run continues from it
+    recipe, more = resolve_default_lr(recipe, model, given_model is not None, resumed_lr(recipe, checkpoint))
     notes += more
     recipe, more = resolve_fan_in_lr(recipe, model)
     notes += more
-    checkpoint = resume_from(recipe, run_dir(recipe) / "checkpoints")  # read once: the run continues from it
     resumed = resumed_choices(recipe, checkpoint)  # a resume continues with what its run chose: exact, as resumes are
     budget = rules.run_steps(has_batch_norm(model))  # train.epochs=auto's steps, which the batch's candidates keep
     recipe, machine_keys, more = choose_on_machine(recipe, model, data, device, resumed, machine, budget)
@@ -301,12 +302,19 @@ def resolve_whiten(recipe: Recipe, model_given: bool) -> tuple[Recipe, list[str]
     return recipe, [f"model.whiten=auto -> false: {kept} keeps its own first conv"]
 
 
-def resolve_default_lr(recipe: Recipe, model: nn.Module, model_given: bool = False) -> tuple[Recipe, list[str]]:
+def resolve_default_lr(
+    recipe: Recipe, model: nn.Module, model_given: bool = False, resumed: float | None = None
+) -> tuple[Recipe, list[str]]:
     """`optim.lr` unset, decided from the optimizer and what the model is made of (hasten/tune/rules.py's
     default_lr): the LR hasten's ResNet, a batch-norm net, was tuned at is not assumed for a model without batch
-    norm."""
+    norm. `resumed`: the LR the run being resumed trained at (`resumed_lr`), kept: a run that restarted at half
+    the rule's (hasten/run/build.py) goes on at it."""
     if recipe.optim.lr is not None:
         return recipe, []
+    if resumed is not None:
+        return replaced(recipe, {"optim.lr": resumed}), [
+            f"optim.lr unset -> {resumed:g}, as the run being resumed chose"
+        ]
     batch_norm = has_batch_norm(model)
     lr = rules.default_lr(recipe.optim.name, batch_norm)
     recipe = replaced(recipe, {"optim.lr": lr})
@@ -431,6 +439,15 @@ def resumed_choices(recipe: Recipe, checkpoint: tuple[Path, dict[str, Any]] | No
         return {}
     chosen = {key: _recorded_value(saved, key) for key in asked}
     return {key: value for key, value in chosen.items() if _valid_choice(key, value)}
+
+
+def resumed_lr(recipe: Recipe, checkpoint: tuple[Path, dict[str, Any]] | None) -> float | None:
+    """The LR, a positive number, that the run being resumed (its `checkpoint`) recorded where this recipe leaves
+    `optim.lr` unset; None otherwise."""
+    saved = checkpoint[1].get("recipe") if checkpoint and recipe.optim.lr is None else None
+    lr = _recorded_value(saved, "optim.lr") if isinstance(saved, dict) else None
+    valid = isinstance(lr, float | int) and not isinstance(lr, bool) and math.isfinite(lr) and lr > 0
+    return float(lr) if valid else None
 
 
 def probe_batch(recipe: Recipe, data: Any, device: torch.device, size: int) -> tuple[Tensor, Tensor]:

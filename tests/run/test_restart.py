@@ -83,6 +83,9 @@ def test_a_run_whose_outputs_collapse_restarts_once_and_records_it(tmp_path):
     peak = max(float(row["lr"]) for row in rows)  # the restart's LR, sqrt-scaled to the batch of 16
     assert peak == pytest.approx(0.00075 * math.sqrt(16 / 32), rel=1e-6)
     assert result["wall_seconds"] > restarted["wall_seconds"]  # the abandoned start's seconds are the user's too
+    # the same command resumed from the restarted start's last checkpoint: its LR and batch, not the rule's again
+    again = hasten.train(None, [*quiet, "resume=auto"], model=DeadEnd, data=data)
+    assert again["test_accuracy"] == result["test_accuracy"] and again["epochs"] == result["epochs"]
 
 
 def test_a_run_with_its_own_lr_is_not_restarted(tmp_path):
