@@ -394,6 +394,7 @@ def train(
             except Collapsed as collapse:  # start again from the first weights, with the plan's settings
                 log.close()
                 restart = collapse.record | {
+                    "wall_seconds": round(collapse.record["wall_seconds"], 3),  # from the command's start
                     "from": {"train.batch_size": recipe.train.batch_size, "optim.lr": recipe.optim.lr},
                     "to": dict(trainer.plan.restart or {}),
                 }

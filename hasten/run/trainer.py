@@ -369,14 +369,6 @@ class Trainer:
                 f"{', '.join(self.plan.divergence_advice)}"
             )
 
-    def _check_collapse(self, train_loss: float) -> None:
-        """After an epoch's evaluation: outputs that collapsed (hasten/run/verdicts.py) end this attempt with
-        `Collapsed`, for the run to restart from its first weights with `Plan.restart`'s settings."""
-        if collapsed_outputs(self.test_losses, train_loss, self.plan.num_classes):
-            raise Collapsed({"at_epoch": self.state.epoch, "step": self.state.step, "train_loss": train_loss,
-                             "test_loss": self.test_losses[-1], "train_seconds": round(self.state.train_seconds, 3),
-                             "wall_seconds": round(self.wall_seconds(), 3)})  # fmt: skip
-
     def check_result(self, test_accuracy: float, train_accuracy: float | None = None) -> None:
         """At the end: an accuracy near chance is a warning, never just a number (hasten/run/verdicts.py)."""
         plan, late = self.plan, statistics.fmean(self.recent_losses) if self.recent_losses else math.nan
@@ -506,7 +498,7 @@ class Trainer:
             self.log.start_metrics(METRICS)
         self.log.open_board()  # TensorBoard's import and files now, in the start-up, not in the first step
         bar = EpochProgress(len(self.train_loader), enabled=self.plan.progress and self.log.enabled)
-        self.bar, live = bar, {}
+        self.bar, live, classes = bar, {}, self.plan.num_classes
         with bar:  # SIGINT/SIGTERM: the caller's `stop_on_signals` (hasten.run.build.train), installed once per run
             while self.state.epoch < self.plan.epochs:
                 bar.start_epoch(self.state.epoch + 1, self.plan.epochs)
@@ -514,9 +506,10 @@ class Trainer:
                 final = self.state.epoch == self.plan.epochs
                 test_loss, test_accuracy = self.evaluate() if final else self.evaluate_between()
                 self.check_health(row | {"test_loss": test_loss})
-                self.test_losses.append(test_loss)
-                if not final and self.plan.restart is not None:
-                    self._check_collapse(row["train_loss"])
+                self.test_losses.append(test_loss)  # outputs that collapsed: a restart, where the plan allows one
+                if not final and self.plan.restart and collapsed_outputs(self.test_losses, row["train_loss"], classes):
+                    raise Collapsed({"at_epoch": self.state.epoch, "step": self.state.step, "test_loss": test_loss,
+                                     "train_loss": row["train_loss"], "wall_seconds": self.wall_seconds()})  # fmt: skip
                 self.record_accuracy(test_accuracy, self.state.train_seconds)
                 row.update(
                     epoch=self.state.epoch,
