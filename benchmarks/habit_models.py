@@ -9,7 +9,8 @@ tests: tests/run/test_model_habits.py):
         --model softmax=habit_models:SoftmaxEnd \
         --budgets recipe --arms default,plain --seeds 0,1,2 --jobs 1 --threads 2
 
-TupleOut, DictOut, Thousand and NeedsDepth are refused before training, each naming what it returned or lacks.
+Thousand and NeedsDepth are refused before training, each naming what it returned or lacks; TupleOut and DictOut
+train on the logits they hold (the run says where it took them from).
 """
 
 import torch.nn as nn

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -171,12 +172,13 @@ def _size_hint(model: nn.Module, error: BaseException, image_shape: tuple[int, .
     return ""
 
 
-def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int, device: torch.device) -> None:
+def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int, device: torch.device) -> str | None:
     """Before training: the model maps a batch of 2 images of `image_shape` to (2, num_classes) floating-point
     logits; a RecipeError naming what it returned (or raised, and where in the user's code) otherwise. Runs in eval
     mode without gradients, on zeros (no RNG drawn, no batch-norm statistics changed); lazy modules take their
     shapes from it. Integer logits are refused here rather than at the first backward pass, where torch would say
-    only that a tensor "does not require grad"."""
+    only that a tensor "does not require grad". A model returning a tuple, a mapping or an object holding its
+    logits passes (`main_output`: what training takes); returns the line that says so, None for a tensor."""
     name = type(model).__name__
     was_training = model.training
     model.eval()
@@ -191,6 +193,9 @@ def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int
         ) from None
     finally:
         model.train(was_training)
+    main = main_output(out, num_classes)  # a tuple's, a mapping's: what training takes (OutputReader)
+    said = describe_output(out, num_classes)
+    out = main if main is not None else out
     if isinstance(out, torch.Tensor) and tuple(out.shape) == (2, num_classes) and not out.dtype.is_floating_point:
         raise RecipeError(
             f"model {name}: returns {str(out.dtype).removeprefix('torch.')} logits of shape (2, {num_classes}) for "
@@ -198,7 +203,9 @@ def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int
             "(float32, bf16, ...): training differentiates them, and integers have no gradient"
         )
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        got: Any = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        if isinstance(out, tuple | list):  # none of shape (2, classes): what it holds
+            got = f"a {type(out).__name__} of {_shapes(out)}"
         squeeze = ""
         if isinstance(out, torch.Tensor) and out.dim() > 2 and tuple(out.shape[:2]) == (2, num_classes):
             if all(side == 1 for side in out.shape[2:]):  # a fully convolutional head's 1 x 1 map
@@ -210,13 +217,18 @@ def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int
             f"return class logits of shape (2, {num_classes}) for the data's {num_classes} classes (labels "
             f"0..{num_classes - 1}; give the class names, data.classes, if there are more than the labels show)"
         )
+    if said is None:
+        return None
+    return f"model {name}: its class logits are {said}; the rest is left out of the loss"
 
 
 # the log of a probability that underflowed to 0: the smallest normal fp32's, a finite logit (-87.3)
 SMALLEST_PROBABILITY = torch.finfo(torch.float32).tiny
 
 
-def output_kind(model: nn.Module, image_shape: tuple[int, ...], device: torch.device) -> tuple[str, str | None]:
+def output_kind(
+    model: nn.Module, image_shape: tuple[int, ...], device: torch.device, num_classes: int
+) -> tuple[str, str | None]:
     """What the model returns, read off three batches in evaluation mode (zeros, a fixed noise drawn from its own
     generator so the run's RNG is untouched, and that noise 100 times larger, which moves any logits far):
     ("probabilities", None) when every row is a softmax's (each value in [0, 1], the row summing to 1) for all
@@ -227,7 +239,8 @@ def output_kind(model: nn.Module, image_shape: tuple[int, ...], device: torch.de
     model.eval()
     try:
         with torch.no_grad():
-            outs = [model(b).float() for b in (torch.zeros(2, *image_shape, device=device), noise, noise * 100)]
+            outs = [model(b) for b in (torch.zeros(2, *image_shape, device=device), noise, noise * 100)]
+            outs = [main_output(out, num_classes).float() for out in outs]
     except Exception:  # noqa: BLE001 - zeros went through (check_model); a model that refuses noise is left as it is
         return "logits", None
     finally:
@@ -245,16 +258,61 @@ def output_kind(model: nn.Module, image_shape: tuple[int, ...], device: torch.de
     return "logits", None
 
 
-def _log_of_probabilities(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
-    """The forward hook of a model that returns probabilities: their log, the logits the loss, the evaluation and
-    predict take (a softmax of them gives the probabilities back)."""
-    return output.float().clamp_min(SMALLEST_PROBABILITY).log()
+def main_output(output: Any, num_classes: int) -> torch.Tensor | None:
+    """The class logits in what a model returned: a tensor as it is; of a mapping or an object with `logits` (Hugging
+    Face's outputs), that; of a tuple or list (an auxiliary head's `(logits, aux)`, torchvision's GoogLeNet in
+    training, `(features, logits)`), the first tensor of shape (N, num_classes). None when there is none."""
+    if isinstance(output, torch.Tensor):
+        return output
+    found = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
+    if isinstance(found, torch.Tensor):
+        return found
+    if isinstance(output, tuple | list):
+        return next((part for part in output if isinstance(part, torch.Tensor) and part.dim() == 2
+                     and part.shape[1] == num_classes), None)  # fmt: skip
+    return None
 
 
-def read_output(model: nn.Module, kind: str) -> torch.utils.hooks.RemovableHandle | None:
-    """`model.output`: for "probabilities", the model's outputs read as their log from here on, by a forward hook
-    (its weights and their names unchanged; copies of the model keep it); added once. Returns the hook's handle,
-    None when nothing was added."""
-    if kind != "probabilities" or _log_of_probabilities in model._forward_hooks.values():
+def describe_output(output: Any, num_classes: int) -> str | None:
+    """What a model that does not return a tensor has its logits taken from, said at start-up (None: a tensor)."""
+    if isinstance(output, torch.Tensor) or main_output(output, num_classes) is None:
         return None
-    return model.register_forward_hook(_log_of_probabilities)
+    if not isinstance(output, tuple | list):
+        return f"its `logits` ({type(output).__name__})"
+    index = next(i for i, part in enumerate(output) if part is main_output(output, num_classes))
+    kind = type(output).__name__
+    return f"element {index} of the {kind} it returns ({_shapes(output)}): the first of shape (N, {num_classes})"
+
+
+def _shapes(parts: tuple | list) -> str:
+    """The shapes of a returned tuple's tensors (other parts by their type), for what the run says."""
+    return ", ".join(str(tuple(p.shape)) if isinstance(p, torch.Tensor) else type(p).__name__ for p in parts)
+
+
+class OutputReader:
+    """The forward hook that makes a user's model return class logits however it returns them: `main_output` of
+    what it returned (the others, an auxiliary head's, are left out of the loss), and for `kind` "probabilities"
+    (`model.output`: a softmax's) their log, the logits the loss, the evaluation and predict take (a softmax of them
+    gives the probabilities back). Returns None, the output unchanged, for a model that returns its logits."""
+
+    def __init__(self, kind: str, num_classes: int):
+        self.kind, self.num_classes = kind, num_classes
+
+    def __call__(self, module: nn.Module, inputs: Any, output: Any) -> torch.Tensor | None:
+        main = main_output(output, self.num_classes)
+        if main is None:  # left as it is: what it returned is named where it is used
+            return None
+        if self.kind == "probabilities":
+            return main.float().clamp_min(SMALLEST_PROBABILITY).log()
+        return None if main is output else main
+
+
+def read_output(
+    model: nn.Module, kind: str, num_classes: int, user: bool = True
+) -> torch.utils.hooks.RemovableHandle | None:
+    """A user's model (`user`) or one whose `model.output` is "probabilities" reads its outputs as class logits from
+    here on (`OutputReader`), by a forward hook: its weights and their names unchanged, copies of the model keep it;
+    added once. Returns the hook's handle, None when nothing was added."""
+    if not (user or kind == "probabilities") or any(isinstance(h, OutputReader) for h in model._forward_hooks.values()):
+        return None
+    return model.register_forward_hook(OutputReader(kind, num_classes))

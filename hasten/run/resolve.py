@@ -31,6 +31,7 @@ from hasten.machine import current as current_machine
 from hasten.models.user import check_model, output_kind, read_output
 from hasten.progress import say
 from hasten.recipe.schema import PRECISION_MODES, Recipe, dotted, replaced
+from hasten.recipe.trust import USER_SOURCES
 from hasten.run.assemble import assemble, check_batch_norm_batch, loaders, lr_scale, train_size
 from hasten.run.extension import holds_peak
 from hasten.run.loading import eval_batch_size, placed_workers
@@ -153,16 +154,19 @@ def resolve(
     notes += more
     if user_objects(recipe, given_model, given_data):  # fail before anything is timed or trained
         trial = copy.deepcopy(model).to(device)  # the checks' copy: lazy modules shaped, nothing of the run's moved
-        check_model(trial, data.image_shape, len(data.classes), device)
+        if said := check_model(trial, data.image_shape, len(data.classes), device):
+            notes.append(said)
         recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)
-        recipe, more, warned = resolve_output(recipe, trial, data.image_shape, device, loss_given)
+        recipe, more, warned = resolve_output(recipe, trial, data.image_shape, device, loss_given, len(data.classes))
         notes += more
     else:  # what the run trains, recorded as for a user's model: its class names and size
         recipe = replaced(recipe, {"data.classes": list(data.classes),
                                    "model.parameters": sum(p.numel() for p in model.parameters())})  # fmt: skip
         if recipe.model.output == "auto":  # hasten's own models end in their classifier's logits
             recipe = replaced(recipe, {"model.output": "logits"})
-    hook = read_output(model, recipe.model.output)  # before the probe and the range test run it
+    # a user's model returns its logits however it returns them, a softmax's as their log: before the probe runs it
+    theirs = given_model is not None or recipe.model.name in USER_SOURCES
+    hook = read_output(model, recipe.model.output, len(data.classes), theirs)
     if recipe.train.batch_size != "auto":  # before anything is timed: the probe would train on that batch
         check_batch_norm_batch(model, recipe)
     check_assembly(recipe, device, world)
@@ -197,7 +201,12 @@ def resolve(
 
 
 def resolve_output(
-    recipe: Recipe, trial: nn.Module, image_shape: tuple[int, ...], device: torch.device, loss_given: bool
+    recipe: Recipe,
+    trial: nn.Module,
+    image_shape: tuple[int, ...],
+    device: torch.device,
+    loss_given: bool,
+    num_classes: int,
 ) -> tuple[Recipe, list[str], tuple[str, ...]]:
     """`model.output: auto` decided for the user's model (hasten/models/user.py's output_kind, run on `trial`, a
     copy of it on the device): probabilities where it ends in a softmax (unless the user's own loss takes them as
@@ -205,7 +214,7 @@ def resolve_output(
     warnings."""
     if recipe.model.output != "auto":
         return recipe, [], ()
-    kind, warning = output_kind(trial, image_shape, device)
+    kind, warning = output_kind(trial, image_shape, device, num_classes)
     warnings, name = (warning,) if warning else (), type(trial).__name__
     if kind == "logits":
         return replaced(recipe, {"model.output": "logits"}), [], warnings

@@ -47,7 +47,7 @@ from hasten.data.preprocessing import (
 )
 from hasten.errors import CheckpointError, DataError, HastenError, schema_problems
 from hasten.recipe.schema import Recipe, validate
-from hasten.recipe.trust import Trust, embedded_recipe
+from hasten.recipe.trust import USER_SOURCES, Trust, embedded_recipe
 from hasten.runfolder.checkpoint import latest_usable, load_checkpoint, load_model_weights, training_checkpoint
 from hasten.techniques.tta import black_fill, tta_logits
 from hasten.text import printable
@@ -305,7 +305,8 @@ def network(
     if has_lazy_parameters(net):  # nn.LazyLinear and kin take their shapes from a first batch, as in training
         check_model(net, facts.image_shape, len(facts.classes), torch.device("cpu"))
     load_model_weights(net, weights, source)  # names and shapes first: nothing below copies a tensor that does not fit
-    read_output(net, config.output)  # a softmax's probabilities read as their log, as in training
+    # its logits however it returns them, a softmax's probabilities as their log, as in training
+    read_output(net, config.output, len(facts.classes), user=model is not None or config.name in USER_SOURCES)
     if prepare is not None:
         net = prepare(net)
     elif any(v.dtype == torch.float16 for v in net.state_dict().values()):  # fp16-master keeps fp16 weights

@@ -59,18 +59,19 @@ def test_what_a_model_returns_is_read_off_its_outputs(model, kind, warned):
         torch.manual_seed(seed)
         net = model(num_classes=2)  # two classes: the fewest values a chance bound has to go on
         state = torch.get_rng_state()
-        found, warning = output_kind(net, (3, 12, 12), torch.device("cpu"))
+        found, warning = output_kind(net, (3, 12, 12), torch.device("cpu"), 2)
         assert found == kind and (warning is not None) == warned
         assert torch.equal(torch.get_rng_state(), state)  # the run's random stream is not drawn from
-    assert "sigmoid at its end" in output_kind(Sigmoided(), (3, 12, 12), torch.device("cpu"))[1]
+    assert "sigmoid at its end" in output_kind(Sigmoided(num_classes=2), (3, 12, 12), torch.device("cpu"), 2)[1]
 
 
 def test_the_log_is_read_once_however_often_it_is_asked_for():
     net = Softmaxed()
     x = torch.randn(5, 3, 12, 12)
     probabilities = net(x)
-    handle = read_output(net, "probabilities")
-    assert read_output(net, "probabilities") is None and read_output(net, "logits") is None
+    classes = probabilities.shape[1]
+    handle = read_output(net, "probabilities", classes)
+    assert read_output(net, "probabilities", classes) is None and read_output(net, "logits", classes) is None
     assert torch.allclose(net(x), probabilities.log()) and torch.allclose(net(x).softmax(1), probabilities)
     handle.remove()
     assert torch.allclose(net(x), probabilities)
