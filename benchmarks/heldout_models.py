@@ -1,5 +1,6 @@
 """Models written after the default's rules were fixed, the way users write them, to check the rules on models
-none of them was tuned with (docs/results/models.md, "Three models written after the rules" and "Two more"):
+none of them was tuned with (docs/results/models.md, "Three models written after the rules", "Two more" and
+"Three with batch norm"):
 
     PYTHONPATH=benchmarks .venv/bin/python benchmarks/generalization.py --only digits,letters,fashion-1000 \
         --model lenet=heldout_models:LeNet5 --model convnext=heldout_models:MiniConvNeXt \
@@ -7,9 +8,13 @@ none of them was tuned with (docs/results/models.md, "Three models written after
     PYTHONPATH=benchmarks .venv/bin/python benchmarks/generalization.py --only digits,letters \
         --model mixer=heldout_models:MixerLite --model squeeze=heldout_models:SqueezeLike \
         --budgets recipe --arms default,plain --seeds 0,1,2 --jobs 1 --threads 2
+    PYTHONPATH=benchmarks .venv/bin/python benchmarks/generalization.py --only letters \
+        --model eff=heldout_models:TinyEfficientNet --model dense=heldout_models:TinyDenseNet \
+        --model vgglazy=heldout_models:VGGLazy --budgets recipe --arms default,plain --seeds 0 --jobs 1 --threads 2
 """
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -154,3 +159,109 @@ class SqueezeLike(nn.Module):
 
     def forward(self, x):
         return torch.flatten(self.classifier(self.features(x)), 1)
+
+
+class SE(nn.Module):
+    def __init__(self, c, r=4):
+        super().__init__()
+        self.fc1 = nn.Conv2d(c, max(1, c // r), 1)
+        self.fc2 = nn.Conv2d(max(1, c // r), c, 1)
+
+    def forward(self, x):
+        s = F.adaptive_avg_pool2d(x, 1)
+        return x * torch.sigmoid(self.fc2(F.silu(self.fc1(s))))
+
+
+class MBConv(nn.Module):
+    def __init__(self, cin, cout, stride, expand=4):
+        super().__init__()
+        mid = cin * expand
+        self.use_res = stride == 1 and cin == cout
+        self.block = nn.Sequential(
+            nn.Conv2d(cin, mid, 1, bias=False),
+            nn.BatchNorm2d(mid),
+            nn.SiLU(),
+            nn.Conv2d(mid, mid, 3, stride, 1, groups=mid, bias=False),
+            nn.BatchNorm2d(mid),
+            nn.SiLU(),
+            SE(mid),
+            nn.Conv2d(mid, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        )
+
+    def forward(self, x):
+        out = self.block(x)
+        return x + out if self.use_res else out
+
+
+class TinyEfficientNet(nn.Module):
+    def __init__(self, num_classes=10, in_channels=3):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.SiLU())
+        self.blocks = nn.Sequential(MBConv(16, 24, 2), MBConv(24, 24, 1), MBConv(24, 40, 2), MBConv(40, 40, 1))
+        self.head = nn.Sequential(
+            nn.Conv2d(40, 128, 1, bias=False),
+            nn.BatchNorm2d(128),
+            nn.SiLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Dropout(0.2),
+            nn.Linear(128, num_classes),
+        )
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)))
+
+
+class DenseLayer(nn.Module):
+    def __init__(self, cin, growth):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(cin)
+        self.conv = nn.Conv2d(cin, growth, 3, padding=1, bias=False)
+
+    def forward(self, x):
+        return torch.cat([x, self.conv(F.relu(self.bn(x)))], 1)
+
+
+class TinyDenseNet(nn.Module):
+    def __init__(self, num_classes=10, in_channels=3, growth=12):
+        super().__init__()
+        c = 2 * growth
+        layers = [nn.Conv2d(in_channels, c, 3, padding=1, bias=False)]
+        for i in range(3):
+            for _ in range(4):
+                layers.append(DenseLayer(c, growth))
+                c += growth
+            if i < 2:
+                layers += [nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c // 2, 1, bias=False), nn.AvgPool2d(2)]
+                c //= 2
+        layers += [nn.BatchNorm2d(c), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(c, num_classes)
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+class VGGLazy(nn.Module):
+    def __init__(self, num_classes=10):
+        super().__init__()
+
+        def block(cin, cout):
+            return nn.Sequential(
+                nn.Conv2d(cin, cout, 3, padding=1),
+                nn.BatchNorm2d(cout),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(cout, cout, 3, padding=1),
+                nn.BatchNorm2d(cout),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(2),
+            )
+
+        self.features = nn.Sequential(nn.LazyConv2d(32, 3, padding=1), nn.ReLU(), block(32, 64), block(64, 128))
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.LazyLinear(256), nn.ReLU(inplace=True), nn.Dropout(0.5), nn.Linear(256, num_classes)
+        )
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
