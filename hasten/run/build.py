@@ -369,6 +369,7 @@ def train(
                 ) from None
             recipe = parts.recipe  # what was used: every choice made (resolve), the user's model and data recorded
             trainer, log = start_run(recipe, parts, folder, loss, clock, restartable=first is not None and not restart)
+            trainer.state.restarted = restart or trainer.state.restarted  # (a resumed run's from its checkpoint)
             # signals stay caught until the run returns: a stop once the last epoch is done lets the summary be
             # written and the run end with 0 (its work is complete), instead of killing it mid-write
             try:
@@ -386,7 +387,7 @@ def train(
                     # for evaluate and predict: the class names, the preprocessing (data.resize's fit among it)
                     summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader, recipe.data.resize)
                     summary["evaluated_on"] = evaluated_on(recipe)
-                    summary["restarted"] = restart  # None: the run's one start; else the start it replaced, and why
+                    summary["restarted"] = trainer.state.restarted  # None: one start; else the start replaced, why
                     summary["wall_seconds"] = round(trainer.wall_seconds(), 3)  # everything, from the command's start
                     log.summary(summary)
                     distributed.barrier()  # the ranks end together, once rank 0 has written everything

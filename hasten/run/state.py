@@ -50,6 +50,8 @@ class State:
     eval_seconds: float = 0.0  # of those, the seconds spent evaluating
     # the run lengthened itself at the end of its LR's hold (hasten/run/extension.py): when, from, to, why
     extended: dict[str, float] | None = None
+    # the start this run replaced because its outputs collapsed (hasten/run/build.py): when, the losses, the settings
+    restarted: dict[str, Any] | None = None
 
 
 def wall_time_to_accuracy(curve: Sequence[Sequence[float]], thresholds: Sequence[str]) -> dict[str, float | None]:

@@ -86,6 +86,7 @@ def test_a_run_whose_outputs_collapse_restarts_once_and_records_it(tmp_path):
     # the same command resumed from the restarted start's last checkpoint: its LR and batch, not the rule's again
     again = hasten.train(None, [*quiet, "resume=auto"], model=DeadEnd, data=data)
     assert again["test_accuracy"] == result["test_accuracy"] and again["epochs"] == result["epochs"]
+    assert again["restarted"] == restarted  # kept in the checkpoint's position
 
 
 def test_a_run_with_its_own_lr_is_not_restarted(tmp_path):
