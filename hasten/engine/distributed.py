@@ -157,12 +157,15 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def wrap(model: nn.Module, device: torch.device) -> nn.Module:
+def wrap(model: nn.Module, device: torch.device, find_unused: bool = False) -> nn.Module:
     """The model wrapped in DistributedDataParallel when there are several processes, else unchanged (build
-    converts to SyncBatchNorm before, when train.sync_batchnorm asks)."""
+    converts to SyncBatchNorm before, when train.sync_batchnorm asks). `find_unused`: parameters the loss may not
+    reach (a user's model: an auxiliary head left out of the loss, a layer its forward skips), which DDP otherwise
+    refuses at the second step; it costs a walk of the autograd graph a step."""
     if world_size() == 1:
         return model
-    return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    ids = [device.index] if device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=find_unused)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -41,6 +41,7 @@ from hasten.machine import Machine
 from hasten.models.pretrained import pretrained_from_config  # Freeze registers here
 from hasten.progress import say
 from hasten.recipe.schema import OptimConfig, Recipe
+from hasten.recipe.trust import USER_SOURCES
 from hasten.run.loading import loader_options, loader_workers
 from hasten.run.trainer import Hooks
 from hasten.run.user import streamed_loaders
@@ -307,7 +308,9 @@ def assemble(
     hooks = Hooks.from_techniques(made)
     if world > 1:
         seed_everything(stream_seed(recipe.seed, rank) % 2**63)  # after the weights: dropout masks differ per rank
-        model = distributed.wrap(model, device)  # after the EMA copy and the optimizer, which hold the inner model
+        # after the EMA copy and the optimizer, which hold the inner model; a user's model may leave parameters
+        # out of its loss (an auxiliary head, hasten/models/user.py's OutputReader)
+        model = distributed.wrap(model, device, find_unused=recipe.model.name in USER_SOURCES)
     compiled = False
     if recipe.train.compile:  # last: the EMA copy above stays eager
         model, failure = compile_model(model, next(iter(train_loader))[0], precision.autocast)

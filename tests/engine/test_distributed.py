@@ -157,6 +157,40 @@ def test_devices_2_from_the_cli_and_a_recipe_error_in_the_workers(tmp_path):
     assert re.search(r"rank [01]: error: train.sync_batchnorm: torch's SyncBatchNorm runs on GPUs only", failed.stderr)
 
 
+AUX_NET = """
+from torch import nn
+
+
+class AuxNet(nn.Module):
+    def __init__(self, num_classes=10, in_channels=1):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(in_channels, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+                                  nn.Flatten())
+        self.fc = nn.Linear(32, num_classes)
+        self.aux = nn.Linear(32, num_classes)
+
+    def forward(self, x):
+        features = self.body(x)
+        return (self.fc(features), self.aux(features)) if self.training else self.fc(features)
+"""
+
+
+def test_a_users_model_whose_loss_leaves_parameters_out_trains_in_two_processes(tmp_path):
+    # (logits, aux_logits) in training: the auxiliary head gets no gradient, which DDP refuses at the second step
+    # unless told to look for unused parameters (a traceback from torch, before hasten passed find_unused)
+    (tmp_path / "auxnet.py").write_text(AUX_NET)
+    base = [a for a in BASE if not a.startswith(("model.", "run.save_every_steps", "run.keep"))]
+    args = ["train", "--devices", "2", *base, "model.name=import", "model.target=auxnet:AuxNet",
+            "train.batch_size=16", f"run.dir={tmp_path / 'run'}"]  # fmt: skip
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "hasten", *args], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=env, cwd=Path(__file__).parents[2])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["epochs"] == 2
+    assert any("(aux.weight, aux.bias)" in text for text in summary["warnings"])  # named, not a failure
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
     """The reference: 2 processes with dropout, mixup, label smoothing and fp16, never stopped."""
