@@ -445,14 +445,20 @@ def may_restart(recipe: Recipe) -> bool:
     )
 
 
+FIRST_WEIGHTS_SHARE = 1 / 8  # a model object's first weights are kept for a restart when under this share of memory
+
+
 def first_weights(model: Any) -> dict[str, Tensor] | bool | None:
-    """What a restart starts again from: for the user's model object, a copy of its weights (None when a lazy
-    layer has none yet: no restart); for a model the run makes (a class, a function, the recipe's), True: the
-    restart makes it again from the same seed."""
+    """What a restart starts again from: for the user's model object, a copy of its weights (None, no restart, when
+    a lazy layer has none yet or they would take over FIRST_WEIGHTS_SHARE of the memory available); for a model the
+    run makes (a class, a function, the recipe's), True: the restart makes it again from the same seed."""
     if not isinstance(model, torch.nn.Module):
         return True
     state = model.state_dict()
     if any(isinstance(value, UninitializedParameter | UninitializedBuffer) for value in state.values()):
+        return None
+    size = sum(value.numel() * value.element_size() for value in state.values())
+    if size > available_memory_bytes() * FIRST_WEIGHTS_SHARE:  # a large model's copy is not worth a restart
         return None
     return {name: value.detach().clone() for name, value in state.items()}
 

@@ -61,6 +61,11 @@ def test_the_first_weights_are_a_copy_of_a_model_objects_and_none_for_one_not_ye
         model.weight.add_(1.0)
     assert not torch.equal(kept["weight"], model.weight)  # a copy: training the model leaves it
     assert first_weights(DeadEnd()) is None  # a lazy layer has no weights to start again from
+    import hasten.run.build as build_module
+
+    with pytest.MonkeyPatch.context() as patch:  # a machine whose memory an eighth of would not hold the copy
+        patch.setattr(build_module, "available_memory_bytes", lambda: 8 * (model.weight.numel() * 4))
+        assert first_weights(model) is None
     assert first_weights(DeadEnd) is True  # a class: made again from the same seed
 
 
