@@ -256,7 +256,7 @@ def describe_batch_choice(seconds: Mapping[int, float], chosen: int, measured: M
     )
 
 
-# the batch a run whose model's outputs collapsed to the same for every class restarts at (hasten/run/build.py,
+# the batch a run whose model's outputs collapsed to the same for every class restarts at (hasten/run/restart.py,
 # restart_settings) or, where its settings were the user's, is advised first, at half its LR: a
 # user's SqueezeNet-like net (a ReLU after its classifier) on 1,200 letters collapsed at the rule's batch 16 on seeds 0
 # and 2 (training loss ln(10) to 1e-5; seed 1 at 11.5%); at 64 it reached 95.0% and 91.2% on seeds 0 and 1 and seed 2

@@ -14,7 +14,7 @@ import yaml
 import hasten
 from hasten.recipe.schema import Recipe
 from hasten.recipe.sections import replaced
-from hasten.run.build import discard_start, first_weights, may_restart, restart_settings
+from hasten.run.restart import discard_start, first_weights, may_restart, restart_settings
 from hasten.run.verdicts import collapsed_outputs
 from hasten.runfolder.checkpoint import DIGEST_SUFFIX, sha256_file
 from hasten.tune import rules
@@ -61,10 +61,10 @@ def test_the_first_weights_are_a_copy_of_a_model_objects_and_none_for_one_not_ye
         model.weight.add_(1.0)
     assert not torch.equal(kept["weight"], model.weight)  # a copy: training the model leaves it
     assert first_weights(DeadEnd()) is None  # a lazy layer has no weights to start again from
-    import hasten.run.build as build_module
+    import hasten.run.restart as restart_module
 
     with pytest.MonkeyPatch.context() as patch:  # a machine whose memory an eighth of would not hold the copy
-        patch.setattr(build_module, "available_memory_bytes", lambda: 8 * (model.weight.numel() * 4))
+        patch.setattr(restart_module, "available_memory_bytes", lambda: 8 * (model.weight.numel() * 4))
         assert first_weights(model) is None
     assert first_weights(DeadEnd) is True  # a class: made again from the same seed
 
