@@ -195,6 +195,7 @@ def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int
         model.train(was_training)
     main = main_output(out, num_classes)  # a tuple's, a mapping's: what training takes (OutputReader)
     said = describe_output(out, num_classes)
+    rest = "" if isinstance(out, torch.Tensor) else "; the rest is left out of the loss"
     out = main if main is not None else out
     if isinstance(out, torch.Tensor) and tuple(out.shape) == (2, num_classes) and not out.dtype.is_floating_point:
         raise RecipeError(
@@ -208,10 +209,8 @@ def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int
             got = f"a {type(out).__name__} of {_shapes(out)}"
         squeeze = ""
         if isinstance(out, torch.Tensor) and out.dim() > 2 and tuple(out.shape[:2]) == (2, num_classes):
-            if all(side == 1 for side in out.shape[2:]):  # a fully convolutional head's 1 x 1 map
-                squeeze = " (its map of 1 x 1: end the forward with x.flatten(1))"
-            else:  # a map of class scores per position
-                squeeze = " (a map of class scores: pool it, e.g. x.mean((2, 3)), to one score per class)"
+            # a map of class scores per position (one of 1 x 1 is flattened: main_output)
+            squeeze = " (a map of class scores: pool it, e.g. x.mean((2, 3)), to one score per class)"
         raise RecipeError(
             f"model {name}: returns {got} for a batch of 2 images of shape {tuple(image_shape)}{squeeze}; it must "
             f"return class logits of shape (2, {num_classes}) for the data's {num_classes} classes (labels "
@@ -219,7 +218,7 @@ def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int
         )
     if said is None:
         return None
-    return f"model {name}: its class logits are {said}; the rest is left out of the loss"
+    return f"model {name}: its class logits are {said}{rest}"
 
 
 # the log of a probability that underflowed to 0: the smallest normal fp32's, a finite logit (-87.3)
@@ -261,9 +260,10 @@ def output_kind(
 def main_output(output: Any, num_classes: int) -> torch.Tensor | None:
     """The class logits in what a model returned: a tensor as it is; of a mapping or an object with `logits` (Hugging
     Face's outputs), that; of a tuple or list (an auxiliary head's `(logits, aux)`, torchvision's GoogLeNet in
-    training, `(features, logits)`), the first tensor of shape (N, num_classes). None when there is none."""
+    training, `(features, logits)`), the first tensor of shape (N, num_classes); a fully convolutional head's map of
+    (N, num_classes, 1, 1), flattened. None when there is none."""
     if isinstance(output, torch.Tensor):
-        return output
+        return output.flatten(1) if _one_by_one(output, num_classes) else output
     found = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
     if isinstance(found, torch.Tensor):
         return found
@@ -273,9 +273,17 @@ def main_output(output: Any, num_classes: int) -> torch.Tensor | None:
     return None
 
 
+def _one_by_one(output: torch.Tensor, num_classes: int) -> bool:
+    """A fully convolutional head's class map of 1 x 1 (N, num_classes, 1, 1): its logits, not yet flattened."""
+    return output.dim() > 2 and output.shape[1] == num_classes and all(side == 1 for side in output.shape[2:])
+
+
 def describe_output(output: Any, num_classes: int) -> str | None:
-    """What a model that does not return a tensor has its logits taken from, said at start-up (None: a tensor)."""
-    if isinstance(output, torch.Tensor) or main_output(output, num_classes) is None:
+    """What a model that does not return its logits as (N, classes) has them taken from, said at start-up (None: it
+    does)."""
+    if isinstance(output, torch.Tensor):
+        return f"its map of {tuple(output.shape)}, flattened" if _one_by_one(output, num_classes) else None
+    if main_output(output, num_classes) is None:
         return None
     if not isinstance(output, tuple | list):
         return f"its `logits` ({type(output).__name__})"

@@ -286,11 +286,17 @@ def test_a_torchscript_model_is_refused_naming_what_to_give():
         hasten.train(None, QUIET, model=scripted, data=(quadrants(64, 0), quadrants(32, 1)))
 
 
-@pytest.mark.parametrize(("pool", "advice"), [(True, r"its map of 1 x 1: end the forward with x.flatten\(1\)"),
-                                              (False, r"a map of class scores: pool it")])  # fmt: skip
-def test_a_fully_convolutional_head_is_told_how_to_give_one_score_per_class(pool, advice):
+def test_a_fully_convolutional_head_gives_one_score_per_class_or_is_told_how(tmp_path):
     from hasten.models.user import check_model
 
-    head = [nn.Conv2d(3, 4, 1)] + ([nn.AdaptiveAvgPool2d(1)] if pool else [])
-    with pytest.raises(RecipeError, match=rf"returns \(2, 4, \d+, \d+\) for a batch of 2 images .*\({advice}"):
-        check_model(nn.Sequential(*head), (3, 12, 12), 4, torch.device("cpu"))
+    pooled = nn.Sequential(nn.Conv2d(3, 4, 1), nn.AdaptiveAvgPool2d(1))  # (N, 4, 1, 1): its logits, not flattened
+    said = check_model(pooled, (3, 12, 12), 4, torch.device("cpu"))
+    assert said == "model Sequential: its class logits are its map of (2, 4, 1, 1), flattened"
+    with pytest.raises(
+        RecipeError, match=r"returns \(2, 4, 12, 12\) for a batch of 2 images .*\(a map of class scores: pool it"
+    ):
+        check_model(nn.Sequential(nn.Conv2d(3, 4, 1)), (3, 12, 12), 4, torch.device("cpu"))
+    quiet = [*QUIET, "precision=fp32", "optim.lr=0.01", "train.epochs=4", f"run.dir={tmp_path}"]
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 6, stride=6), nn.AdaptiveAvgPool2d(1))
+    result = hasten.train(None, quiet, model=net, data=(quadrants(96, 0), quadrants(48, 1)))
+    assert result["test_accuracy"] >= 0.75 and len(result.predict(quadrants(48, 1)[0][:4])) == 4
