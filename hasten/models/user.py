@@ -283,11 +283,12 @@ def describe_output(output: Any, num_classes: int) -> str | None:
     does)."""
     if isinstance(output, torch.Tensor):
         return f"its map of {tuple(output.shape)}, flattened" if _one_by_one(output, num_classes) else None
-    if main_output(output, num_classes) is None:
+    main = main_output(output, num_classes)
+    if main is None:
         return None
     if not isinstance(output, tuple | list):
         return f"its `logits` ({type(output).__name__})"
-    index = next(i for i, part in enumerate(output) if part is main_output(output, num_classes))
+    index = next(i for i, part in enumerate(output) if part is main)
     kind = type(output).__name__
     return f"element {index} of the {kind} it returns ({_shapes(output)}): the first of shape (N, {num_classes})"
 

@@ -62,7 +62,7 @@ from hasten.run.extension import extension_note, lengthened
 from hasten.run.plan import Collapsed, Hooks, Interrupted, NonFiniteLoss, Plan, Saving
 from hasten.run.signals import asked_to_stop, handling_stop_signals
 from hasten.run.state import State, rank_state, restore, time_to_fraction_of_best, wall_time_to_accuracy
-from hasten.run.verdicts import at_chance_warning, collapsed_outputs, late_warning, no_gradient
+from hasten.run.verdicts import COLLAPSED_TRAIN_LOSS, at_chance_warning, collapsed_outputs, late_warning, no_gradient
 from hasten.runfolder.checkpoint import prune, save_checkpoint, set_rng_state
 from hasten.runfolder.log import RunLog
 from hasten.techniques.tta import views
@@ -81,7 +81,6 @@ METRICS = ["epoch", "step", "lr", "train_loss", "train_accuracy", "test_loss", "
 
 # a training loss this many times a uniform guess's, ln(classes), is a warning at once (not learning: at the end)
 UNLEARNT_MARGIN = 2.0
-COLLAPSED = 1e-3  # a training loss this close to ln(classes): the model's outputs are the same for every class
 
 
 def _sync(device: torch.device) -> None:
@@ -372,7 +371,8 @@ class Trainer:
     def check_result(self, test_accuracy: float, train_accuracy: float | None = None) -> None:
         """At the end: an accuracy near chance is a warning, never just a number (hasten/run/verdicts.py)."""
         plan, late = self.plan, statistics.fmean(self.recent_losses) if self.recent_losses else math.nan
-        collapsed = plan.collapse_advice if abs(late - math.log(plan.num_classes)) < COLLAPSED else None
+        # a training loss at a uniform guess's: the outputs are the same for every class (as the restart reads it)
+        collapsed = plan.collapse_advice if abs(late - math.log(plan.num_classes)) < COLLAPSED_TRAIN_LOSS else None
         text = at_chance_warning(test_accuracy, plan.num_classes, plan.epochs, plan.divergence_advice,
                                  train_accuracy, plan.test_chance, plan.train_chance, collapsed)  # fmt: skip
         if text is not None:

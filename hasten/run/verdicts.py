@@ -81,7 +81,8 @@ def learnt_late(
 # ln(10) + 3.6e-7 at every epoch, where the same net alive at chance was 2e-6 to 5e-4 away from it and moved each epoch)
 UNIFORM_TEST_LOSS = 1e-5
 SAME_TEST_LOSS = 1e-7  # ... and one evaluation to the next: unchanged by a whole epoch of training
-COLLAPSED_TRAIN_LOSS = 1e-3  # the epoch's training loss this close to ln(classes) too
+# ... and the training loss this close to ln(classes) too: the epoch's for the restart, the last steps' at a run's end
+COLLAPSED_TRAIN_LOSS = 1e-3
 
 
 def collapsed_outputs(test_losses: Sequence[float], train_loss: float, num_classes: int) -> bool:

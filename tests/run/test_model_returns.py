@@ -16,6 +16,7 @@ from torch import nn
 import hasten
 from hasten.errors import RecipeError
 from hasten.models.user import check_model, describe_output, main_output
+from tests.run.test_model_output import Logits
 from tests.run.test_user import quadrants
 
 Outputs = namedtuple("Outputs", ["logits", "aux_logits"])  # torchvision's GoogLeNetOutputs, in form
@@ -36,24 +37,18 @@ def test_the_logits_are_found_in_what_a_model_returns():
     assert describe_output({"logits": logits}, 10) == "its `logits` (dict)" and describe_output(logits, 10) is None
 
 
-class FeaturesAndLogits(nn.Module):
-    def __init__(self, num_classes: int = 4, in_channels: int = 3):
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(in_channels, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
-                                  nn.Flatten())  # fmt: skip
-        self.fc = nn.Linear(32, num_classes)
-
+class FeaturesAndLogits(Logits):
     def forward(self, x):
-        features = self.body(x)
-        return features, self.fc(features)
+        features = self.features(x)
+        return features, self.head(features)
 
 
-class HuggingFaceStyle(FeaturesAndLogits):
+class HuggingFaceStyle(Logits):
     def forward(self, x):
-        return {"logits": self.fc(self.body(x))}
+        return {"logits": self.head(self.features(x))}
 
 
-class AuxInTraining(FeaturesAndLogits):
+class AuxInTraining(Logits):
     """Returns (logits, aux_logits) in training and the logits alone in evaluation, as GoogLeNet does."""
 
     def __init__(self, num_classes: int = 4, in_channels: int = 3):
@@ -61,8 +56,8 @@ class AuxInTraining(FeaturesAndLogits):
         self.aux = nn.Linear(32, num_classes)
 
     def forward(self, x):
-        features = self.body(x)
-        logits = self.fc(features)
+        features = self.features(x)
+        logits = self.head(features)
         return Outputs(logits, self.aux(features)) if self.training else logits
 
 
@@ -84,9 +79,9 @@ def test_a_model_returning_more_than_its_logits_trains_predicts_and_loads(tmp_pa
 
 
 def test_a_tuple_without_logits_is_refused_naming_what_it_holds():
-    class FeaturesOnly(FeaturesAndLogits):
+    class FeaturesOnly(Logits):
         def forward(self, x):
-            features = self.body(x)
+            features = self.features(x)
             return features, features
 
     with pytest.raises(RecipeError, match=r"returns a tuple of \(2, 32\), \(2, 32\) for a batch of 2 images"):
