@@ -57,7 +57,7 @@ from hasten.engine.schedules import Scheduler
 from hasten.engine.step import StepResult, TrainStep, steps_per_epoch
 from hasten.errors import CheckpointError, HastenError
 from hasten.progress import EpochProgress, say
-from hasten.run.evaluation import evaluate_loader
+from hasten.run.evaluation import Measurement, check_batches, lag_warning, measure
 from hasten.run.extension import extension_note, lengthened
 from hasten.run.plan import Collapsed, Hooks, Interrupted, NonFiniteLoss, Plan, Saving
 from hasten.run.signals import asked_to_stop, handling_stop_signals
@@ -117,6 +117,7 @@ class Trainer:
         self.wall_before = 0.0  # wall seconds of the run before this process (a resumed run's earlier ones)
         self.startup_seconds: float | None = None  # wall seconds from the command's start to the first step
         self.one_view_accuracy: float | None = None  # the last full evaluation's accuracy on the plain view alone
+        self.one_view_head: tuple[float, int] | None = None  # its (accuracy, images) over the live check's images
         self.seconds_per_view: float | None = None  # an evaluation's measured seconds per view: what the ETA assumes
         self.pace = (0, 0.0)  # (batches, training seconds) this process has trained: the ETA's pace
         self.unreached: list[str] | None = None  # trainable parameters the first step's loss gave no gradient
@@ -256,40 +257,41 @@ class Trainer:
         """The full evaluation: test loss and accuracy over the whole test set with the plan's test-time
         augmentation; each rank evaluates its split, the sums are reduced. The model evaluated is the hooks'
         `eval_model` (the EMA copy) unless `live`. The same pass's accuracy on the plain view alone is kept as
-        `one_view_accuracy`."""
-        loss, accuracy, self.one_view_accuracy = self._measure(live=live, tta=True)
-        return loss, accuracy
+        `one_view_accuracy`, and over the live weights' check's images as `one_view_head`."""
+        measured = self._measure(live=live, tta=True, head=check_batches(self.test_loader))
+        self.one_view_accuracy, self.one_view_head = measured.plain_accuracy, measured.head
+        return measured.loss, measured.accuracy
 
     def evaluate_between(self) -> tuple[float, float]:
         """An evaluation before the last (each epoch's end, `Plan.eval_every_steps`): every test image once, with
         no test-time augmentation (`Plan.mid_eval="plain"`), or the full evaluation (`"tta"`)."""
         if self.plan.mid_eval == "tta":
             return self.evaluate()
-        loss, accuracy, _ = self._measure(live=False, tta=False)
-        return loss, accuracy
+        measured = self._measure(live=False, tta=False)
+        return measured.loss, measured.accuracy
 
     @torch.no_grad()
-    def _measure(self, live: bool, tta: bool) -> tuple[float, float, float]:
-        """(loss, accuracy, plain-view accuracy) over the test set, timed into `State.eval_seconds` and shown."""
+    def _measure(self, live: bool, tta: bool, batches: int | None = None, head: int = 0) -> Measurement:
+        """Loss and accuracies over the test set (its first `batches` batches where given; `head`: the plain
+        view's accuracy over the first that many too), timed into `State.eval_seconds` and shown."""
         plan, loader = self.plan, self.test_loader
         flip, translate = (plan.tta_flip, plan.tta_translate) if tta else (False, 0)
         passes = views(flip, translate)
         started = time.perf_counter()
         what = "live weights" if live else "final" if tta else "plain"
-        detail = f"{loader.num_samples:,} test images, {what}, {passes} view{'s' * (passes > 1)}"
-        with self._showing(detail, len(loader)) as advance:
+        shown = len(loader) if batches is None else min(batches, len(loader))
+        images = loader.num_samples if batches is None else min(loader.num_samples, shown * loader.batch_size)
+        detail = f"{images:,} test images, {what}, {passes} view{'s' * (passes > 1)}"
+        with self._showing(detail, shown) as advance:
             model = unwrap(self.model)  # the plain module: no DDP forward hooks or buffer broadcasts in evaluation
             model = self.hooks.eval_model(model) if self.hooks.eval_model and not live else model  # EMA: calibrated
             calibrated = time.perf_counter()
-            settings = [(flip, translate)]
-            (measured,) = evaluate_loader(model, loader, self.precision, settings, self.device, advance=advance)
-            sums = [measured.loss_sum.item(), measured.correct.item(), measured.plain_correct.item(), measured.count]
-            loss_total, correct_total, plain_total, count_total = all_reduce_sum(sums, self.device)
+            measured = measure(model, loader, self.precision, self.device, (flip, translate), advance, batches, head)
         done = time.perf_counter()
-        self.seconds_per_view = (done - calibrated) / passes
+        if batches is None:  # a whole pass: what the ETA's next evaluation takes
+            self.seconds_per_view = (done - calibrated) / passes
         self.state.eval_seconds += done - started
-        count_total = max(count_total, 1)
-        return loss_total / count_total, correct_total / count_total, plain_total / count_total
+        return measured
 
     def _showing(self, text: str, batches: int) -> contextlib.AbstractContextManager[Callable[[], None]]:
         """The progress bar's evaluation line while an evaluation runs (a no-op without a bar)."""
@@ -526,7 +528,7 @@ class Trainer:
                 if final:  # the end, judged before the last checkpoint keeps it
                     self.check_result(test_accuracy, row.get("train_accuracy"))
                     self.check_start()
-                    live = self.compare_live(test_accuracy)
+                    live = self.compare_live()
                 self.state.last_row = dict(row)
                 if (lengthening := lengthened(self.plan, self.state, row["train_accuracy"])) is not None:
                     self.tell(extension_note(lengthening))
@@ -541,24 +543,20 @@ class Trainer:
         """Forward passes per test image of a full evaluation (test-time augmentation) or of a plain one."""
         return views(self.plan.tta_flip, self.plan.tta_translate) if full else 1
 
-    def compare_live(self, evaluated_accuracy: float) -> dict[str, float]:
-        """With an EMA (or any other evaluated copy), the live weights' accuracy too, on the plain view of each test
-        image (a sixth of a full evaluation with flip and shift TTA), and a warning when the evaluated copy is
-        clearly worse on the same view (by more than 2 points), which a working average never is."""
-        if self.hooks.eval_model is None:
+    def compare_live(self) -> dict[str, float]:
+        """With an EMA (or any other evaluated copy), the live weights' accuracy too, on the plain view of the first
+        LIVE_CHECK_IMAGES test images (all of them where there are fewer), and a warning when the evaluated copy is
+        clearly worse on the same images and view (by more than 2 points), which a working average never is. After
+        the final evaluation, whose pass kept the evaluated copy's plain view of those images (`one_view_head`)."""
+        if self.hooks.eval_model is None or self.one_view_head is None:
             return {}
         model = unwrap(self.model)
         if self.hooks.eval_model(model) is model:
             return {}
-        _, live_accuracy, _ = self._measure(live=True, tta=False)
-        evaluated = self.one_view_accuracy if self.one_view_accuracy is not None else evaluated_accuracy
-        if evaluated < live_accuracy - 0.02:
-            self.warn(
-                f"the evaluated weight average scores {evaluated:.2%}, the live weights {live_accuracy:.2%} "
-                "(each on the plain test images): the average lags this run (shorten it with a lower tricks.ema, "
-                "or set tricks.ema=0)"
-            )
-        return {"live_test_accuracy": live_accuracy}
+        live = self._measure(live=True, tta=False, batches=check_batches(self.test_loader))
+        if warning := lag_warning(self.one_view_head[0], live.accuracy, live.count):
+            self.warn(warning)
+        return {"live_test_accuracy": live.accuracy, "live_test_images": live.count}
 
     def summary(self, last: dict[str, float], wall_seconds: float) -> dict[str, Any]:
         """The run's results. Two clocks: `wall_seconds` and `time_to_accuracy_wall` count from the command's start
