@@ -16,6 +16,7 @@ from hasten.engine.optimizers import (
     Muon,
     muon_groups,
     newton_schulz,
+    newton_schulz_batch,
     newton_schulz_dtype,
     orthogonalize,
     torch_newton_schulz,
@@ -89,6 +90,42 @@ def test_a_cpu_filter_step_orthogonalises_in_float32(ns_dtype):
     buffer = torch.zeros(4, 27).lerp_(flat, 1 - 0.9)  # the momentum, from zeros; then Nesterov's look-ahead
     expected = start.reshape(4, 27).add(newton_schulz(flat.lerp(buffer, 0.9), dtype=torch.float32), alpha=-0.1)
     assert torch.equal(filters.detach().reshape(4, 27), expected)
+
+
+@pytest.mark.parametrize("shape", [(16, 144), (144, 16), (5, 5)])
+def test_a_stack_of_matrices_is_orthogonalised_as_each_alone(shape):
+    stack = torch.randn(3, *shape)
+    stack[1] *= 1e3  # each scaled by its own norm: a large one beside small ones changes nothing for them
+    together = newton_schulz_batch(stack)
+    for matrix, result in zip(stack, together, strict=True):
+        torch.testing.assert_close(result, newton_schulz(matrix, dtype=torch.float32), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_filter_banks_of_one_shape_step_together_as_each_would_alone(channels_last):
+    """Three banks of one shape (orthogonalised in one batch) and one of another: after three steps each is where
+    a Muon holding it alone puts it, momentum buffers too."""
+    shapes = [(8, 4, 3, 3), (8, 4, 3, 3), (16, 8, 3, 3), (8, 4, 3, 3)]
+    banks = [nn.Parameter(torch.randn(shape)) for shape in shapes]
+    if channels_last:
+        for bank in banks:
+            bank.data = bank.data.to(memory_format=torch.channels_last)
+    alone = [nn.Parameter(bank.detach().clone()) for bank in banks]
+    settings = dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)
+    together = Muon([{"params": banks, "orthogonalize": True}], **settings)
+    singles = [Muon([{"params": [bank], "orthogonalize": True}], **settings) for bank in alone]
+    for _ in range(3):
+        for bank, single in zip(banks, alone, strict=True):
+            bank.grad = torch.randn_like(bank)
+            single.grad = bank.grad.clone()
+        together.step()
+        for optimizer in singles:
+            optimizer.step()
+    for bank, single, optimizer in zip(banks, alone, singles, strict=True):
+        torch.testing.assert_close(bank.detach(), single.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(together.state[bank]["momentum_buffer"], optimizer.state[single]["momentum_buffer"])
+        assert bank.is_contiguous(memory_format=torch.channels_last) == channels_last
+    assert not torch.equal(banks[0].detach(), banks[1].detach())  # each bank its own update
 
 
 def tiny_net() -> nn.Sequential:
