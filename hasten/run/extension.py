@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hasten.recipe.sections import ScheduleConfig
-from hasten.run.verdicts import at_chance, chance_line, chance_of
+from hasten.run.verdicts import at_chance, barely_moved, chance_line, chance_of
 
 FACTOR = 2  # the run's length after it: the hold again, then the decay over as many steps
 
@@ -80,6 +80,18 @@ def lengthened(plan: _Plan, state: _State, train_accuracy: float) -> dict[str, f
         state.extended, plan.epochs = record, int(record["to"])
         plan.extension.apply(plan.epochs)
     return record
+
+
+def stuck(plan: _Plan, state: _State, row: dict[str, float]) -> bool:
+    """After an epoch (`row`: its train_loss and train_accuracy): whether the run would lengthen itself now
+    (`lengthened`) with its training loss still within
+    STUCK_TRAIN_LOSS of a uniform guess's (hasten/run/verdicts.py, barely_moved): a run that has barely moved in
+    half its steps gets its plan's restart (hasten/run/restart.py), where it has one, instead of a longer hold."""
+    if plan.extension is None or state.extended is not None or not barely_moved(row["train_loss"], plan.num_classes):
+        return False
+    accuracy = row["train_accuracy"]
+    decided = plan.extension.decide(state.epoch, plan.epochs, accuracy, plan.num_classes, plan.train_chance)
+    return decided is not None
 
 
 def extension_note(record: dict[str, float]) -> str:

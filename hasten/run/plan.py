@@ -97,12 +97,21 @@ class Interrupted(HastenError):
 
 
 class Collapsed(Exception):  # noqa: N818  (a turn of the run, not an error: the user never sees it raised)
-    """The loop's word that the model's outputs collapsed and the plan allows a restart (`Plan.restart`): `record`
-    says when and what was seen (hasten/run/verdicts.py, collapsed_outputs); hasten.run.build.train restarts."""
+    """The loop's word that the model's outputs collapsed, or its training loss barely moved by the end of the LR's
+    hold, and the plan allows a restart (`Plan.restart`): `record` says when, why and what was seen
+    (hasten/run/verdicts.py, collapsed_outputs; hasten/run/extension.py, stuck); hasten.run.build.train restarts."""
 
     def __init__(self, record: dict[str, Any]):
-        super().__init__(f"outputs collapsed at epoch {record.get('at_epoch')}")
+        super().__init__(f"outputs {record.get('why', 'collapsed')} at epoch {record.get('at_epoch')}")
         self.record = record
+
+    @classmethod
+    def after(cls, state: Any, row: dict[str, float], why: str, wall_seconds: float) -> Collapsed:
+        """The word after an epoch (`state`: hasten.run.state.State; `row`: its losses and training accuracy) that
+        the run should start again, `why` ("collapsed": its outputs; "barely moved": its training loss at the
+        LR's hold's end, hasten/run/extension.py `stuck`), with when (epoch, step, wall seconds) and what was seen."""
+        seen = {key: row[key] for key in ("test_loss", "train_loss", "train_accuracy")}
+        return cls({"at_epoch": state.epoch, "step": state.step, "why": why, **seen, "wall_seconds": wall_seconds})
 
 
 class NonFiniteLoss(HastenError):

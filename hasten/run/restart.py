@@ -1,4 +1,5 @@
-"""A restart for a run whose model's outputs collapsed (hasten/run/verdicts.py, collapsed_outputs): whether a run may
+"""A restart for a run whose model's outputs collapsed (hasten/run/verdicts.py, collapsed_outputs), or whose training
+loss barely moved by the end of its LR's hold (hasten/run/extension.py, stuck): whether a run may
 restart, what it starts again from and with which settings, what it says, and what of the abandoned start is
 removed from the run folder. hasten/run/build.py's `train` drives it: the loop raises `Collapsed`, the run starts
 again once.
@@ -75,14 +76,24 @@ def restart_settings(recipe: Recipe, images: int, budget: int) -> dict[str, Any]
 
 
 def collapse_note(record: dict[str, Any]) -> str:
-    """What the run says when it restarts for collapsed outputs."""
+    """What the run says when it restarts: for collapsed outputs, or a training loss that barely moved by the end
+    of the LR's hold (`record["why"]`)."""
     settings = " ".join(f"{key}={value:g}" for key, value in record["to"].items())
+    then = (
+        f"restarting from the first weights at {settings} (a larger batch at half the LR steadies the first steps; "
+        "once; recipe.yaml records them, summary.json's `restarted` this start)"
+    )
+    if record.get("why") == "barely moved":
+        return (
+            f"epoch {record['at_epoch']}, where the LR's hold ends: the training accuracy is "
+            f"{record['train_accuracy']:.1%}, at chance, and the training loss ({record['train_loss']:.4f}) has "
+            f"barely left a uniform guess's (ln of the classes) in half the run's steps: a longer hold seldom mends "
+            f"that; {then}"
+        )
     return (
         f"epoch {record['at_epoch']}: the model's outputs collapsed: every test image got the same output for every "
         f"class (test loss {record['test_loss']:.5f}, ln of the classes) and the training loss is there too "
-        f"({record['train_loss']:.5f}), so no gradient reaches the weights and no longer run mends it; restarting "
-        f"from the first weights at {settings} (a larger batch at half the LR steadies the first steps; once; "
-        "recipe.yaml records them, summary.json's `restarted` this start)"
+        f"({record['train_loss']:.5f}), so no gradient reaches the weights and no longer run mends it; {then}"
     )
 
 

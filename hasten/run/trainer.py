@@ -58,7 +58,7 @@ from hasten.engine.step import StepResult, TrainStep, steps_per_epoch
 from hasten.errors import CheckpointError, HastenError
 from hasten.progress import EpochProgress, say
 from hasten.run.evaluation import Measurement, check_batches, lag_warning, measure
-from hasten.run.extension import extension_note, lengthened
+from hasten.run.extension import extension_note, lengthened, stuck
 from hasten.run.plan import Collapsed, Hooks, Interrupted, NonFiniteLoss, Plan, Saving
 from hasten.run.signals import asked_to_stop, handling_stop_signals
 from hasten.run.state import State, rank_state, restore, time_to_fraction_of_best, wall_time_to_accuracy
@@ -455,7 +455,8 @@ class Trainer:
         between = 1 if plan.mid_eval == "plain" else full
         steps_left = -(-left // plan.accumulate)
         mid = plan.epochs - self.state.epoch - 1 + (steps_left // plan.eval_every_steps if plan.eval_every_steps else 0)
-        live = 1 if self.hooks.eval_model is not None else 0  # the live weights' check at the end: one view
+        live = check_batches(self.test_loader) / max(1, len(self.test_loader)) if self.hooks.eval_model else 0
+        live = min(live, 1)  # the live weights' check at the end: one view of its share of the test set
         return left * per_batch + per_view * (max(mid, 0) * between + full + live)
 
     def _at_step_boundary(self, result: StepResult, epoch_sums: tuple[Tensor, Tensor, int, float]) -> None:
@@ -510,8 +511,7 @@ class Trainer:
                 self.check_health(row | {"test_loss": test_loss})
                 self.test_losses.append(test_loss)  # outputs that collapsed: a restart, where the plan allows one
                 if not final and self.plan.restart and collapsed_outputs(self.test_losses, row["train_loss"], classes):
-                    raise Collapsed({"at_epoch": self.state.epoch, "step": self.state.step, "test_loss": test_loss,
-                                     "train_loss": row["train_loss"], "wall_seconds": self.wall_seconds()})  # fmt: skip
+                    raise Collapsed.after(self.state, row | {"test_loss": test_loss}, "collapsed", self.wall_seconds())
                 self.record_accuracy(test_accuracy, self.state.train_seconds)
                 row.update(
                     epoch=self.state.epoch,
@@ -530,6 +530,10 @@ class Trainer:
                     self.check_start()
                     live = self.compare_live()
                 self.state.last_row = dict(row)
+                if self.plan.restart and stuck(
+                    self.plan, self.state, row
+                ):  # at chance where the hold ends, barely moved
+                    raise Collapsed.after(self.state, row, "barely moved", self.wall_seconds())
                 if (lengthening := lengthened(self.plan, self.state, row["train_accuracy"])) is not None:
                     self.tell(extension_note(lengthening))
                 every = self.saving.every_epochs if self.saving else 0

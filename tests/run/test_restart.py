@@ -127,6 +127,11 @@ class DeadLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.head(x) - 1e3)
 
+    @classmethod
+    def alive(cls, num_classes: int = 4, in_channels: int = 3) -> torch.nn.Module:
+        """The same head without the dead ReLU: a model that learns."""
+        return cls(num_classes, in_channels).head
+
 
 def test_a_model_object_restarts_from_the_weights_it_came_with(tmp_path, monkeypatch):
     from hasten.run import build as build_module
@@ -151,3 +156,57 @@ def test_a_model_object_restarts_from_the_weights_it_came_with(tmp_path, monkeyp
     assert not torch.equal(model.state_dict()["head.1.weight"], came_with["head.1.weight"])
     for name, value in came_with.items():
         assert torch.equal(starts[1][name], value), name  # the second start began where the first did
+
+
+class _Plan:
+    """What `stuck` reads of hasten.run.plan.Plan: a 27-epoch run whose hold ends after epoch 13."""
+
+    def __init__(self) -> None:
+        from hasten.run.extension import Extension
+
+        self.epochs, self.num_classes, self.train_chance = 27, 10, None
+        self.extension = Extension(0.5, lambda epochs: None)
+
+
+def test_a_run_still_at_chance_whose_loss_barely_moved_by_the_holds_end_is_stuck():
+    from hasten.run.extension import stuck
+    from hasten.run.state import State
+    from hasten.run.verdicts import barely_moved
+
+    assert barely_moved(LN10 - 0.0041, 10)  # the SqueezeNet-like net's seed 1 at epoch 13 (it ended at 11.5%)
+    assert not barely_moved(LN10 - 0.0105, 10)  # a ConvNeXt-like net there, which learnt once lengthened (51%)
+    assert not barely_moved(LN10 + 0.0069, 10)  # a VGG with lazy layers, still over ln(10), which learnt (59%)
+    assert not barely_moved(0.0, 1)
+    plan, state = _Plan(), State(epoch=13)
+    row = {"train_loss": LN10 - 0.0041, "train_accuracy": 0.123}
+    assert stuck(plan, state, row)
+    assert not stuck(plan, State(epoch=12), row)  # not where the hold ends
+    assert not stuck(plan, state, {**row, "train_accuracy": 0.25})  # off chance: it learns
+    assert not stuck(plan, state, {**row, "train_loss": LN10 - 0.02})  # at chance, but its loss has moved
+    assert not stuck(plan, State(epoch=13, extended={"at_epoch": 6}), row)  # lengthened once already
+    plan.extension = None  # epochs given: never lengthened, so never stuck either
+    assert not stuck(plan, state, row)
+
+
+def test_a_stuck_run_restarts_at_the_holds_end_and_its_second_start_may_lengthen(tmp_path, monkeypatch):
+    """`stuck` made to say yes at the first check: the run starts again there, once, records why, and the second
+    start (no restart left in its plan) goes on as any run does."""
+    from hasten.run import trainer as trainer_module
+
+    calls: list[int] = []
+
+    def stuck_once(plan, state, row):
+        calls.append(state.epoch)
+        return True
+
+    monkeypatch.setattr(trainer_module, "stuck", stuck_once)
+    data = (quadrants(64, 0), quadrants(32, 1))
+    quiet = ["run.progress=false", "run.tensorboard=false", "train.threads=1", "precision=fp32",
+             "train.channels_last=false", f"run.dir={tmp_path}"]  # fmt: skip
+    result = hasten.train(None, quiet, model=DeadLinear.alive, data=data)
+    restarted = result["restarted"]
+    assert calls == [1] and restarted["why"] == "barely moved" and restarted["at_epoch"] == 1
+    assert restarted["to"] == {"train.batch_size": 16, "optim.lr": 0.00075}
+    assert set(restarted) >= {"train_loss", "train_accuracy", "test_loss", "step", "wall_seconds", "from"}
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [int(row["epoch"]) for row in rows] == list(range(1, result["epochs"] + 1))  # the second start's alone
