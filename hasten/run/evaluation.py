@@ -35,9 +35,9 @@ class Measured:
     loss_sum: Tensor  # summed cross-entropy of the augmented logits (float32, on the device)
     correct: Tensor  # correct predictions with the augmentation (int64, on the device)
     plain_correct: Tensor  # correct predictions of the plain view alone (int64, on the device)
+    # ... and over the first `head` batches alone, with their images (the live weights' check compares on them)
+    head_plain_correct: Tensor
     count: int = 0  # images
-    # the plain view's correct predictions and the images over the first `head` batches (the live weights' check)
-    head_plain_correct: Tensor | None = None
     head_count: int = 0
     # with `keep_predictions`: each batch's augmented logits and labels, on the CPU (top-k, confusion matrix)
     logits: list[Tensor] = field(default_factory=list)
