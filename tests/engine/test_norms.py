@@ -107,3 +107,40 @@ def test_a_model_without_batch_norm_one_fx_cannot_trace_or_one_with_hooks_is_eva
     hooked = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4))  # fp16's casts are hooks on the model itself
     hooked.register_forward_pre_hook(lambda _module, args: tuple(a.half() for a in args))
     assert folded_for_inference(hooked) is hooked
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("side", [28, 7, 5])
+def test_a_pair_max_is_a_two_by_two_max_pool_value_for_value(dtype, channels_last, side):
+    from hasten.engine.norms import PairMax
+
+    torch.manual_seed(0)
+    images = torch.randn(4, 6, side, side + 1).to(dtype)
+    images[0, 0, 0, 0], images[1, 2, 3, 3], images[2, 1, 1, 2] = float("nan"), float("-inf"), float("inf")
+    images[3, 0, :2, :2] = 0.5  # a tie
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        ours, torchs = PairMax()(images), nn.MaxPool2d(2)(images)
+    assert ours.shape == torchs.shape and ours.dtype == dtype
+    assert torch.equal(ours.isnan(), torchs.isnan()) and torch.equal(ours.nan_to_num(), torchs.nan_to_num())
+    assert ours.is_contiguous(memory_format=torch.channels_last) == channels_last or side < 6
+
+
+def test_the_evaluation_copy_pools_two_by_two_by_pair_max_and_leaves_other_pools():
+    from hasten.engine.norms import PairMax, folded_for_inference, is_pair_pool
+
+    torch.manual_seed(0)
+    model = ResNet(1, 10, width=8, blocks=[1, 1], pool_first=True).eval()
+    others = [nn.MaxPool2d(3), nn.MaxPool2d(2, stride=1), nn.MaxPool2d(2, padding=1), nn.MaxPool2d(2, ceil_mode=True),
+              nn.MaxPool2d(2, return_indices=True)]  # fmt: skip
+    assert [is_pair_pool(pool) for pool in others] == [False] * 5 and is_pair_pool(nn.MaxPool2d((2, 2), 2))
+    folded = folded_for_inference(model)
+    pools = [m for m in model.modules() if isinstance(m, nn.MaxPool2d)]
+    assert len(pools) == 2 and sum(isinstance(m, PairMax) for m in folded.modules()) == 2
+    assert not any(isinstance(m, nn.MaxPool2d) for m in folded.modules())
+    assert sum(isinstance(m, nn.MaxPool2d) for m in model.modules()) == 2  # the model itself keeps its own
+    images = torch.randn(8, 1, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(folded(images), model(images), rtol=1e-4, atol=1e-5)
