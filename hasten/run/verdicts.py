@@ -86,7 +86,7 @@ COLLAPSED_TRAIN_LOSS = 1e-3
 
 
 # A run still at chance where its LR's hold ends whose epoch's training loss is this close to ln(classes) has barely
-# moved from a uniform guess in half its steps. Of 320 earlier suite runs checked there (/work/bench's cache), the
+# moved from a uniform guess in half its steps. Of the earlier suites' runs checked there (every model and dataset), the
 # SqueezeNet-like net on the letters at batch 16 (0.0041 under ln(10) at epoch 13 of 27; lengthened, it ended at
 # 11.5%) and its variants were within it; every run that learnt after the lengthening was further: a ConvNeXt-like
 # net 0.0105-0.0233 under (51-87% at the end), a VGG with lazy layers 0.0069 over (59%), a GroupNorm CNN 0.064 under.
