@@ -15,7 +15,7 @@ reshaped matrix: momentum `buf <- lerp(buf, grad, 1 - momentum)`, Nesterov `grad
 the lerp form only by a factor (1 - momentum), which the orthogonalisation removes. airbench also rescales each
 filter bank to a fixed norm after every step; that is not done here (batch norm after a conv makes its scale moot
 for the function, not for the effective LR, so `optim.muon_lr` is tuned without it). In float32 the banks of one
-shape (a ResNet's repeated blocks) run the iteration together, in batched products (`newton_schulz_batch`): on a
+shape (a ResNet's repeated blocks) run the iteration together, in batched products (`newton_schulz` of a stack): on a
 CPU a small product costs its call more than its arithmetic. fashion-fast's optimizer step (ten banks, six shapes)
 took 2.5 ms instead of 3.1 on a 2-core Zen 4, its weights bitwise the same after three steps.
 
@@ -69,34 +69,17 @@ def newton_schulz(
 ) -> Tensor:
     """An approximately semi-orthogonal matrix (singular values near 1) with `matrix`'s singular vectors: `steps`
     quintic Newton-Schulz iterations in `dtype` (bfloat16: torch.optim.Muon's iteration) on the wide orientation
-    of `matrix`."""
+    of `matrix`. A (batch, rows, cols) stack is iterated at once, each matrix scaled by its own norm, in batched
+    products: one call per step for every filter bank of a shape, where a CPU's small products cost their call
+    more than their arithmetic."""
     a, b, c = coefficients
-    tall = matrix.size(0) > matrix.size(1)
-    x = matrix.to(dtype).T if tall else matrix.to(dtype)
-    x = x / x.norm().clamp(min=eps)  # spectral norm at most 1
-    for _ in range(steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if tall else x
-
-
-def newton_schulz_batch(
-    matrices: Tensor,
-    steps: int = NS_STEPS,
-    coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
-    eps: float = NS_EPS,
-    dtype: torch.dtype = torch.float32,
-) -> Tensor:
-    """`newton_schulz` of each matrix of a (batch, rows, cols) stack at once: the same iteration in batched
-    products, each matrix scaled by its own norm. One product call per step for every filter bank of a shape
-    instead of one per bank: a CPU's small products cost their call more than their arithmetic."""
-    a, b, c = coefficients
-    tall = matrices.size(1) > matrices.size(2)
-    x = matrices.to(dtype).mT if tall else matrices.to(dtype)
-    x = x / torch.linalg.vector_norm(x, dim=(1, 2), keepdim=True).clamp(min=eps)
+    tall = matrix.size(-2) > matrix.size(-1)
+    x = matrix.to(dtype).mT if tall else matrix.to(dtype)
+    x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm at most 1
+    multiply_add = torch.addmm if x.dim() == 2 else torch.baddbmm
     for _ in range(steps):
         gram = x @ x.mT
-        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        x = multiply_add(x, multiply_add(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x.mT if tall else x
 
 
@@ -114,7 +97,7 @@ def orthogonalize(matrix: Tensor, dtype: torch.dtype | None = None) -> Tensor:
 
 def orthogonalize_all(matrices: list[Tensor], dtype: torch.dtype) -> list[Tensor]:
     """`orthogonalize` of each 2-D update in `dtype`; in float32 the updates of one shape (a network's repeated
-    filter banks) go through `newton_schulz_batch` together."""
+    filter banks) go through `newton_schulz` together, as one stack."""
     if dtype != torch.float32:
         return [orthogonalize(matrix, dtype) for matrix in matrices]
     by_shape: dict[tuple[torch.Size, torch.device], list[int]] = {}
@@ -125,7 +108,8 @@ def orthogonalize_all(matrices: list[Tensor], dtype: torch.dtype) -> list[Tensor
         if len(indices) == 1:
             result[indices[0]] = newton_schulz(matrices[indices[0]], dtype=dtype)
             continue
-        for i, update in zip(indices, newton_schulz_batch(torch.stack([matrices[i] for i in indices])), strict=True):
+        stack = newton_schulz(torch.stack([matrices[i] for i in indices]), dtype=dtype)
+        for i, update in zip(indices, stack, strict=True):
             result[i] = update
     return result
 
