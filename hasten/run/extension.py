@@ -70,12 +70,18 @@ class _State(Protocol):  # hasten.run.state.State
     extended: dict[str, float] | None
 
 
-def lengthened(plan: _Plan, state: _State, train_accuracy: float) -> dict[str, float] | None:
-    """After an epoch: lengthen the run when its plan allows it, it has not been lengthened and the check says so
-    (the plan's epochs, the state's record and the schedule changed); the record, or None."""
+def due(plan: _Plan, state: _State, train_accuracy: float) -> dict[str, float] | None:
+    """After an epoch: the record of the lengthening due now (`Extension.decide`), None when the plan has none, the
+    run was lengthened already or the check says no. Nothing is changed."""
     if plan.extension is None or state.extended is not None:
         return None
-    record = plan.extension.decide(state.epoch, plan.epochs, train_accuracy, plan.num_classes, plan.train_chance)
+    return plan.extension.decide(state.epoch, plan.epochs, train_accuracy, plan.num_classes, plan.train_chance)
+
+
+def lengthened(plan: _Plan, state: _State, train_accuracy: float) -> dict[str, float] | None:
+    """After an epoch: lengthen the run when one is `due` (the plan's epochs, the state's record and the schedule
+    changed); the record, or None."""
+    record = due(plan, state, train_accuracy)
     if record is not None:
         state.extended, plan.epochs = record, int(record["to"])
         plan.extension.apply(plan.epochs)
@@ -83,15 +89,11 @@ def lengthened(plan: _Plan, state: _State, train_accuracy: float) -> dict[str, f
 
 
 def stuck(plan: _Plan, state: _State, row: dict[str, float]) -> bool:
-    """After an epoch (`row`: its train_loss and train_accuracy): whether the run would lengthen itself now
-    (`lengthened`) with its training loss still within
-    STUCK_TRAIN_LOSS of a uniform guess's (hasten/run/verdicts.py, barely_moved): a run that has barely moved in
-    half its steps gets its plan's restart (hasten/run/restart.py), where it has one, instead of a longer hold."""
-    if plan.extension is None or state.extended is not None or not barely_moved(row["train_loss"], plan.num_classes):
-        return False
-    accuracy = row["train_accuracy"]
-    decided = plan.extension.decide(state.epoch, plan.epochs, accuracy, plan.num_classes, plan.train_chance)
-    return decided is not None
+    """After an epoch (`row`: its train_loss and train_accuracy): whether a lengthening is `due` with the training
+    loss still within STUCK_TRAIN_LOSS of a uniform guess's (hasten/run/verdicts.py, barely_moved): a run that has
+    barely moved in half its steps gets its plan's restart (hasten/run/restart.py), where it has one, instead of a
+    longer hold."""
+    return barely_moved(row["train_loss"], plan.num_classes) and due(plan, state, row["train_accuracy"]) is not None
 
 
 def extension_note(record: dict[str, float]) -> str:
