@@ -27,8 +27,11 @@ data: $(STAMP)
 demo: data
 	$(BIN)/hasten train fashion-fast run.overwrite=true  # a second demo moves the first one aside (runs/fashion-fast/replaced-*)
 
+# the tests run single-threaded (tests/conftest.py), so one worker per CPU (pytest-xdist): on 2 cores the suite takes
+# half the time; TEST_WORKERS=0 runs it in this one process (a debugger, -x, ordered output)
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 # the suite as another CPU runs it: CPU=avx2 (an AVX2-only CPU), avx512-bf16 (an AMD Zen 4), avx512, sse41, or
 # below (the largest kernel set under this machine's own); a cap only imitates a smaller CPU than this one
@@ -36,7 +39,7 @@ test: $(STAMP)
 CPU ?= below
 test-as: $(STAMP)
 	@kernels=$$($(BIN)/python tests/cpu_kernels.py $(CPU)) && echo "kernels: $$kernels" && \
-	  env $$kernels $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	  env $$kernels $(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # the tests of hasten's machine decisions (marked machine) under each HASTEN_MACHINE profile: the decisions an AVX2
 # CPU, a Zen 4, an AMX Xeon or a GPU server would make, on this machine (docs/development.md); the other profiles'
