@@ -489,10 +489,13 @@ def choose_on_machine(
     values = {"precision": recipe.precision, "train.channels_last": recipe.train.channels_last,
               "train.batch_size": recipe.train.batch_size}  # fmt: skip
     asked = [key for key, value in values.items() if value == "auto"]
+    slow = choices.slow_precision(recipe.precision, machine, device.type)  # a precision given that is slow here
+    given = [f"precision={recipe.precision} as given: {slow}; precision=auto trains in what is fast here"] * bool(slow)
     if not asked:
-        return recipe, (), []
+        return recipe, (), given
     kept = {key: (resumed or {})[key] for key in asked if key in (resumed or {})}
     notes = [f"{', '.join(f'{k}=auto -> {v}' for k, v in kept.items())}, as the run being resumed chose"] * bool(kept)
+    notes += given
     values |= kept
     options = choices.candidates(values["precision"], values["train.channels_last"], device.type, machine)
     if values["precision"] == "auto" and len({option.precision for option in options}) == 1:

@@ -54,6 +54,25 @@ def precision_candidates(machine: Machine, device_type: str) -> list[PrecisionNa
     return ["fp32", "bf16"] if accelerator.bf16 else ["fp32", "fp16"] if accelerator.fp16 else ["fp32"]
 
 
+def slow_precision(precision: str, machine: Machine, device_type: str) -> str | None:
+    """Why `precision`, given rather than left `auto`, trains slower than fp32 on `machine`'s `device_type`, or None:
+    a 16-bit mode the device has no fast arithmetic for. On a CPU without bf16 instructions oneDNN emulates bf16
+    (seed-cnn-32, whose recipe gives bf16, on a 2-core AVX2-only EPYC: 348 images/s in bf16, 1,234 in fp32), and a
+    CPU has no fast fp16 kernels at all; a GPU without bf16 (or fp16) arithmetic emulates that mode likewise."""
+    half = "bf16" if precision == "bf16" else "fp16" if precision in ("fp16", "fp16-master") else None
+    if half is None:
+        return None
+    if device_type == "cpu":
+        if half == "bf16" and machine.cpu_bf16:
+            return None
+        has = f"no {half} instructions ({machine.kernels} kernels)" if half == "bf16" else "no fast fp16 kernels"
+        return f"the CPU has {has}, so {half} is emulated, slower than fp32"
+    accelerator = machine.accelerator
+    if accelerator is None or accelerator.kind != device_type or getattr(accelerator, half):
+        return None  # (a device the facts do not describe: nothing known to say)
+    return f"the {device_type} device has no fast {half} arithmetic, so {half} is slower than fp32"
+
+
 def why_one_precision(machine: Machine, device_type: str) -> str:
     """Why `precision_candidates` offers fp32 alone here (for the opening line that says so)."""
     if device_type == "cpu":

@@ -22,7 +22,7 @@ from hasten.data.datasets import ImageDataset
 from hasten.engine.schedules import asked_rise_steps
 from hasten.recipe.schema import load_recipe, shipped_recipes
 from hasten.run.build import build, divergence_advice, short_run_note, start_run
-from hasten.run.resolve import resolve_default_lr, resolve_for_data
+from hasten.run.resolve import choose_on_machine, resolve_default_lr, resolve_for_data
 from hasten.run.trainer import Trainer
 from hasten.tune import autotune, choices, probe_cache, rules, steadiness
 
@@ -220,6 +220,31 @@ def test_bf16_is_timed_only_where_the_cpu_computes_in_it():
     assert choices.precision_candidates(machine.PROFILES["cuda-fp16"], "cuda") == ["fp32", "fp16"]
     assert choices.precision_candidates(machine.PROFILES["cuda-fp16"], "cpu") == ["fp32"]
     assert choices.precision_candidates(machine.PROFILES["avx2"], "cuda") == ["fp32"]  # no such device: nothing
+
+
+@pytest.mark.machine
+def test_a_16_bit_precision_given_where_the_machine_emulates_it_is_said_and_kept():
+    """seed-cnn-32 gives bf16: on an AVX2-only CPU that mode is emulated (348 images/s against fp32's 1,234 on one),
+    so the run says so at start and trains as asked; where bf16 is native, or the precision is fp32 or auto, it says
+    nothing of it. fp16 is slow on every CPU; a GPU's own flags say which 16-bit mode it computes fast."""
+    profiles = machine.PROFILES
+    for name in ("sse41", "avx2", "avx512"):
+        said = choices.slow_precision("bf16", profiles[name], "cpu")
+        assert said == f"the CPU has no bf16 instructions ({name} kernels), so bf16 is emulated, slower than fp32"
+    for name in ("avx512-bf16", "amx"):
+        assert choices.slow_precision("bf16", profiles[name], "cpu") is None
+        assert "no fast fp16 kernels" in choices.slow_precision("fp16-master", profiles[name], "cpu")
+    assert all(choices.slow_precision(p, profiles["avx2"], "cpu") is None for p in ("fp32", "auto"))
+    assert choices.slow_precision("bf16", profiles["cuda"], "cuda") is None
+    assert choices.slow_precision("fp16", profiles["cuda"], "cuda") is None  # fast fp16 too, not a probe candidate
+    assert "no fast bf16 arithmetic" in choices.slow_precision("bf16", profiles["cuda-fp16"], "cuda")
+    recipe = load_recipe("seed-cnn-32", ["train.batch_size=64"])  # bf16, contiguous, batch 64: nothing left to time
+    cpu = torch.device("cpu")
+    kept, keys, notes = choose_on_machine(recipe, nn.Linear(1, 1), None, cpu, machine=profiles["avx2"])
+    assert kept.precision == "bf16" and keys == ()
+    assert notes == ["precision=bf16 as given: the CPU has no bf16 instructions (avx2 kernels), so bf16 is emulated, "
+                     "slower than fp32; precision=auto trains in what is fast here"]  # fmt: skip
+    assert choose_on_machine(recipe, nn.Linear(1, 1), None, cpu, machine=profiles["avx512-bf16"])[2] == []
 
 
 def test_noise_widens_the_batch_tie_toward_the_smaller_batch():
