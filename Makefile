@@ -43,11 +43,12 @@ test-as: $(STAMP)
 
 # the tests of hasten's machine decisions (marked machine) under each HASTEN_MACHINE profile: the decisions an AVX2
 # CPU, a Zen 4, an AMX Xeon or a GPU server would make, on this machine (docs/development.md); the other profiles'
-# (avx512, cuda-fp16, sse41) decisions are checked in every run by tests/test_machine.py's table. ~35 s a profile
+# (avx512, cuda-fp16, sse41) decisions are checked in every run by tests/test_machine.py's table. ~35 s a profile on a
+# Zen 4, ~65 s on a 2-core AVX2 EPYC (two workers)
 PROFILES ?= avx2 avx512-bf16 amx cuda
 test-machines: $(STAMP)
 	@for profile in $(PROFILES); do echo "HASTEN_MACHINE=$$profile"; \
-	  HASTEN_MACHINE=$$profile $(BIN)/python -m pytest -q -m machine $(PYTEST_ARGS) || exit 1; done
+	  HASTEN_MACHINE=$$profile $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m machine $(PYTEST_ARGS) || exit 1; done
 
 # ruff, then the import contract in pyproject.toml (the layers of docs/architecture.md, no import circles)
 lint: $(STAMP)
