@@ -82,9 +82,12 @@ def safe_options(
 ) -> tuple[list[Candidate], list[str]]:
     """`options` without the reduced precisions this model's own numerics do not survive (`gradient_error`:
     one batch's gradient against fp32's), and the line that says what each measured."""
+    reduced = list(dict.fromkeys(option.precision for option in options if option.precision != "fp32"))
+    if not reduced:  # fp32 alone (layouts to time): nothing to check, nothing to say
+        return options, []
     images, labels = batch[0][:PROBE_BATCH], batch[1][:PROBE_BATCH]
     measured, raised = {}, {}
-    for name in dict.fromkeys(option.precision for option in options if option.precision != "fp32"):
+    for name in reduced:
         try:
             measured[name] = gradient_error(model, images, labels, name, device)
         except ReducedPassFailed as failure:  # fp32's pass ran: this precision is one the model cannot run in

@@ -79,6 +79,9 @@ def test_an_unsafe_model_drops_reduced_precision_from_the_candidates_and_says_wh
     only_low = [Candidate("bf16", False)]
     kept, _ = numerics.safe_options(Cancelling(), batch(), only_low, CPU)
     assert kept == [Candidate("fp32", False)]
+    # fp32 alone, its layouts to time (an AVX2 CPU): nothing measured, and no empty "gradient ... : (at most 0.4)"
+    layouts = [Candidate("fp32", False), Candidate("fp32", True)]
+    assert numerics.safe_options(Cancelling(), batch(), layouts, CPU) == (layouts, [])
 
 
 def test_a_loss_that_overflows_only_in_reduced_precision_is_infinitely_wrong():
