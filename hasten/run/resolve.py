@@ -185,10 +185,8 @@ def resolve(
     notes += more
     if recipe.train.eval_batch_size == "auto":  # after the precision: a bf16 batch's activations take half the bytes
         recipe = replaced(recipe, {"train.eval_batch_size": eval_batch_size(recipe, device, data.image_shape)})
-        height, width = data.image_shape[-2:]
-        where = (
-            f"{height}x{width} images in {recipe.precision} on a CPU" if device.type == "cpu" else f"on {device.type}"
-        )
+        side = "x".join(str(int(n)) for n in data.image_shape[-2:])
+        where = f"{side} images in {recipe.precision} on a CPU" if device.type == "cpu" else f"on {device.type}"
         notes.append(f"train.eval_batch_size=auto -> {recipe.train.eval_batch_size} ({where})")
     recipe = resolve_fused(recipe, device)
     if distributed.is_main():
@@ -489,8 +487,7 @@ def choose_on_machine(
     values = {"precision": recipe.precision, "train.channels_last": recipe.train.channels_last,
               "train.batch_size": recipe.train.batch_size}  # fmt: skip
     asked = [key for key, value in values.items() if value == "auto"]
-    slow = choices.slow_precision(recipe.precision, machine, device.type)  # a precision given that is slow here
-    given = [f"precision={recipe.precision} as given: {slow}; precision=auto trains in what is fast here"] * bool(slow)
+    given = choices.given_precision_notes(recipe.precision, machine, device.type)  # one given that is slow here
     if not asked:
         return recipe, (), given
     kept = {key: (resumed or {})[key] for key in asked if key in (resumed or {})}

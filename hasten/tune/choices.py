@@ -73,6 +73,12 @@ def slow_precision(precision: str, machine: Machine, device_type: str) -> str | 
     return f"the {device_type} device has no fast {half} arithmetic, so {half} is slower than fp32"
 
 
+def given_precision_notes(precision: str, machine: Machine, device_type: str) -> list[str]:
+    """The line a run says at start when its `precision`, given, is slow on `machine` (`slow_precision`); else none."""
+    slow = slow_precision(precision, machine, device_type)
+    return [f"precision={precision} as given: {slow}; precision=auto trains in what is fast here"] if slow else []
+
+
 def why_one_precision(machine: Machine, device_type: str) -> str:
     """Why `precision_candidates` offers fp32 alone here (for the opening line that says so)."""
     if device_type == "cpu":
