@@ -28,7 +28,8 @@ demo: data
 	$(BIN)/hasten train fashion-fast run.overwrite=true  # a second demo moves the first one aside (runs/fashion-fast/replaced-*)
 
 # the tests run single-threaded (tests/conftest.py), so one worker per CPU (pytest-xdist; an idle worker takes tests
-# queued for another, as a few take a minute each): on 2 cores the suite takes half the time; TEST_WORKERS=0 runs it in this one process (a debugger, -x, ordered output)
+# queued for another, as a few take a minute each): on 2 cores the suite takes half the time; TEST_WORKERS=0 runs
+# it in this one process (a debugger, -x, ordered output)
 TEST_WORKERS ?= auto
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
