@@ -31,8 +31,9 @@ demo: data
 # queued for another, as a few take a minute each): on 2 cores the suite takes half the time; TEST_WORKERS=0 runs
 # it in this one process (a debugger, -x, ordered output)
 TEST_WORKERS ?= auto
+WORKERS := -n $(TEST_WORKERS) --dist worksteal
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest -q $(WORKERS)
 
 # the suite as another CPU runs it: CPU=avx2 (an AVX2-only CPU), avx512-bf16 (an AMD Zen 4), avx512, sse41, or
 # below (the largest kernel set under this machine's own); a cap only imitates a smaller CPU than this one
@@ -40,7 +41,7 @@ test: $(STAMP)
 CPU ?= below
 test-as: $(STAMP)
 	@kernels=$$($(BIN)/python tests/cpu_kernels.py $(CPU)) && echo "kernels: $$kernels" && \
-	  env $$kernels $(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	  env $$kernels $(BIN)/python -m pytest -q $(WORKERS) $(PYTEST_ARGS)
 
 # the tests of hasten's machine decisions (marked machine) under each HASTEN_MACHINE profile: the decisions an AVX2
 # CPU, a Zen 4, an AMX Xeon or a GPU server would make, on this machine (docs/development.md); the other profiles'
@@ -49,7 +50,7 @@ test-as: $(STAMP)
 PROFILES ?= avx2 avx512-bf16 amx cuda
 test-machines: $(STAMP)
 	@for profile in $(PROFILES); do echo "HASTEN_MACHINE=$$profile"; \
-	  HASTEN_MACHINE=$$profile $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m machine $(PYTEST_ARGS) || exit 1; done
+	  HASTEN_MACHINE=$$profile $(BIN)/python -m pytest -q $(WORKERS) -m machine $(PYTEST_ARGS) || exit 1; done
 
 # ruff, then the import contract in pyproject.toml (the layers of docs/architecture.md, no import circles)
 lint: $(STAMP)

@@ -81,9 +81,8 @@ def given_precision_notes(precision: str, machine: Machine, device_type: str) ->
 
 def why_one_precision(machine: Machine, device_type: str) -> str:
     """Why `precision_candidates` offers fp32 alone here (for the opening line that says so)."""
-    if device_type == "cpu":
-        return (f"the CPU has no bf16 instructions ({machine.kernels} kernels; bf16 would be emulated, slower than "
-                "fp32): nothing to time")  # fmt: skip
+    if device_type == "cpu":  # the same fact a bf16 given is told (slow_precision)
+        return f"{slow_precision('bf16', machine, device_type)}: nothing to time"
     return f"the {device_type} device has no fast 16-bit arithmetic: nothing to time"
 
 
