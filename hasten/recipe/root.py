@@ -105,6 +105,12 @@ class TrainConfig(Section):
     threads: Annotated[int, Field(ge=1, le=MAX_THREADS)] | None = Field(
         None, description="torch intra-op threads; null: torch's default."
     )
+    end_early: bool = Field(
+        False,
+        description="With train.epochs=auto: true ends the LR's hold once the training accuracy has stayed at 99% or "
+        "more for 3 epochs, and decays over as many epochs (hasten/run/extension.py): 1.3-2.4x sooner on sets that "
+        "fit early, up to 4 points lower on 300 images (docs/defaults.md); false keeps the planned epochs.",
+    )
     freeze_epochs: Annotated[int, Field(ge=0)] = Field(
         0, description="Train only the classifier head for the first N epochs, then the whole model."
     )

@@ -486,8 +486,10 @@ def start_run(
     )
     saving = Saving(log.dir / "checkpoints", recipe.run.save_every, recipe.run.save_every_steps, recipe.run.keep,
                     recipe.model_dump(mode="json"))  # fmt: skip
-    if parts.extendable:  # train.epochs=auto: once at the end of the LR's hold (hasten/run/extension.py)
-        plan.extension = Extension(recipe.schedule.peak, lengthening(recipe, parts, log, saving))
+    if parts.extendable:  # train.epochs=auto: lengthened or shortened once, by the training (hasten/run/extension.py)
+        apply = lengthening(recipe, parts, log, saving)  # shortened only where its epochs hold the whole budget:
+        whole = run_steps >= planned_steps(recipe, budget)  # 60 epochs of 200 images fit early and still gain
+        plan.extension = Extension(recipe.schedule.peak, apply, recipe.train.end_early and whole)
     trainer = trainer_for(parts, plan, log, saving)
     absent = absent_classes(training_labels, parts.data.classes)
     for text in (*parts.warnings, *risky_settings(recipe, parts), *([absent] if absent else [])):

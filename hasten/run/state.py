@@ -50,6 +50,8 @@ class State:
     eval_seconds: float = 0.0  # of those, the seconds spent evaluating
     # the run lengthened itself at the end of its LR's hold (hasten/run/extension.py): when, from, to, why
     extended: dict[str, float] | None = None
+    # ... or shortened itself, its training images fitting while the LR held its peak: when, from, to
+    shortened: dict[str, float] | None = None
     # the start this run replaced because its outputs collapsed (hasten/run/build.py): when, the losses, the settings
     restarted: dict[str, Any] | None = None
 

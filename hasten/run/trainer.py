@@ -58,7 +58,7 @@ from hasten.engine.step import StepResult, TrainStep, steps_per_epoch
 from hasten.errors import CheckpointError, HastenError
 from hasten.progress import EpochProgress, say
 from hasten.run.evaluation import Measurement, check_batches, lag_warning, measure
-from hasten.run.extension import extension_note, lengthened, stuck
+from hasten.run.extension import replanned, stuck
 from hasten.run.plan import Collapsed, Hooks, Interrupted, NonFiniteLoss, Plan, Saving
 from hasten.run.signals import asked_to_stop, handling_stop_signals
 from hasten.run.state import State, rank_state, restore, time_to_fraction_of_best, wall_time_to_accuracy
@@ -530,12 +530,10 @@ class Trainer:
                     self.check_start()
                     live = self.compare_live()
                 self.state.last_row = dict(row)
-                if self.plan.restart and stuck(
-                    self.plan, self.state, row
-                ):  # at chance where the hold ends, barely moved
+                if self.plan.restart and stuck(self.plan, self.state, row):  # at chance where the hold ends, unmoved
                     raise Collapsed.after(self.state, row, "barely moved", self.wall_seconds())
-                if (lengthening := lengthened(self.plan, self.state, row["train_accuracy"])) is not None:
-                    self.tell(extension_note(lengthening))
+                if (replanning := replanned(self.plan, self.state, row["train_accuracy"])) is not None:
+                    self.tell(replanning)
                 every = self.saving.every_epochs if self.saving else 0
                 if (every and self.state.epoch % every == 0) or final:
                     self.save(end_of_epoch=True, accuracy=test_accuracy)
@@ -595,6 +593,7 @@ class Trainer:
             "one_view_test_accuracy": self.one_view_accuracy,  # the final evaluation's, on the plain view alone
             "warnings": list(self.state.warnings),
             "extended": self.state.extended,  # the run lengthened itself (hasten/run/extension.py); None: it did not
+            "shortened": self.state.shortened,  # ... or shortened itself
         }
         self.log.summary(summary)
         return summary

@@ -301,13 +301,18 @@ def test_schedule_reports_the_rise_the_run_takes(tmp_path, capsys):
     assert "warmup 10" in out and "first step 0," in out
 
 
-def test_schedule_says_when_train_epochs_auto_may_lengthen_the_run(tmp_path, capsys):
-    """With train.epochs=auto and the default's held peak, `hasten schedule` says what `hasten train` may do at the
-    hold's end (hasten/run/extension.py); with given epochs it says nothing of it."""
+def test_schedule_says_when_train_epochs_auto_may_lengthen_or_shorten_the_run(tmp_path, capsys):
+    """With train.epochs=auto and the default's held peak, `hasten schedule` says what `hasten train` may do during
+    the hold (hasten/run/extension.py): ending it early only with train.end_early=true; with given epochs it says
+    nothing of it."""
     fixed = ["precision=fp32", "train.channels_last=false", "train.batch_size=32"]
     assert main(["schedule", *AUTO, *fixed, f"run.dir={tmp_path / 'auto'}"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     # 384 synthetic images at batch 32: 12 steps an epoch; 600 steps for hasten's batch-norm ResNet: 50 epochs
     assert "still at chance after epoch 25 goes on at the peak LR to 100 epochs (once)" in out, out
+    assert "ends the LR's hold" not in out  # train.end_early is asked for
+    assert main(["schedule", *AUTO, *fixed, "train.end_early=true", f"run.dir={tmp_path / 'early'}"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "99% or more for 3 epochs in a row before epoch 25 ends the LR's hold there" in out, out
     assert main(["schedule", *AUTO, *fixed, "train.epochs=4", f"run.dir={tmp_path / 'given'}"]) == 0
     assert "at chance" not in capsys.readouterr().out

@@ -1,8 +1,9 @@
-"""train.epochs=auto lengthens a run once when, where the LR's hold ends, its training accuracy is still at chance
-(hasten/run/extension.py): the rule on hand-made numbers; the lengthened schedule is the one a run planned that
-long has; whole runs: a model that cannot learn is lengthened (said, in recipe.yaml and summary.json), a model that
-learns is not, a run given its epochs never is, and a run stopped after its lengthening resumes as long, bitwise,
-without lengthening again."""
+"""train.epochs=auto lengthens a run once when, where the LR's hold ends, its training accuracy is still at chance,
+and shortens it once when its training images fit during the hold (hasten/run/extension.py): the rules on
+hand-made numbers; the lengthened and the shortened schedules are the ones a run planned that long has; whole runs:
+a model that cannot learn is lengthened (said, in recipe.yaml and summary.json), a model that learns is shortened
+(said, recorded) where train.end_early=true asks, a run given its epochs is never changed, and a run stopped after
+either change resumes as long, bitwise, without changing again."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from torch import nn
 from hasten.cli import main
 from hasten.engine.schedules import Scheduler, lr_and_momentum
 from hasten.recipe.schema import load_recipe
-from hasten.run.extension import FACTOR, Extension, lengthened
+from hasten.run.extension import FACTOR, FIT, FIT_EPOCHS, Extension, lengthened, replanned
 from hasten.run.plan import Plan
 from hasten.run.state import State
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
+from hasten.tune import rules
 from tests.run.test_user import sigterm_when_due
 
 QUIET = ["run.progress=false", "run.tensorboard=false", "train.threads=1", "train.batch_size=16", "precision=fp32",
@@ -58,6 +60,38 @@ def test_the_check_is_at_the_last_epoch_before_the_decay_and_only_at_chance() ->
     assert lengthened(Plan(epochs=27, num_classes=10), State(epoch=13), 0.11) is None  # a plan without one
 
 
+def test_the_hold_ends_early_after_epochs_that_fit_and_only_during_the_hold() -> None:
+    assert (FIT, FIT_EPOCHS) == (0.99, 3)
+    extension = Extension(hold=0.5, apply=lambda epochs: None, end_early=True)
+    records = [extension.shorten(epoch, 40, accuracy) for epoch, accuracy in enumerate((0.5, 0.995, 0.99, 1.0), 1)]
+    assert records[:3] == [None, None, None]  # three epochs at 99% or more, in a row
+    assert records[3] == {"at_epoch": 4, "from": 40, "to": 8, "train_accuracy": 0.99}  # the hold: epochs 1-4 of 8
+    dip = Extension(hold=0.5, apply=lambda epochs: None, end_early=True)
+    assert [dip.shorten(e, 40, a) for e, a in enumerate((1.0, 1.0, 0.98, 1.0, 1.0), 1)] == [None] * 5
+    assert dip.shorten(6, 40, 1.0) == {"at_epoch": 6, "from": 40, "to": 12, "train_accuracy": 1.0}
+    late = Extension(hold=0.5, apply=lambda epochs: None, end_early=True)  # the hold of 14 epochs ends at 7: too late
+    assert [late.shorten(e, 14, 1.0) for e in range(5, 9)] == [None, None, None, None]
+    third = Extension(hold=0.3, apply=lambda epochs: None, end_early=True)  # a hold of 30%: the run ends at epoch / 0.3
+    assert [third.shorten(e, 60, 1.0) for e in (1, 2, 3)][-1]["to"] == 10
+    off = Extension(hold=0.5, apply=lambda epochs: None)  # the default: asked for, not assumed
+    assert [off.shorten(e, 40, 1.0) for e in range(1, 8)] == [None] * 7
+
+
+def test_a_run_is_shortened_once_and_never_after_a_lengthening() -> None:
+    applied: list[int] = []
+    plan, state = Plan(epochs=40, num_classes=10, extension=Extension(0.5, applied.append, True)), State()
+    notes = []
+    for epoch in range(1, 9):
+        state.epoch = epoch
+        notes.append(replanned(plan, state, 1.0))
+    assert notes[:2] == [None, None] and notes[3:] == [None] * 5 and applied == [6] and plan.epochs == 6
+    assert state.shortened == {"at_epoch": 3, "from": 40, "to": 6, "train_accuracy": 1.0}
+    assert "train.epochs=auto -> 6" in notes[2] and "the plan was 40" in notes[2]
+    plan = Plan(epochs=40, num_classes=10, extension=Extension(0.5, applied.append, True))
+    state = State(extended={"at_epoch": 1, "from": 20, "to": 40})  # lengthened already: the plan stays
+    assert [replanned(plan, State(epoch=e, extended=state.extended), 1.0) for e in (1, 2, 3)] == [None] * 3
+
+
 def test_the_lengthened_schedule_is_the_one_a_run_planned_that_long_has() -> None:
     config = load_recipe(None, ["schedule.min_warmup_steps=10"]).schedule
     short, long_ = 100, 100 * FACTOR
@@ -75,6 +109,25 @@ def test_the_lengthened_schedule_is_the_one_a_run_planned_that_long_has() -> Non
         planned.step()
     assert lrs == pytest.approx(expected)
     assert lrs[20:101] == [1.0] * 81 and lrs[110] < 1.0 and lrs[-1] < 0.02  # held past the old end, then the decay
+
+
+def test_the_shortened_schedule_is_the_one_a_run_planned_that_long_has() -> None:
+    config = load_recipe(None, ["schedule.min_warmup_steps=10"]).schedule
+    long_, short = 400, 120  # shortened after step 60, the end of the shorter run's hold
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    shortened_run = Scheduler(opt, lr_and_momentum(config, long_, 1.0)[0], long_)
+    lr, momentum = lr_and_momentum(config, short, 1.0)
+    planned = Scheduler(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), lr, short, momentum)
+    lrs, expected = [], []
+    for step in range(short):
+        if step == 60:
+            shortened_run.retarget(lr, momentum, short)
+        lrs.append(opt.param_groups[0]["lr"])
+        expected.append(planned.optimizer.param_groups[0]["lr"])
+        shortened_run.step()
+        planned.step()
+    assert lrs == pytest.approx(expected)
+    assert lrs[20:61] == [1.0] * 41 and lrs[90] < 0.6 and lrs[-1] < 0.02  # the hold ends at 60, then the decay
 
 
 def _run(tmp_path, name: str, *extra: str) -> dict:
@@ -97,9 +150,31 @@ def test_a_model_still_at_chance_is_lengthened_once_said_and_recorded(tmp_path, 
     assert given["extended"] is None and given["epochs"] == 8  # a given train.epochs is never changed
 
 
-def test_a_model_that_learns_is_not_lengthened(tmp_path) -> None:
-    summary = _run(tmp_path, "learns", "model.target=tests.run.test_user:TinyNet")
-    assert summary["extended"] is None and summary["epochs"] == 60 and summary["test_accuracy"] > 0.9
+# 18 steps an epoch at batch 16: 56 epochs hold the budget's 1,000 steps; ending early asked for
+FULL = ["data.args={n: 288}", "train.end_early=true"]
+
+
+def test_a_model_that_learns_is_not_lengthened_but_shortened_once_it_fits(tmp_path, capsys) -> None:
+    summary = _run(tmp_path, "learns", "model.target=tests.run.test_user:TinyNet", *FULL)
+    shortened, steps = summary["shortened"], rules.steps_per_epoch(288, 16)
+    assert summary["extended"] is None and shortened["from"] == 56 and summary["test_accuracy"] > 0.9
+    assert shortened["to"] == 2 * shortened["at_epoch"] < 56 and summary["epochs"] == shortened["to"]
+    assert summary["steps"] == steps * shortened["to"] and shortened["train_accuracy"] >= FIT
+    metrics = (tmp_path / "learns" / "metrics.csv").read_text().splitlines()[1:]
+    fits = [float(line.split(",")[4]) for line in metrics][: shortened["at_epoch"]]
+    assert min(fits[-FIT_EPOCHS:]) >= FIT and not all(a >= FIT for a in fits[-FIT_EPOCHS - 1 : -1])  # the first
+    assert yaml.safe_load((tmp_path / "learns" / "recipe.yaml").read_text())["train"]["epochs"] == shortened["to"]
+    out = " ".join(" ".join(capsys.readouterr()).split())
+    assert f"train.epochs=auto -> {shortened['to']}: the training accuracy was 99% or more" in out
+    kept = _run(tmp_path, "kept", "model.target=tests.run.test_user:TinyNet", "data.args={n: 288}")  # the default
+    assert kept["shortened"] is None and kept["epochs"] == 56 and kept["test_accuracy"] > 0.9
+
+
+def test_a_set_whose_plan_is_short_of_its_budget_keeps_every_epoch(tmp_path) -> None:
+    """64 images: 4 steps an epoch, 60 epochs hold 240 of the budget's 1,000 steps; such a set keeps them all."""
+    summary = _run(tmp_path, "capped", "model.target=tests.run.test_user:TinyNet", "train.end_early=true")
+    assert summary["shortened"] is None and summary["extended"] is None and summary["epochs"] == 60
+    assert summary["train_accuracy"] >= FIT  # it fit long before its end, and was not shortened
 
 
 def test_a_run_stopped_after_its_lengthening_resumes_as_long_and_bitwise(tmp_path, monkeypatch) -> None:
@@ -116,4 +191,21 @@ def test_a_run_stopped_after_its_lengthening_resumes_as_long_and_bitwise(tmp_pat
     a = load_checkpoint(checkpoints_in(tmp_path / "whole" / "checkpoints")[0])
     b = load_checkpoint(checkpoints_in(stopped / "checkpoints")[0])
     assert a["trainer"]["step"] == b["trainer"]["step"] == 480
+    assert all(torch.equal(a["model"][key], b["model"][key]) for key in a["model"])
+
+
+def test_a_run_stopped_after_its_shortening_resumes_as_short_and_bitwise(tmp_path, monkeypatch) -> None:
+    keep = ["run.save_every_steps=18", "run.keep=100", "model.target=tests.run.test_user:StopAt", *FULL]
+    whole = _run(tmp_path, "whole", *keep)
+    at, to = whole["shortened"]["at_epoch"], whole["shortened"]["to"]
+    monkeypatch.setenv("HASTEN_TEST_SIGTERM_AT", str(18 * at + 7))  # in the decay, after the shortening
+    stopped = tmp_path / "stopped"
+    assert main(["train", *QUIET, "model.name=import", *keep, f"run.dir={stopped}"]) == 143
+    monkeypatch.delenv("HASTEN_TEST_SIGTERM_AT")
+    assert main(["train", *QUIET, "model.name=import", *keep, f"run.dir={stopped}", "resume=auto"]) == 0
+    resumed = json.loads((stopped / "summary.json").read_text())
+    assert resumed["epochs"] == whole["epochs"] == to and resumed["shortened"] == whole["shortened"]
+    a = load_checkpoint(checkpoints_in(tmp_path / "whole" / "checkpoints")[0])
+    b = load_checkpoint(checkpoints_in(stopped / "checkpoints")[0])
+    assert a["trainer"]["step"] == b["trainer"]["step"] == 18 * to
     assert all(torch.equal(a["model"][key], b["model"][key]) for key in a["model"])
