@@ -250,19 +250,22 @@ def budget_epochs(recipe: Recipe, run_steps: int | None, budget: int = rules.RUN
     return -(-budget * epochs // run_steps)
 
 
-def short_run_note(recipe: Recipe, run_steps: int, budget: int = rules.RUN_STEPS) -> str | None:
-    """Said at start-up for a run whose given epochs fall short of the budget rule's optimizer steps: such a run
-    stops while it is still learning, and where it stops moves with the seed (docs/defaults.md: 1,200 rendered
-    letters at 1 epoch, 75 steps, scored 33.8-48.2% over 5 seeds, at 3 epochs 93.8-96.5%). None for a run long
-    enough. `budget`: the steps train.epochs=auto plans for this model (rules.run_steps)."""
+def short_run_note(recipe: Recipe, run_steps: int, budget: int = rules.RUN_STEPS, chosen: bool = False) -> str | None:
+    """Said at start-up for a run whose epochs fall short of the budget rule's optimizer steps: such a run stops
+    while it is still learning, and where it stops moves with the seed (docs/defaults.md: 1,200 rendered letters at
+    1 epoch, 75 steps, scored 33.8-48.2% over 5 seeds, at 3 epochs 93.8-96.5%). None for a run long enough.
+    `budget`: the steps train.epochs=auto plans for this model (rules.run_steps); `chosen`: the epochs are
+    train.epochs=auto's own, cut at its most (a very small set), not the user's."""
     epochs = budget_epochs(recipe, run_steps, budget)
     if epochs is None:
         return None
     planned = planned_steps(recipe, budget)
+    whose = (f"train.epochs=auto's {recipe.train.epochs}, the most it plans,"
+             if chosen else f"train.epochs={recipe.train.epochs}")  # fmt: skip
     return (
-        f"train.epochs={recipe.train.epochs} gives this run {run_steps:,} optimizer steps, under the "
-        f"{planned:,} that train.epochs=auto plans for a small set at this batch: it may stop while still learning, "
-        f"with an accuracy that varies with the seed; train.epochs={epochs} gives it {planned:,}"
+        f"{whose} gives this run {run_steps:,} optimizer steps, under the {planned:,} that train.epochs=auto plans "
+        f"for a small set at this batch: it may stop while still learning, with an accuracy that varies with the "
+        f"seed; train.epochs={epochs} gives it {planned:,}"
     )
 
 
@@ -527,7 +530,8 @@ def start_run(
         if parts.cpu_allocator:
             said = ", ".join(f"{name} {value >> 20} MiB" for name, value in parts.cpu_allocator.items())
             say(f"CPU allocator (glibc mallopt): {said}: a step's tensors reuse the heap's pages, not fresh ones")
-        note = short_run_note(recipe, run_steps, budget) if checkpoint is None else None
+        chosen = parts.extendable  # train.epochs=auto chose the epochs (capped at its most, where short)
+        note = short_run_note(recipe, run_steps, budget, chosen) if checkpoint is None else None
         if note:
             say(note)
     return trainer, log

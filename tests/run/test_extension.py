@@ -170,11 +170,14 @@ def test_a_model_that_learns_is_not_lengthened_but_shortened_once_it_fits(tmp_pa
     assert kept["shortened"] is None and kept["epochs"] == 56 and kept["test_accuracy"] > 0.9
 
 
-def test_a_set_whose_plan_is_short_of_its_budget_keeps_every_epoch(tmp_path) -> None:
-    """64 images: 4 steps an epoch, 60 epochs hold 240 of the budget's 1,000 steps; such a set keeps them all."""
+def test_a_set_whose_plan_is_short_of_its_budget_keeps_every_epoch(tmp_path, capsys) -> None:
+    """64 images: 4 steps an epoch, 60 epochs hold 240 of the budget's 1,000 steps; such a set keeps them all, and
+    is told that the rule's most epochs, not the user, left it short."""
     summary = _run(tmp_path, "capped", "model.target=tests.run.test_user:TinyNet", "train.end_early=true")
     assert summary["shortened"] is None and summary["extended"] is None and summary["epochs"] == 60
     assert summary["train_accuracy"] >= FIT  # it fit long before its end, and was not shortened
+    said = " ".join(" ".join(capsys.readouterr()).split())
+    assert "train.epochs=auto's 60, the most it plans, gives this run 240 optimizer steps" in said, said
 
 
 def test_a_run_stopped_after_its_lengthening_resumes_as_long_and_bitwise(tmp_path, monkeypatch) -> None:

@@ -331,6 +331,9 @@ def test_a_short_run_says_at_start_that_it_is_short():
     load_recipe(None, ["train.batch_size=16", "train.epochs=1", "train.epochs=14"])  # what it names is accepted
     assert short_run_note(recipe, 1000) is None  # the budget's length at this batch: nothing to say
     assert short_run_note(load_recipe(None, ["train.batch_size=16"]), 75) is None  # train.epochs=auto plans its own
+    capped = short_run_note(load_recipe(None, ["train.batch_size=16", "train.epochs=60"]), 780, chosen=True)
+    assert capped is not None and capped.startswith("train.epochs=auto's 60, the most it plans, gives this run 780 ")
+    assert capped.endswith("train.epochs=77 gives it 1,000")  # 200 images: 13 steps an epoch, 60 epochs at most
 
 
 def test_a_run_at_chance_is_told_what_to_try(tiny_overrides, capsys):
