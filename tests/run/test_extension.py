@@ -92,40 +92,33 @@ def test_a_run_is_shortened_once_and_never_after_a_lengthening() -> None:
     assert [replanned(plan, State(epoch=e, extended=state.extended), 1.0) for e in (1, 2, 3)] == [None] * 3
 
 
-def test_the_lengthened_schedule_is_the_one_a_run_planned_that_long_has() -> None:
+def _retargeted(first: int, then: int, at: int) -> tuple[list[float], list[float]]:
+    """The LR of each of `then` steps of a schedule planned over `first` steps and retargeted to `then` steps before
+    step `at`, and the LR of a schedule planned over `then` from the start."""
     config = load_recipe(None, ["schedule.min_warmup_steps=10"]).schedule
-    short, long_ = 100, 100 * FACTOR
     opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
-    lengthened_run = Scheduler(opt, lr_and_momentum(config, short, 1.0)[0], short)
-    lr, momentum = lr_and_momentum(config, long_, 1.0)
-    planned = Scheduler(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), lr, long_, momentum)
+    changed = Scheduler(opt, lr_and_momentum(config, first, 1.0)[0], first)
+    lr, momentum = lr_and_momentum(config, then, 1.0)
+    planned = Scheduler(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), lr, then, momentum)
     lrs, expected = [], []
-    for step in range(long_):
-        if step == 45:  # the check's epoch end, before the decay at step 50
-            lengthened_run.retarget(lr, momentum, long_)
+    for step in range(then):
+        if step == at:
+            changed.retarget(lr, momentum, then)
         lrs.append(opt.param_groups[0]["lr"])
         expected.append(planned.optimizer.param_groups[0]["lr"])
-        lengthened_run.step()
+        changed.step()
         planned.step()
+    return lrs, expected
+
+
+def test_the_lengthened_schedule_is_the_one_a_run_planned_that_long_has() -> None:
+    lrs, expected = _retargeted(100, 100 * FACTOR, at=45)  # the check's epoch end, before the decay at step 50
     assert lrs == pytest.approx(expected)
     assert lrs[20:101] == [1.0] * 81 and lrs[110] < 1.0 and lrs[-1] < 0.02  # held past the old end, then the decay
 
 
 def test_the_shortened_schedule_is_the_one_a_run_planned_that_long_has() -> None:
-    config = load_recipe(None, ["schedule.min_warmup_steps=10"]).schedule
-    long_, short = 400, 120  # shortened after step 60, the end of the shorter run's hold
-    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
-    shortened_run = Scheduler(opt, lr_and_momentum(config, long_, 1.0)[0], long_)
-    lr, momentum = lr_and_momentum(config, short, 1.0)
-    planned = Scheduler(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), lr, short, momentum)
-    lrs, expected = [], []
-    for step in range(short):
-        if step == 60:
-            shortened_run.retarget(lr, momentum, short)
-        lrs.append(opt.param_groups[0]["lr"])
-        expected.append(planned.optimizer.param_groups[0]["lr"])
-        shortened_run.step()
-        planned.step()
+    lrs, expected = _retargeted(400, 120, at=60)  # shortened after step 60, the end of the shorter run's hold
     assert lrs == pytest.approx(expected)
     assert lrs[20:61] == [1.0] * 41 and lrs[90] < 0.6 and lrs[-1] < 0.02  # the hold ends at 60, then the decay
 
@@ -180,19 +173,25 @@ def test_a_set_whose_plan_is_short_of_its_budget_keeps_every_epoch(tmp_path, cap
     assert "train.epochs=auto's 60, the most it plans, gives this run 240 optimizer steps" in said, said
 
 
+def _stopped_and_resumed(tmp_path, monkeypatch, keep: list[str], at: int) -> tuple[dict, dict, dict]:
+    """The run `_run` makes with `keep`, stopped by SIGTERM at its `at`-th training forward pass and resumed: its
+    summary, then the newest checkpoints of the run "whole" (made before) and of it."""
+    stopped = tmp_path / "stopped"
+    args = ["train", *QUIET, "model.name=import", f"model.target={__name__}:Blind", *keep, f"run.dir={stopped}"]
+    monkeypatch.setenv("HASTEN_TEST_SIGTERM_AT", str(at))
+    assert main(args) == 143
+    monkeypatch.delenv("HASTEN_TEST_SIGTERM_AT")
+    assert main([*args, "resume=auto"]) == 0
+    resumed = json.loads((stopped / "summary.json").read_text())
+    a = load_checkpoint(checkpoints_in(tmp_path / "whole" / "checkpoints")[0])
+    return resumed, a, load_checkpoint(checkpoints_in(stopped / "checkpoints")[0])
+
+
 def test_a_run_stopped_after_its_lengthening_resumes_as_long_and_bitwise(tmp_path, monkeypatch) -> None:
     keep = ["run.save_every_steps=40", "run.keep=100"]
     whole = _run(tmp_path, "whole", *keep)
-    monkeypatch.setenv("HASTEN_TEST_SIGTERM_AT", "150")  # epoch 38, after the lengthening at step 120
-    target = f"model.target={__name__}:Blind"
-    stopped = tmp_path / "stopped"
-    assert main(["train", *QUIET, "model.name=import", target, *keep, f"run.dir={stopped}"]) == 143
-    monkeypatch.delenv("HASTEN_TEST_SIGTERM_AT")
-    assert main(["train", *QUIET, "model.name=import", target, *keep, f"run.dir={stopped}", "resume=auto"]) == 0
-    resumed = json.loads((stopped / "summary.json").read_text())
+    resumed, a, b = _stopped_and_resumed(tmp_path, monkeypatch, keep, 150)  # epoch 38, after the lengthening at 120
     assert resumed["epochs"] == whole["epochs"] == 120 and resumed["extended"] == whole["extended"]
-    a = load_checkpoint(checkpoints_in(tmp_path / "whole" / "checkpoints")[0])
-    b = load_checkpoint(checkpoints_in(stopped / "checkpoints")[0])
     assert a["trainer"]["step"] == b["trainer"]["step"] == 480
     assert all(torch.equal(a["model"][key], b["model"][key]) for key in a["model"])
 
@@ -201,14 +200,7 @@ def test_a_run_stopped_after_its_shortening_resumes_as_short_and_bitwise(tmp_pat
     keep = ["run.save_every_steps=18", "run.keep=100", "model.target=tests.run.test_user:StopAt", *FULL]
     whole = _run(tmp_path, "whole", *keep)
     at, to = whole["shortened"]["at_epoch"], whole["shortened"]["to"]
-    monkeypatch.setenv("HASTEN_TEST_SIGTERM_AT", str(18 * at + 7))  # in the decay, after the shortening
-    stopped = tmp_path / "stopped"
-    assert main(["train", *QUIET, "model.name=import", *keep, f"run.dir={stopped}"]) == 143
-    monkeypatch.delenv("HASTEN_TEST_SIGTERM_AT")
-    assert main(["train", *QUIET, "model.name=import", *keep, f"run.dir={stopped}", "resume=auto"]) == 0
-    resumed = json.loads((stopped / "summary.json").read_text())
+    resumed, a, b = _stopped_and_resumed(tmp_path, monkeypatch, keep, 18 * at + 7)  # in the decay, after it
     assert resumed["epochs"] == whole["epochs"] == to and resumed["shortened"] == whole["shortened"]
-    a = load_checkpoint(checkpoints_in(tmp_path / "whole" / "checkpoints")[0])
-    b = load_checkpoint(checkpoints_in(stopped / "checkpoints")[0])
     assert a["trainer"]["step"] == b["trainer"]["step"] == 18 * to
     assert all(torch.equal(a["model"][key], b["model"][key]) for key in a["model"])
