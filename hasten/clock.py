@@ -18,10 +18,10 @@ COMMAND_STARTED_ENV = "HASTEN_COMMAND_STARTED"  # the launcher's process start, 
 MAX_INHERITED_AGE = 24 * 3600.0  # an inherited start older than this (or in the future) is not believed
 
 
-def _process_age() -> float | None:
+def _process_age(stat: str = "/proc/self/stat") -> float | None:
     """Seconds since this process started, from /proc (Linux; 10 ms resolution); None where unknown."""
     try:
-        with open("/proc/self/stat", "rb") as f:
+        with open(stat, "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()  # the command name, in parentheses, may hold spaces
         started_ticks = int(fields[19])  # field 22 of proc(5): start time in clock ticks after boot
         age = time.clock_gettime(time.CLOCK_BOOTTIME) - started_ticks / os.sysconf("SC_CLK_TCK")
