@@ -7,6 +7,9 @@ One test for all of them: torch's BatchNorm1d/2d/3d, their lazy forms and SyncBa
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -28,11 +31,29 @@ def folded_for_inference(model: nn.Module) -> nn.Module:
     image at batch 64, bf16; docs/results/zen4.md), and each 2x2 max-pool computed as `PairMax` (the same values,
     up to 10x faster on a CPU). `model` itself, unchanged, when it has no batch norm, cannot be
     traced (control flow on its inputs, say) or has forward hooks on any of its modules (the traced copy inlines
-    containers and starts a new top-level module: their hooks would not run). Weights keep their memory layout."""
+    containers and starts a new top-level module: their hooks would not run). Weights keep their memory layout.
+
+    The copy is made once per model and kept beside it (`ReusedFold`): a later call, the model's layers and what
+    can fold unchanged, writes the model's current weights into the same copy (the same arithmetic as a fresh
+    fold, bitwise) instead of tracing and copying the model again, which costs more than evaluating a small test
+    set (hasten's ResNet at 32 px: 37 ms against 27 ms for 100 images, on a 2-core AVX2 EPYC)."""
     if not has_batch_norm(model):
         return model
     if any(m._forward_pre_hooks or m._forward_hooks for m in model.modules()):  # (torch lists them nowhere public)
         return model  # the traced copy would drop a container's: fp16's input and output casts, a caller's recording
+    kept = _FOLDS.get(model)
+    if kept is not None and kept.module is None:
+        return fresh_fold(model)  # found not reusable when first folded
+    if kept is not None and kept.refresh(model):
+        return kept.module
+    folded = fresh_fold(model)
+    if folded is not model:
+        _FOLDS[model] = ReusedFold.of(model, folded)
+    return folded
+
+
+def fresh_fold(model: nn.Module) -> nn.Module:
+    """`folded_for_inference`'s copy made anew (no reuse); `model` itself where it cannot be made."""
     import warnings
 
     from torch.fx.experimental.optimization import fuse
@@ -124,3 +145,103 @@ def pair_max_pools(model: nn.Module) -> int:
         parent, _, attribute = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attribute, PairMax())
     return len(found)
+
+
+_FOLDS: weakref.WeakKeyDictionary[nn.Module, ReusedFold] = weakref.WeakKeyDictionary()  # each model's folded copy
+
+
+class ReusedFold:
+    """A model's folded copy (`fresh_fold`) and how to bring it up to the model's current weights: each layer a
+    batch norm was folded into is computed again from the model's layer and batch norm (torch's
+    `fuse_conv_bn_weights`, as the fold did); every other parameter and buffer is copied from the model's of the
+    same name. Holds names, not the model's tensors, so the model can be freed. `None` modules (`ReusedFold.of`)
+    are never reused: a copy whose refresh did not reproduce a fresh fold bitwise when it was made."""
+
+    def __init__(self, module: nn.Module | None, key: tuple[Any, ...], fused: list[tuple[str, str]]):
+        self.module, self.key, self.fused = module, key, fused
+        fused_layers = {layer for layer, _ in fused}
+        self.copied = [
+            (name, tensor)
+            for name, tensor in [*_tensors(module, "parameters"), *_tensors(module, "buffers")]
+            if name.rpartition(".")[0] not in fused_layers
+        ] if module is not None else []  # fmt: skip
+
+    @classmethod
+    def of(cls, model: nn.Module, folded: nn.Module) -> ReusedFold:
+        """The reusable form of `folded` (`fresh_fold(model)`), checked: refreshed from `model` at once, it must
+        equal itself bitwise, or it is kept as not reusable (every later call folds afresh)."""
+        try:
+            fused = _folded_pairs(model, folded)
+        except Exception:  # (fx raises many kinds; fresh_fold traced it, so this is not expected)
+            return cls(None, (), [])
+        made = cls(folded, _key(model, fused), fused)
+        before = [t.clone() for t in folded.state_dict().values()]
+        if not made.refresh(model) or not all(
+            torch.equal(a, b) for a, b in zip(before, folded.state_dict().values(), strict=True)
+        ):
+            folded.load_state_dict(dict(zip(folded.state_dict(), before, strict=True)))
+            return cls(None, (), [])
+        return made
+
+    def refresh(self, model: nn.Module) -> bool:
+        """The copy brought up to `model`'s current weights; False (nothing written) when it cannot be: not
+        reusable, the model's layers changed, or a batch norm's sign changed what folds through a max-pool."""
+        if self.module is None or _key(model, self.fused) != self.key:
+            return False
+        from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
+
+        tensors = dict([*_tensors(model, "parameters"), *_tensors(model, "buffers")])
+        if any(name not in tensors for name, _ in self.copied):
+            return False
+        with torch.no_grad():
+            for layer_name, norm_name in self.fused:
+                layer, norm = model.get_submodule(layer_name), model.get_submodule(norm_name)
+                target = self.module.get_submodule(layer_name)
+                stats = (norm.running_mean, norm.running_var, norm.eps, norm.weight, norm.bias)
+                if isinstance(layer, nn.Linear):
+                    weight, bias = fuse_linear_bn_weights(layer.weight, layer.bias, *stats)
+                else:
+                    weight, bias = fuse_conv_bn_weights(layer.weight, layer.bias, *stats, transpose=False)
+                target.weight.copy_(weight)
+                target.bias.copy_(bias)
+            for name, tensor in self.copied:
+                tensor.copy_(tensors[name])
+        return True
+
+
+def _tensors(module: nn.Module, kind: str) -> list[tuple[str, torch.Tensor]]:
+    named = module.named_parameters if kind == "parameters" else module.named_buffers
+    return [(name, tensor) for name, tensor in named(remove_duplicate=False)]
+
+
+def _folded_pairs(model: nn.Module, folded: nn.Module) -> list[tuple[str, str]]:
+    """(layer, batch norm) names in `model` of each batch norm `folded` no longer has: the layer it follows,
+    directly or through a max-pool, which it was folded into."""
+    modules, kept = dict(model.named_modules()), {name for name, _ in folded.named_modules()}
+    pairs = []
+    for node in torch.fx.symbolic_trace(model).graph.nodes:
+        if node.op != "call_module" or not is_batch_norm(modules[node.target]) or node.target in kept:
+            continue
+        source = node.args[0]
+        if isinstance(modules.get(source.target), nn.MaxPool2d):
+            source = source.args[0]
+        pairs.append((source.target, node.target))
+    return pairs
+
+
+def _key(model: nn.Module, fused: list[tuple[str, str]]) -> tuple[Any, ...]:
+    """What a folded copy of `model` depends on besides the weights' values: each module's name and type, each
+    parameter's and buffer's name, shape, dtype and layout, and the sign of every batch norm's scale (whether it
+    folds through a max-pool)."""
+    layers = tuple((name, type(module)) for name, module in model.named_modules())
+    tensors = tuple(
+        (name, tuple(t.shape), t.dtype, t.is_contiguous(), t.is_contiguous(memory_format=torch.channels_last))
+        if t.dim() == 4 else (name, tuple(t.shape), t.dtype)
+        for name, t in [*_tensors(model, "parameters"), *_tensors(model, "buffers")]
+    )  # fmt: skip
+    signs = tuple(
+        bool((torch.rsqrt(m.running_var + m.eps) * (m.weight if m.affine else 1.0) > 0).all())
+        for m in model.modules()
+        if isinstance(m, nn.BatchNorm2d) and m.running_var is not None
+    )
+    return layers, tensors, signs, tuple(fused)

@@ -144,3 +144,100 @@ def test_the_evaluation_copy_pools_two_by_two_by_pair_max_and_leaves_other_pools
     images = torch.randn(8, 1, 16, 16)
     with torch.no_grad():
         torch.testing.assert_close(folded(images), model(images), rtol=1e-4, atol=1e-5)
+
+
+def _trained_resnet(channels_last: bool) -> nn.Module:
+    """hasten's ResNet with the max-pool first (batch norms folded directly and through pools) and a linear layer
+    followed by batch norm, its statistics and affine parameters away from their initial values."""
+    torch.manual_seed(0)
+    model = nn.Sequential(ResNet(1, 16, width=8, blocks=[1, 1], pool_first=True), nn.Linear(16, 10), nn.BatchNorm1d(10))
+    for bn in (m for m in model.modules() if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d))):
+        bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2), bn.weight.data.uniform_(0.5, 2)
+    return model.to(memory_format=torch.channels_last) if channels_last else model
+
+
+def _steps(model: nn.Module, count: int) -> None:
+    """`count` SGD steps in training mode: the weights and the batch norms' statistics move in place."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.train()
+    for _ in range(count):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(torch.randn(8, 1, 16, 16)), torch.randint(0, 10, (8,))).backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_the_evaluation_copy_is_made_once_and_brought_up_to_the_weights_as_a_fresh_fold_would_be(channels_last):
+    """Evaluated after every epoch, the folded copy is kept and refreshed: after training steps it is the same
+    object, and its weights and outputs are bitwise those of a copy folded afresh from the trained model."""
+    from hasten.engine.norms import _FOLDS, folded_for_inference, fresh_fold
+
+    model = _trained_resnet(channels_last)
+    first = folded_for_inference(model)
+    assert first is not model and _FOLDS[model].module is first and len(_FOLDS[model].fused) >= 4
+    images = torch.randn(8, 1, 16, 16)
+    for _ in range(2):
+        _steps(model, 3)
+        again = folded_for_inference(model)
+        fresh = fresh_fold(model)
+        assert again is first and model.training  # the same copy; the model keeps its mode
+        assert again.state_dict().keys() == fresh.state_dict().keys()
+        for name, tensor in again.state_dict().items():
+            assert torch.equal(tensor, fresh.state_dict()[name]), name
+            assert tensor.stride() == fresh.state_dict()[name].stride(), name  # the layout a fresh fold has
+        model.eval()
+        with torch.no_grad():
+            assert torch.equal(again(images), fresh(images))
+            torch.testing.assert_close(again(images), model(images), rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_whose_layers_change_is_folded_afresh_and_a_freed_model_frees_its_copy():
+    import gc
+
+    from hasten.engine.norms import _FOLDS, folded_for_inference
+
+    model = _trained_resnet(channels_last=False).eval()
+    first = folded_for_inference(model)
+    images = torch.randn(4, 1, 16, 16)
+    model[1] = nn.Linear(16, 10)  # a layer of the same kind and shape: its weights are written into the copy
+    assert folded_for_inference(model) is first
+    with torch.no_grad():
+        torch.testing.assert_close(first(images), model(images), rtol=1e-4, atol=1e-5)
+    model[1] = nn.Sequential(nn.Linear(16, 10), nn.Tanh())  # other layers: another function, traced afresh
+    second = folded_for_inference(model)
+    assert second is not first
+    with torch.no_grad():
+        torch.testing.assert_close(second(images), model(images), rtol=1e-4, atol=1e-5)
+    model.to(memory_format=torch.channels_last)  # another layout: a fresh copy in it
+    third = folded_for_inference(model)
+    assert third is not second and all(
+        m.weight.is_contiguous(memory_format=torch.channels_last) for m in third.modules() if isinstance(m, nn.Conv2d)
+    )
+    count = len(_FOLDS)
+    del model, first, second, third
+    gc.collect()
+    assert len(_FOLDS) == count - 1
+
+
+def test_a_copy_whose_refresh_does_not_reproduce_a_fresh_fold_is_never_reused(monkeypatch):
+    """The check made when a copy is first kept: the layers it pairs with the wrong batch norms (as a fold torch
+    changed might) give weights unlike a fresh fold's, so that model is folded afresh at every evaluation."""
+    from hasten.engine import norms
+
+    model = _trained_resnet(channels_last=False).eval()
+    pairs = norms._folded_pairs
+
+    def swapped(model: nn.Module, folded: nn.Module) -> list[tuple[str, str]]:
+        found = pairs(model, folded)
+        return [(found[0][0], found[1][1]), (found[1][0], found[0][1]), *found[2:]]
+
+    monkeypatch.setattr(norms, "_folded_pairs", swapped)
+    first = norms.folded_for_inference(model)
+    assert norms._FOLDS[model].module is None
+    images = torch.randn(4, 1, 16, 16)
+    with torch.no_grad():
+        expected = model(images)
+        torch.testing.assert_close(first(images), expected, rtol=1e-4, atol=1e-5)  # left as the fold made it
+        second = norms.folded_for_inference(model)
+        assert second is not first
+        torch.testing.assert_close(second(images), expected, rtol=1e-4, atol=1e-5)
