@@ -8,7 +8,8 @@ that comes on the way); then, outside autocast, the summed cross-entropy, the co
 the augmentation and the image count, added batch by batch on the device (float32 and int64). The model is
 evaluated in eval mode and left in the mode it was in; on a CPU, a copy with its batch norms folded into the
 convolutions before them is what runs (hasten.engine.norms.folded_for_inference: the same function, one
-memory-bound pass less per layer, its 2x2 max-pools without torch's indices). The sums are this process's: a
+memory-bound pass less per layer, its 2x2 max-pools without torch's indices; made once per model, the model's
+current weights written into it at each evaluation, bitwise as a fresh fold). The sums are this process's: a
 data-parallel run reduces them over its ranks.
 """
 
