@@ -38,6 +38,7 @@ from hasten.data.datasets import ImageDataset
 from hasten.data.fitting import SQUASH, fit_pil, mixed_sizes_side
 from hasten.data.loader import Augment, ShardedEpochs, channel_stats
 from hasten.data.preprocessing import UNREADABLE, open_image
+from hasten.data.seeds import loader_generator
 from hasten.data.transforms import class_interleaved, first_per_class, flip_labels, noise_generator
 from hasten.errors import DataError
 from hasten.machine import current as current_machine
@@ -292,6 +293,7 @@ class ImageFolderLoader(ShardedEpochs):
                 batch_size=None,
                 sampler=self._plan,
                 collate_fn=_whole_batch,
+                generator=loader_generator(),  # (the global generator is the model's: hasten/data/seeds.py)
                 num_workers=self.workers,
                 persistent_workers=self.workers > 0,
                 prefetch_factor=4 if self.workers else None,  # batches in flight per worker
@@ -476,7 +478,7 @@ def decoded_chunks(data: ImageFolder, split: FolderSplit, workers: int = 0) -> I
         return
     if workers and len(chunks) > 1 and split.cached is None:  # a cached split is only copied: no work to share
         parts: Any = torch.utils.data.DataLoader(decoder, batch_size=None, sampler=chunks, num_workers=workers,
-                                                 collate_fn=_whole_batch)  # fmt: skip
+                                                 collate_fn=_whole_batch, generator=loader_generator())  # fmt: skip
     else:
         parts = (decoder[chunk] for chunk in chunks)
     for part in parts:

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from hasten.data.conform import Target
 from hasten.data.preprocessing import UNREADABLE, open_image
+from hasten.data.seeds import loader_generator
 from hasten.errors import DataError, first_line, their_error
 from hasten.text import printable
 
@@ -195,7 +196,7 @@ def read_passes(source: torch.utils.data.Dataset, plan: list[list[int]], workers
     """`source[indices]` for each list of `plan`, in order, read by `workers` DataLoader workers (0: here); a message
     in place of a batch is raised as the DataError it names."""
     loader = torch.utils.data.DataLoader(source, batch_size=None, sampler=plan, collate_fn=_whole_batch,
-                                         num_workers=workers)  # fmt: skip
+                                         num_workers=workers, generator=loader_generator())  # fmt: skip
     for item in loader:
         if isinstance(item, str):
             raise DataError(item)

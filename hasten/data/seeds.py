@@ -13,6 +13,8 @@ stream from the seed alone.
 - `batch_seed(seed, epoch, rank, batch)`: the augmentation of one batch.
 - `numpy_stream(seed, *keys)`: a numpy generator from the sequence (seed, *keys): a technique's per-rank stream,
   keyed by the rank and, where several techniques draw, the technique's order.
+- `loader_generator()`: what a torch DataLoader draws its workers' base seed from, in place of the global
+  generator (hasten's loader workers only decode files: nothing of theirs is random).
 """
 
 from __future__ import annotations
@@ -44,3 +46,11 @@ def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
 def numpy_stream(seed: int, *keys: int) -> np.random.Generator:
     """A numpy generator for the stream keyed (`seed`, *`keys`): a technique's draws on one rank."""
     return np.random.default_rng([seed, *keys])
+
+
+def loader_generator() -> torch.Generator:
+    """The generator every DataLoader of hasten's is given. Without one, making a DataLoader's iterator draws its
+    workers' base seed from the global generator, whose stream then initialises the model and drives dropout: a
+    run's first weights would depend on whether its images were decoded in worker processes (data.workers, whose
+    default follows the CPU's cores), and a streamed run's dropout on when its epochs' iterators were made."""
+    return torch.Generator().manual_seed(0)

@@ -283,3 +283,37 @@ def test_training_reads_the_folder_end_to_end(tmp_path: Path, tiny_overrides: li
     assert saved["steps"] == 6  # 96 images, batch 16
     # decoded once into memory (data.in_memory=auto), still a folder: its split and its Pillow resize recorded
     assert saved["dataset"]["test_split"] == "val" and saved["preprocessing"]["resize"] == "pillow"
+
+
+def test_decoding_in_workers_or_not_leaves_the_global_generator_and_so_the_run_as_it_was(
+    tmp_path: Path, tiny_overrides: list[str], monkeypatch
+) -> None:
+    """A DataLoader draws its workers' seed from the global generator unless given one, and that generator then
+    initialises the model: reading a folder into memory in workers (data.workers's default on a machine of two
+    cores or more) gave a seed other first weights than reading it in the main process. Neither the read, the
+    streamed epochs nor a run's results now depend on the workers."""
+    import hasten.data.imagefolder as imagefolder
+
+    monkeypatch.setattr(imagefolder, "DECODE_CHUNK", 4)  # several chunks: the workers' DataLoader is made
+    write_folder(tmp_path / "images", per_class=4)
+    data = open_image_folder(tmp_path / "images")
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    for workers in (0, 1):
+        torch.manual_seed(0)
+        read_into_memory(data, workers)
+        train, _ = image_folder_loaders(data, 4, 4, workers=workers)
+        for epoch in (0, 1):
+            train.set_epoch(epoch)
+            list(train)
+        assert torch.equal(torch.rand(3), expected), workers
+    out = tmp_path / "folder"
+    assert main(["data", "make-folder", "synthetic", str(out), "--size", "12", "--rgb", "--limit", "96"]) == 0
+    overrides = [o for o in tiny_overrides if not o.startswith(("data.", "model.width", "run.dir"))]
+    curves = []
+    for workers in (0, 1):
+        run = tmp_path / f"run-{workers}"
+        common = [f"data.root={out}", "data.size=12", f"data.workers={workers}", "train.epochs=2", f"run.dir={run}"]
+        hasten.train("seed-cnn-32", [*overrides, *common])
+        curves.append([line.split(",")[2:7] for line in (run / "metrics.csv").read_text().splitlines()[1:]])
+    assert len(curves[0]) == 2 and curves[0] == curves[1]  # LR, training and test loss and accuracy, epoch by epoch
