@@ -137,7 +137,7 @@ class DataConfig(Section):
         None,
         description="imagefolder: DataLoader worker processes; null: one per CPU core but one, at most 4 (none for a "
         "folder read from its decode cache that fits in half the memory available: its rows are copied in the main "
-        "process).",
+        "process). They only decode: a seed's run is the same with any number of them.",
     )
     in_memory: bool | Literal["auto"] = Field(
         "auto",
