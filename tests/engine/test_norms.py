@@ -193,6 +193,7 @@ def test_the_evaluation_copy_is_made_once_and_brought_up_to_the_weights_as_a_fre
 
 def test_a_model_whose_layers_change_is_folded_afresh_and_a_freed_model_frees_its_copy():
     import gc
+    import weakref
 
     from hasten.engine.norms import _FOLDS, folded_for_inference
 
@@ -213,10 +214,11 @@ def test_a_model_whose_layers_change_is_folded_afresh_and_a_freed_model_frees_it
     assert third is not second and all(
         m.weight.is_contiguous(memory_format=torch.channels_last) for m in third.modules() if isinstance(m, nn.Conv2d)
     )
-    count = len(_FOLDS)
+    kept, held = weakref.ref(model), weakref.ref(third)
+    assert _FOLDS[model].module is third
     del model, first, second, third
     gc.collect()
-    assert len(_FOLDS) == count - 1
+    assert kept() is None and held() is None  # the copy neither kept the model alive nor outlived it
 
 
 def test_a_copy_whose_refresh_does_not_reproduce_a_fresh_fold_is_never_reused(monkeypatch):
