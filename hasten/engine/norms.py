@@ -99,8 +99,7 @@ def fold_through_max_pools(graph_module: torch.fx.GraphModule) -> int:
         conv = module_of(conv_node, nn.Conv2d) if isinstance(conv_node, torch.fx.Node) else None
         if conv is None:
             continue
-        scale = torch.rsqrt(norm.running_var + norm.eps) * (norm.weight if norm.affine else 1.0)
-        if not bool((scale > 0).all()):
+        if not scales_positive(norm):
             continue
         parent, _, name = conv_node.target.rpartition(".")
         setattr(graph_module.get_submodule(parent) if parent else graph_module, name, fuse_conv_bn_eval(conv, norm))
@@ -112,6 +111,12 @@ def fold_through_max_pools(graph_module: torch.fx.GraphModule) -> int:
         graph_module.recompile()
         graph_module.delete_all_unused_submodules()  # the folded batch norms
     return count
+
+
+def scales_positive(norm: nn.BatchNorm2d) -> bool:
+    """Whether every channel's scale of an eval-mode batch norm, gamma / sqrt(running var + eps), is positive: what
+    lets it fold through a max-pool (`fold_through_max_pools`)."""
+    return bool((torch.rsqrt(norm.running_var + norm.eps) * (norm.weight if norm.affine else 1.0) > 0).all())
 
 
 class PairMax(nn.Module):
@@ -240,8 +245,6 @@ def _key(model: nn.Module, fused: list[tuple[str, str]]) -> tuple[Any, ...]:
         for name, t in [*_tensors(model, "parameters"), *_tensors(model, "buffers")]
     )  # fmt: skip
     signs = tuple(
-        bool((torch.rsqrt(m.running_var + m.eps) * (m.weight if m.affine else 1.0) > 0).all())
-        for m in model.modules()
-        if isinstance(m, nn.BatchNorm2d) and m.running_var is not None
+        scales_positive(m) for m in model.modules() if isinstance(m, nn.BatchNorm2d) and m.running_var is not None
     )
     return layers, tensors, signs, tuple(fused)
