@@ -416,20 +416,21 @@ def with_children_cpu_seconds() -> float:
 class ActivityMeter:
     """Measures `Activity` between `start()` and `stop()`, from /proc/stat and this process's CPU clock (all its
     threads; `own_clock=with_children_cpu_seconds` counts child processes waited for before `stop()` as its own).
-    `stop()` is None where the machine's CPU time cannot be read (not Linux): nothing is then known."""
+    `stop()` is None where the machine's CPU time cannot be read (not Linux): nothing is then known. `read_stat`,
+    `own_clock` and `wall_clock` are where the readings come from (/proc/stat, time.process_time and
+    time.perf_counter unless given)."""
 
-    def __init__(self, read_stat=_proc_stat, own_clock=None):
+    def __init__(self, read_stat=_proc_stat, own_clock=None, wall_clock=None):
         import time
 
         self.read_stat = read_stat
         self.own_clock = own_clock or time.process_time
+        self.wall_clock = wall_clock or time.perf_counter
         self._start: tuple[float, float, tuple[float, int] | None] | None = None
 
     def _sample(self) -> tuple[float, float, tuple[float, int] | None]:
-        import time
-
         text = self.read_stat()
-        return time.perf_counter(), self.own_clock(), read_proc_stat(text) if text else None
+        return self.wall_clock(), self.own_clock(), read_proc_stat(text) if text else None
 
     def start(self) -> None:
         self._start = self._sample()

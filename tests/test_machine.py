@@ -4,9 +4,9 @@ them under every profile, and the meter that tells a busy machine."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -16,7 +16,7 @@ from hasten import machine
 from hasten.cli import main
 from hasten.engine.distributed import resolve_device
 from hasten.engine.optimizers import newton_schulz_dtype
-from hasten.tune import autotune, choices, probe_cache, steadiness
+from hasten.tune import autotune, choices, probe_cache
 
 pytestmark = pytest.mark.machine
 
@@ -130,78 +130,118 @@ def test_a_cpu_profile_s_precision_choice_runs_on_any_cpu(name, tiny_overrides, 
     assert summary["machine"]["profile"] == name and summary["machine"]["kernels"] == name  # recorded with the run
 
 
-SPIN = "import time\nend = time.time() + 20\nwhile time.time() < end: pass"  # 20 s at most, killed sooner
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/stat's unit, as read_proc_stat reads it
 
 
-def _spinners(count: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(count)]
+def _stat_text(busy_seconds: float, cpus: int) -> str:
+    """/proc/stat's text on a machine whose `cpus` CPUs have spent `busy_seconds` busy since boot."""
+    ticks = round(busy_seconds * TICKS)
+    lines = [f"cpu  {ticks - ticks // 4} 0 {ticks // 4} 987654 321 0 0 0 0 0"]  # user, nice, system, idle, iowait...
+    lines += [f"cpu{n} 0 0 0 0 0 0 0 0 0 0" for n in range(cpus)] + ["intr 12 3 4", "ctxt 5678", "processes 91"]
+    return "\n".join(lines) + "\n"
 
 
-@pytest.mark.steadiness
-def test_the_meter_sees_other_processes_busy_on_the_cores():
-    """Other processes spinning on every CPU: their time shows, not this process's (which sleeps)."""
-    if machine.read_proc_stat("cpu  1 0 0 0 0 0 0 0\ncpu0 1 0 0 0 0 0 0 0\n") is None:
-        pytest.skip("no /proc/stat here")
-    meter = machine.ActivityMeter()
-    if meter.read_stat() is None:
+class Readings:
+    """What an ActivityMeter reads, as a machine with stopped clocks gives it: each sample moves the wall clock on
+    by `wall` seconds, this process's CPU clock by `own`, and the CPU time the machine spent busy by `busy` (this
+    process's included). No real time passes and no other process runs: the meter's arithmetic alone is tested."""
+
+    def __init__(self, wall: float, own: float, busy: float, cpus: int = 2):
+        self.step = {"wall": wall, "own": own, "busy": busy}
+        self.reads = {"wall": 0, "own": 0, "busy": 0}
+        self.cpus = cpus
+
+    def _next(self, kind: str, since: float) -> float:
+        self.reads[kind] += 1
+        return since + (self.reads[kind] - 1) * self.step[kind]
+
+    def stat(self) -> str:
+        return _stat_text(self._next("busy", 50_000.0), self.cpus)
+
+    def own(self) -> float:
+        return self._next("own", 12.5)
+
+    def wall(self) -> float:
+        return self._next("wall", 800.0)
+
+    def meter(self, own_clock=None) -> machine.ActivityMeter:
+        return machine.ActivityMeter(read_stat=self.stat, own_clock=own_clock or self.own, wall_clock=self.wall)
+
+
+def test_the_meter_counts_other_processes_time_not_its_own():
+    """Other work on the machine is the busy CPU time /proc/stat counts less this process's own CPU time."""
+    busy = Readings(wall=1.0, own=0.05, busy=1.9).meter()  # two CPUs: this process 0.05 s, other work 1.85 s
+    busy.start()
+    activity = busy.stop()
+    assert activity == machine.Activity(wall_seconds=1.0, own_seconds=pytest.approx(0.05),
+                                        others_seconds=pytest.approx(1.85), cpus=2)  # fmt: skip
+    assert activity.others_share == pytest.approx(0.925) and activity.others_cpus == pytest.approx(1.85)
+    assert activity.describe() == "other work took 1.9 of 2 CPUs"
+    alone = Readings(wall=2.0, own=1.6, busy=1.6, cpus=4).meter()  # all the busy time is this process's
+    alone.start()
+    assert alone.stop() == machine.Activity(2.0, pytest.approx(1.6), pytest.approx(0.0, abs=1e-9), 4)
+    both = activity + machine.Activity(2.0, 1.6, 0.0, 4)  # two intervals: their sums, on the larger machine
+    assert both == machine.Activity(3.0, pytest.approx(1.65), pytest.approx(1.85), 4)
+    assert both.others_share == pytest.approx(1.85 / 12)
+
+
+def test_the_meter_knows_nothing_where_the_machine_s_cpu_time_cannot_be_read():
+    unread = machine.ActivityMeter(read_stat=lambda: None, own_clock=lambda: 1.0, wall_clock=lambda: 2.0)
+    unread.start()
+    assert unread.stop() is None  # not Linux, or /proc not mounted
+    garbled = machine.ActivityMeter(read_stat=lambda: "cpu  1 2 x\n", own_clock=lambda: 1.0, wall_clock=lambda: 2.0)
+    garbled.start()
+    assert garbled.stop() is None
+    assert Readings(1.0, 0.0, 0.0).meter().stop() is None  # stopped before it was started
+    assert machine.read_proc_stat(_stat_text(12.0, 3)) == (pytest.approx(12.0), 3)
+
+
+def test_this_machine_s_proc_stat_reads_as_busy_seconds_and_cpus():
+    text = machine._proc_stat()
+    if text is None:
         pytest.skip("/proc/stat cannot be read here")
-    spinners = _spinners(machine.read_proc_stat(meter.read_stat())[1])
-    try:
-        time.sleep(0.3)  # they start
-        meter.start()
-        time.sleep(1.0)
-        activity = meter.stop()
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
-    assert activity is not None and activity.own_seconds < 0.2
-    assert activity.others_share > steadiness.BUSY_SHARE, activity
+    busy, cpus = machine.read_proc_stat(text)
+    assert cpus == sum(1 for line in text.splitlines() if line[:3] == "cpu" and line[3:4].isdigit()) >= 1
+    assert busy > 0  # the machine has run since boot
 
 
-@pytest.mark.steadiness
 def test_a_child_waited_for_is_the_meters_own_with_the_children_clock():
     """A benchmark that times a child process: the child's CPU time is its own, not other work's, once the child
     has been waited for (the default clock counts this process alone, so the same child reads as other work)."""
-    if machine.read_proc_stat("cpu  1 0 0 0 0 0 0 0\ncpu0 1 0 0 0 0 0 0 0\n") is None:
-        pytest.skip("no /proc/stat here")
-    spin_for_a_second = "import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end: pass\n"
-    activities = {}
-    for name, clock in (("children", machine.with_children_cpu_seconds), ("self", None)):
-        meter = machine.ActivityMeter(own_clock=clock)
-        if meter.read_stat() is None:
-            pytest.skip("/proc/stat cannot be read here")
+    # a child that used 1.0 s of CPU while this process used 0.02 s: the machine's busy time rose by 1.02 s
+    children = Readings(wall=1.5, own=1.02, busy=1.02).meter()  # the clock that counts the waited-for child
+    alone = Readings(wall=1.5, own=0.02, busy=1.02).meter()  # this process's clock alone
+    for meter in (children, alone):
         meter.start()
-        subprocess.run([sys.executable, "-c", spin_for_a_second], check=True)
-        activities[name] = meter.stop()
-    children, alone = activities["children"], activities["self"]
-    assert children.own_seconds >= 0.9, children  # the child's second of CPU time (and its start-up)
-    assert alone.own_seconds < 0.5 and alone.others_seconds >= 0.8, alone  # the same child, read as other work
-    assert children.others_seconds < alone.others_seconds - 0.5, (children, alone)
+    assert children.stop() == machine.Activity(1.5, pytest.approx(1.02), pytest.approx(0.0, abs=1e-9), 2)
+    assert alone.stop() == machine.Activity(1.5, pytest.approx(0.02), pytest.approx(1.0), 2)
+    # the children clock itself: a child that spins until its own CPU clock reads 0.2 s adds that much once waited
+    # for (CPU time the child used, whatever else the machine is doing: no wall-clock reading is compared)
+    spin = "import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end: pass\n"
+    before = machine.with_children_cpu_seconds()
+    subprocess.run([sys.executable, "-c", spin], check=True)
+    assert machine.with_children_cpu_seconds() - before >= 0.19
 
 
 @pytest.mark.steadiness
 def test_a_real_probe_with_other_processes_busy_says_so_and_keeps_nothing(capsys, monkeypatch):
-    """The probe on a loaded machine: re-timed, said busy, nothing cached (the choice serves this run only)."""
-    meter = machine.ActivityMeter()
-    if meter.read_stat() is None:
-        pytest.skip("/proc/stat cannot be read here")
-    # steps of tens of milliseconds: /proc/stat counts in ticks of 10 ms, so a tiny net's timing says little
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3), torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 3),
-                                torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(32 * 28 * 28, 10))  # fmt: skip
-    batch = (torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,)))
+    """The probe on a loaded machine (its meter reads other work on 1.5 of 2 CPUs): re-timed, said busy, nothing
+    cached (the choice serves this run only)."""
+    readings = Readings(wall=1.0, own=0.5, busy=2.0)
+
+    def busy_meter(*args, **kwargs) -> machine.ActivityMeter:
+        return readings.meter()
+
+    monkeypatch.setattr(autotune, "ActivityMeter", busy_meter)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(8 * 14 * 14, 10))  # fmt: skip
+    batch = (torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,)))
     options = choices.candidates("fp32", "auto", "cpu", PROFILES["avx2"])
-    spinners = _spinners(machine.read_proc_stat(meter.read_stat())[1])
-    try:
-        time.sleep(0.3)
-        result = autotune.cached_probe(model, batch, 10, options, ["train.channels_last"], PROFILES["avx2"])
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
+    result = autotune.cached_probe(model, batch, 10, options, ["train.channels_last"], PROFILES["avx2"])
     err = capsys.readouterr().err.replace("\n  ", " ")
     assert result.steadiness is not None and result.steadiness.busy and result.steadiness.retimed
-    assert "not kept: the machine is busy: other work took" in err
+    assert "not kept: the machine is busy: other work took 1.5 of 2 CPUs" in err
+    assert readings.reads["busy"] == 4  # read around the timing and around the timing again
     assert not probe_cache.cache_path(probe_cache.probe_key(model, batch[0], options, PROFILES["avx2"])).exists()
 
 
