@@ -36,6 +36,7 @@ from torch import Tensor
 
 from hasten.data.datasets import ImageDataset
 from hasten.data.fitting import SQUASH, fit_pil, mixed_sizes_side
+from hasten.data.items import whole_batch
 from hasten.data.loader import Augment, ShardedEpochs, channel_stats
 from hasten.data.preprocessing import UNREADABLE, open_image
 from hasten.data.seeds import loader_generator
@@ -242,11 +243,6 @@ class BatchDecoder(torch.utils.data.Dataset):
         return torch.from_numpy(images), self.labels[indices]
 
 
-def _whole_batch(item: object) -> object:
-    """collate_fn: the decoder already returns whole batches."""
-    return item
-
-
 class _BatchPlan:
     """The sampler: the index lists of the batches still to come this epoch, set before each pass.
     DataLoader re-iterates its sampler on every pass, so persistent workers pick up each new epoch's order."""
@@ -292,7 +288,7 @@ class ImageFolderLoader(ShardedEpochs):
                 self.decoder,
                 batch_size=None,
                 sampler=self._plan,
-                collate_fn=_whole_batch,
+                collate_fn=whole_batch,
                 generator=loader_generator(),  # (the global generator is the model's: hasten/data/seeds.py)
                 num_workers=self.workers,
                 persistent_workers=self.workers > 0,
@@ -478,7 +474,7 @@ def decoded_chunks(data: ImageFolder, split: FolderSplit, workers: int = 0) -> I
         return
     if workers and len(chunks) > 1 and split.cached is None:  # a cached split is only copied: no work to share
         parts: Any = torch.utils.data.DataLoader(decoder, batch_size=None, sampler=chunks, num_workers=workers,
-                                                 collate_fn=_whole_batch, generator=loader_generator())  # fmt: skip
+                                                 collate_fn=whole_batch, generator=loader_generator())  # fmt: skip
     else:
         parts = (decoder[chunk] for chunk in chunks)
     for part in parts:

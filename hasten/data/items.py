@@ -195,7 +195,7 @@ class ItemFacts(torch.utils.data.Dataset):
 def read_passes(source: torch.utils.data.Dataset, plan: list[list[int]], workers: int) -> Iterator[Any]:
     """`source[indices]` for each list of `plan`, in order, read by `workers` DataLoader workers (0: here); a message
     in place of a batch is raised as the DataError it names."""
-    loader = torch.utils.data.DataLoader(source, batch_size=None, sampler=plan, collate_fn=_whole_batch,
+    loader = torch.utils.data.DataLoader(source, batch_size=None, sampler=plan, collate_fn=whole_batch,
                                          num_workers=workers, generator=loader_generator())  # fmt: skip
     for item in loader:
         if isinstance(item, str):
@@ -243,6 +243,7 @@ class TensorItems(torch.utils.data.Dataset):
         return self.images[index], int(self.labels[index])
 
 
-def _whole_batch(item: object) -> object:
-    """collate_fn: `DatasetBatches` already returns whole batches (a module function: workers may pickle it)."""
+def whole_batch(item: object) -> object:
+    """collate_fn for a DataLoader whose source already returns whole batches (`DatasetBatches`, and the image
+    folders' decoders in hasten/data/imagefolder.py); a module function: workers may pickle it."""
     return item
