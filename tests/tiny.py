@@ -15,8 +15,10 @@ TINY_OVERRIDES = [
     "data.augment.translate=0",
     "model.width=8",
     # fixed, not the recipe's `auto`: a start-up probe per run would cost time, and near-ties may flip between
-    # runs that a test compares bit for bit (tests/tune/test_autotune.py tests `auto` itself)
-    "precision=bf16",
+    # runs that a test compares bit for bit (tests/tune/test_autotune.py tests `auto` itself). fp32, which every
+    # CPU runs at full speed: a CPU without bf16 instructions emulates bf16 at a quarter of fp32's speed or less,
+    # which made the tiny runs 2-7x slower there; tests about bf16 ask for it themselves
+    "precision=fp32",
     "train.channels_last=true",
     "tricks.ema=0",  # fashion-fast's EMA (decay 0.99) barely leaves the initial weights in a 48-step run
     "train.batch_size=16",

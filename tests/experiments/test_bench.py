@@ -32,7 +32,8 @@ def test_bench_writes_every_output_with_the_naive_loop_beside_the_variants(tiny_
     # the run is at 0.77-0.88 after one epoch and 1.0 after two under AVX2, ATen's default kernels and oneDNN's
     # SSE41 alike. (Muon's filters learn at any optim.lr, and one epoch's accuracy swung from 0.30 to 0.49 by
     # kernel set: neither can make the test's margin.)
-    overrides = [*tiny_overrides, "optim.name=sgd", "train.epochs=2", "run.thresholds=[0.6]", "run.tensorboard=false"]
+    overrides = [*tiny_overrides, "optim.name=sgd", "train.epochs=2", "run.thresholds=[0.6]", "run.tensorboard=false",
+                 "precision=bf16"]  # fmt: skip
     recipe = load_recipe("fashion-fast", overrides)
     variants = plan_variants(recipe, ["optim.lr=0.2,1e-9"])
     assert [v.name for v in variants] == [NAIVE, "lr=0.2", "lr=1e-9"]

@@ -115,9 +115,10 @@ def test_evaluate_prints_summary_accuracy_and_writes_confusion(ema_run, tmp_path
 @pytest.mark.numerics
 def test_evaluate_equals_summary_in_bf16_with_channels_last(tmp_path):
     """The default recipe's evaluation settings (bf16 autocast, channels_last, flip TTA, EMA): still exact."""
-    # bf16 and channels_last fixed (the tiny recipe's), not the default's `auto`: a CPU without bf16 kernels
-    # would probe fp32 and test something else
-    summary = hasten.train(None, tiny(tmp_path / "run", "tricks.ema=0.9", "train.epochs=1", "train.tta_flip=true"))
+    # bf16 and channels_last fixed, not the default's `auto`: a CPU without bf16 kernels would probe fp32 and test
+    # something else
+    summary = hasten.train(None, tiny(tmp_path / "run", "precision=bf16", "tricks.ema=0.9", "train.epochs=1",
+                                      "train.tta_flip=true"))  # fmt: skip
     assert (summary["precision"], summary["channels_last"]) == ("bf16", True)
     from hasten.use.evaluate import evaluate
 
