@@ -20,7 +20,8 @@ says how an image is brought to the size, with Pillow. Arrays (one size per arra
 datasets are, with torch.
 
 The whole data argument: one part (the training data; the evaluation split is then `data.val_fraction` of it,
-held out seeded and stratified by class), `(train, test)`, `(train, test, class_names)`, or an image folder's
+held out seeded and stratified by class), `(images, labels, class_names)` (one part, named), `(train, test)`,
+`(train, test, class_names)`, or an image folder's
 path (hasten/data/imagefolder.py). Labels come from a Dataset's `targets` or `labels` attribute when it has
 one of its length (torchvision's datasets do), else from one pass over its items.
 """
@@ -312,12 +313,15 @@ def split_parts(data: Any) -> tuple[Any, Any | None, list[str] | None]:
         return data, None, None
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
         names = data[2] if len(data) == 3 else None
+        pair = is_pair(tuple(data[:2]))  # (images, labels, class_names): one part, named, not (train, test, names)
         if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names)):
-            raise DataError("data: the third item of (train, test, class_names) must be a list of class names")
-        return data[0], data[1], list(names) if names is not None else None
+            shape = "(images, labels, class_names)" if pair else "(train, test, class_names)"
+            raise DataError(f"data: the third item of {shape} must be a list of class names")
+        names = list(names) if names is not None else None
+        return (tuple(data[:2]), None, names) if pair else (data[0], data[1], names)
     raise DataError(
-        f"data: expected an (images, labels) pair, a Dataset of (image, label), an image folder path, "
-        f"(train, test) or (train, test, class_names); got {type(data).__name__}"
+        f"data: expected an (images, labels) pair, (images, labels, class_names), a Dataset of (image, label), an "
+        f"image folder path, (train, test) or (train, test, class_names); got {type(data).__name__}"
     )
 
 

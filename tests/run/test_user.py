@@ -482,6 +482,28 @@ def test_labels_that_are_class_names_become_indices_into_the_names_given_or_foun
     assert result["classes"] == ["ant", "cat", "dog", "emu"] and result.predict(test[:1])[0].label in result["classes"]
 
 
+def test_images_labels_and_class_names_are_one_named_part_not_train_test_and_names(tmp_path):
+    """data=(images, labels, class_names): the training part with its names, held out by data.val_fraction (the
+    same split as (images, labels) with data.classes); without a held-out share it is said to need one, and a
+    third item that is not names is named in the form the data has."""
+    from hasten.data.user import own_data
+
+    images, labels = quadrants(40, 0)
+    named = own_data((images, labels, CLASSES), val_fraction=0.25)
+    pair = own_data((images, labels), classes=CLASSES, val_fraction=0.25)
+    assert named.classes == CLASSES and len(named.train_labels) == 32 and len(named.test_labels) == 8
+    assert torch.equal(named.train_labels, pair.train_labels) and torch.equal(named.test_images, pair.test_images)
+    with pytest.raises(DataError, match=r"only a training part was given.*data\.val_fraction=0\.1"):
+        own_data((images, labels, CLASSES))
+    with pytest.raises(DataError, match=r"third item of \(images, labels, class_names\) must be a list of class"):
+        own_data((images, labels, "north"))
+    with pytest.raises(DataError, match=r"third item of \(train, test, class_names\)"):
+        own_data(((images, labels), (images, labels), [0, 1, 2, 3]))
+    result = hasten.train(None, [*QUIET, "model.width=4", "data.val_fraction=0.25", f"run.dir={tmp_path}"],
+                          data=(images, labels, CLASSES))  # fmt: skip
+    assert result["classes"] == CLASSES and result.predict(images[:1])[0].label in CLASSES
+
+
 def test_labels_that_are_not_class_indices_are_refused_naming_the_split_index_and_value():
     from hasten.data.user import own_data
 
