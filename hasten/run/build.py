@@ -62,7 +62,15 @@ from hasten.run.extension import Extension
 from hasten.run.loading import loader_workers, open_folder
 from hasten.run.plan import Collapsed
 from hasten.run.resolve import resolve, run_dir
-from hasten.run.restart import RESTARTS, collapse_note, discard_start, first_weights, may_restart, restart_settings
+from hasten.run.restart import (
+    ABANDONED,
+    RESTARTS,
+    collapse_note,
+    discard_start,
+    first_weights,
+    may_restart,
+    restart_settings,
+)
 from hasten.run.trainer import Plan, Saving, Trainer
 from hasten.run.user import builtin_holdout, load_data
 from hasten.run.verdicts import absent_classes, majority_share
@@ -392,6 +400,7 @@ def train(
                     distributed.barrier()  # the ranks end together, once rank 0 has written everything
                     return summary
             except Collapsed as collapse:  # start again from the first weights, with the plan's settings
+                clock.mark(ABANDONED)  # its own phase of the start-up, not the next start's data reading
                 log.close()
                 restart = collapse.record | {
                     "wall_seconds": round(collapse.record["wall_seconds"], 3),  # from the command's start

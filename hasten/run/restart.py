@@ -23,6 +23,8 @@ from hasten.runfolder.folder import remove_run_records
 from hasten.tune import rules
 
 RESTARTS = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun: how often the workers were restarted
+# the start-up phase (summary.json `startup`) that holds an abandoned start: its data, probe, training and evaluation
+ABANDONED = "abandoned start"
 
 
 def may_restart(recipe: Recipe) -> bool:

@@ -88,6 +88,10 @@ def test_a_run_whose_outputs_collapse_restarts_once_and_records_it(tmp_path):
     peak = max(float(row["lr"]) for row in rows)  # the restart's LR, sqrt-scaled to the batch of 16
     assert peak == pytest.approx(0.00075 * math.sqrt(16 / 32), rel=1e-6)
     assert result["wall_seconds"] > restarted["wall_seconds"]  # the abandoned start's seconds are the user's too
+    # and they are a phase of the start-up of their own, not the next start's data reading
+    startup = result["startup"]
+    assert startup["abandoned start"] > 0 and list(startup)[-1] == "abandoned start"  # the last phase first marked
+    assert sum(startup.values()) == pytest.approx(result["startup_seconds"], abs=0.01)
     # the same command resumed from the restarted start's last checkpoint: its LR and batch, not the rule's again
     again = hasten.train(None, [*quiet, "resume=auto"], model=DeadEnd, data=data)
     assert again["test_accuracy"] == result["test_accuracy"] and again["epochs"] == result["epochs"]
