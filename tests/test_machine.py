@@ -164,8 +164,8 @@ class Readings:
     def wall(self) -> float:
         return self._next("wall", 800.0)
 
-    def meter(self, own_clock=None) -> machine.ActivityMeter:
-        return machine.ActivityMeter(read_stat=self.stat, own_clock=own_clock or self.own, wall_clock=self.wall)
+    def meter(self) -> machine.ActivityMeter:
+        return machine.ActivityMeter(read_stat=self.stat, own_clock=self.own, wall_clock=self.wall)
 
 
 def test_the_meter_counts_other_processes_time_not_its_own():
