@@ -7,6 +7,8 @@ each worker then runs `hasten.cli.main(ARGS)`. The environment says what to inje
 (torchrun's TORCHELASTIC_RESTART_COUNT = 0), so an elastic restart runs clean:
 
     HASTEN_TEST_FAULT=raise:R:S     rank R raises after its S-th optimizer step
+    HASTEN_TEST_FAULT=raise-slow:R:S  as raise, and rank R's exit frees its process group and then takes 60 s more
+                                    (torch's teardown on a busy machine), so the peer it left ends first
     HASTEN_TEST_FAULT=sigterm:R:S   rank R alone gets SIGTERM after its S-th optimizer step
     HASTEN_TEST_FAULT=kill:R:S      rank R is SIGKILLed after its S-th optimizer step (a crash, an OOM kill)
     HASTEN_TEST_RESTARTS=K          torchrun's --max-restarts
@@ -45,6 +47,20 @@ def audit_writes(folder: Path, rank: int) -> None:
     atexit.register(lambda: (folder / f"rank-{rank}.txt").write_text("".join(f"{p}\n" for p in touched)))
 
 
+def slow_teardown() -> None:
+    """At exit after an uncaught error: close the process's connections (the process group's among them), as the
+    interpreter's teardown may before it ends, then take the seconds torch's teardown can take on a busy machine."""
+    import time
+
+    for name in os.listdir("/proc/self/fd"):  # Linux: the test that injects this runs there only
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                os.close(int(name))
+        except OSError:
+            pass
+    time.sleep(60)
+
+
 def inject(fault: str, rank: int) -> None:
     from hasten.run.trainer import Trainer
 
@@ -56,7 +72,9 @@ def inject(fault: str, rank: int) -> None:
     def finish_step(self: Trainer, result: Any) -> None:
         finish_once(self, result)
         if self.state.step == int(fault_step):
-            if kind == "raise":
+            if kind == "raise-slow":
+                atexit.register(slow_teardown)
+            if kind.startswith("raise"):
                 raise RuntimeError(f"injected failure on rank {rank} at step {fault_step}")
             os.kill(os.getpid(), signal.SIGKILL if kind == "kill" else signal.SIGTERM)
 

@@ -54,6 +54,41 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
         from hasten.engine.distributed import die_with_launcher
 
         die_with_launcher(int(os.environ["HASTEN_LAUNCHER_PID"]))
+    if _world_size() < 2:
+        try:
+            return _run(command, ns, who)
+        finally:
+            if "hasten.engine.distributed" in sys.modules:  # a process group of one, if any: left cleanly
+                sys.modules["hasten.engine.distributed"].shutdown()
+    # a worker of several: a failure of its own is recorded before it leaves the process group, which may end the
+    # others first (gloo aborts a rank whose peer closed under it), so the launcher names this rank, not them
+    from hasten.engine.distributed import record_failure, shutdown
+
+    _own_failure.clear()
+    try:
+        code = _run(command, ns, who)
+    except Exception as error:  # a bug: Python prints its traceback and exits 1
+        record_failure(1, printable(f"{type(error).__name__}: {error}"))
+        raise
+    else:
+        if code and _own_failure:  # not a stop by a signal, nor a peer that vanished (no line of its own)
+            record_failure(code, _own_failure[0])
+        return code
+    finally:
+        shutdown()  # leave the process group cleanly
+
+
+_own_failure: list[str] = []  # the one line this process printed for a failure of its own, if it did
+
+
+def _error(who: str, message: str) -> None:
+    """Print a failure's one line (`message`: plain text; printed escaped) and note it as this process's own."""
+    _own_failure[:] = [message]
+    console.print(f"[red]{who}error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+def _run(command, ns, who: str) -> int:
+    """The command, with what goes wrong turned into one line and an exit code."""
     try:
         from hasten.machine import current
 
@@ -66,23 +101,19 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
             console.print(f"[yellow]{who}stopped:[/yellow] {escape(str(error))}{escape(told)}", highlight=False,
                           soft_wrap=True)  # fmt: skip
             return error.exit_code
-        console.print(f"[red]{who}error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
+        _error(who, str(error))
         return error.exit_code
     except OSError as error:
         if not error.filename:
             raise
         # a file or folder the user named that the system refuses (permissions, a vanished disk): exit 2 naming it
-        message = escape(printable(f"{error.filename}: {error.strerror or error}"))  # a file's name: escaped
-        console.print(f"[red]{who}error:[/red] {message}", highlight=False, soft_wrap=True)
+        _error(who, printable(f"{error.filename}: {error.strerror or error}"))  # a file's name: printable
         return 2
     except KeyboardInterrupt:
         console.print(f"[yellow]{who}interrupted[/yellow]")
         return 130
     except (MemoryError, RuntimeError) as error:
         return _resource_failure(error, who)
-    finally:
-        if "hasten.engine.distributed" in sys.modules:  # leave the process group cleanly (no-op when none is up)
-            sys.modules["hasten.engine.distributed"].shutdown()
 
 
 def resume_command(command_line: str) -> str:
@@ -106,11 +137,10 @@ def _resource_failure(error: BaseException, who: str) -> int:
 
     first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
     if out_of_memory(error):
-        console.print(
-            f"[red]{who}error:[/red] out of memory ({escape(first)}): the sizes asked for are too large for this "
-            "machine (in a recipe: train.batch_size, train.eval_batch_size, model.width, data.size), or free memory",
-            highlight=False,
-            soft_wrap=True,
+        _error(
+            who,
+            f"out of memory ({first}): the sizes asked for are too large for this machine (in a recipe: "
+            "train.batch_size, train.eval_batch_size, model.width, data.size), or free memory",
         )
         return 2
     if lost_peer(error):

@@ -10,8 +10,10 @@ agent watches the workers and stops the whole job, non-zero, when one fails.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -301,14 +303,49 @@ def launch(nproc: int, args: list[str], *, max_restarts: int = 0, script: str | 
     try:
         run(get_args_parser().parse_args([*options, *target, *args]))
     except ChildFailedError as error:
-        failures = error.failures
-        codes = {rank_id: failure.exitcode for rank_id, failure in sorted(failures.items())}
-        print(f"hasten: {describe_failures(codes)}", file=sys.stderr)
-        return job_exit_code([failure.exitcode for _, failure in sorted(failures.items())])
+        codes = {rank_id: failure.exitcode for rank_id, failure in sorted(error.failures.items())}
+        recorded = {rank_id: own for rank_id, failure in error.failures.items() if (own := recorded_failure(failure))}
+        print(f"hasten: {describe_failures(codes, recorded)}", file=sys.stderr)
+        return job_exit_code(codes, recorded)
     except SignalException as stop:
         print(f"hasten: stopped by {stop.sigval.name}; the workers were asked to checkpoint and stop", file=sys.stderr)
         return 128 + int(stop.sigval)
     return 0
+
+
+FAILURE_FILE = "TORCHELASTIC_ERROR_FILE"  # torchrun gives each worker a file of its own for its failure's record
+
+
+def record_failure(exit_code: int, message: str) -> None:
+    """In a worker of a job: leave the record of a failure of its own (the exit code it leaves with, its one line,
+    when) in the file torchrun's agent reads back for it (torch.distributed.elastic's error-file format, hasten's
+    fields beside). Written before the worker leaves the process group, which may end a peer first (gloo aborts a
+    rank whose peer's connection closed) and let the agent see that peer's death before this one's: the record
+    says which rank failed of its own. Best effort: where it cannot be written, nothing else changes."""
+    path = os.environ.get(FAILURE_FILE)
+    if not path or world_size_from_env() < 2:
+        return
+    now = time.time()
+    record = {
+        "message": {"message": message, "extraInfo": {"py_callstack": "", "timestamp": str(int(now))}},
+        "hasten": {"exit_code": int(exit_code), "time": now},
+    }
+    try:
+        with open(f"{path}.partial", "w") as out:
+            json.dump(record, out)
+        os.replace(f"{path}.partial", path)  # the agent reads a whole record or none
+    except OSError:
+        pass
+
+
+def recorded_failure(failure: Any) -> tuple[float, int] | None:
+    """(when, exit code) of the failure a worker recorded as its own (`failure`: torch's ProcessFailure, which
+    reads the worker's error file), or None where it recorded none."""
+    own = failure.error_file_data.get("hasten") if isinstance(failure.error_file_data, dict) else None
+    try:
+        return (float(own["time"]), int(own["exit_code"])) if isinstance(own, dict) else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _signal_name(number: int) -> str:
@@ -327,12 +364,29 @@ def _consequence(code: int) -> bool:
     return code in (PEER_LOST_EXIT, -int(signal.SIGTERM), 128 + int(signal.SIGTERM))
 
 
-def describe_failures(codes: dict[int, int]) -> str:
-    """One line for a failed job: each rank that failed of its own (exit code, or the signal that killed it), then
-    the ranks that were only stopped with it."""
-    causes = {rank_id: code for rank_id, code in codes.items() if not _consequence(code)} or codes
+def _causes(codes: dict[int, int], recorded: dict[int, tuple[float, int]]) -> list[int]:
+    """The ranks that failed of their own, from each rank's exit (`codes`: negative, killed by that signal) and
+    the failures ranks recorded (`recorded`: rank -> (when, exit code)): those that recorded one, earliest first,
+    then those whose exit is no consequence of another's. A SIGABRT is gloo ending a rank whose peer vanished
+    under it (std::terminate) where another rank failed of its own; it is the cause only where nothing else is."""
+    import signal
+
+    own = sorted(recorded, key=lambda rank_id: recorded[rank_id])
+    rest = [rank_id for rank_id, code in codes.items() if rank_id not in recorded and not _consequence(code)]
+    aborted = [rank_id for rank_id in rest if codes[rank_id] == -int(signal.SIGABRT)]
+    if own or len(aborted) < len(rest):
+        rest = [rank_id for rank_id in rest if rank_id not in aborted]
+    return own + rest or list(codes)
+
+
+def describe_failures(codes: dict[int, int], recorded: dict[int, tuple[float, int]] | None = None) -> str:
+    """One line for a failed job: each rank that failed of its own (the exit code it left with, or the signal that
+    killed it; see `_causes`), then the ranks that were only stopped with it."""
+    recorded = recorded or {}
+    causes = _causes(codes, recorded)
     parts = []
-    for rank_id, code in causes.items():
+    for rank_id in causes:
+        code = recorded[rank_id][1] if rank_id in recorded else codes[rank_id]
         if code < 0:
             parts.append(f"worker rank {rank_id} was killed by signal {-code} ({_signal_name(-code)})")
         elif code == PEER_LOST_EXIT:
@@ -345,15 +399,16 @@ def describe_failures(codes: dict[int, int]) -> str:
     return "; ".join(parts)
 
 
-def job_exit_code(codes: list[int]) -> int:
-    """The exit code of a job whose workers ended with `codes` (negative: killed by that signal). The cause wins
-    over its consequences: a worker's own failure (exit > 0) or a death by a signal other than the SIGTERM torchrun
-    sends the others, before a rank that only lost its peer (PEER_LOST_EXIT) or was stopped by torchrun."""
-    import signal
-
-    consequences = (PEER_LOST_EXIT, -int(signal.SIGTERM), 128 + int(signal.SIGTERM))  # 143: stopped, checkpointed
-    causes = [code for code in codes if code not in consequences and code != 0] or [c for c in codes if c] or [1]
-    first = next((code for code in causes if code > 0 and code != PEER_LOST_EXIT), causes[0])
+def job_exit_code(codes: dict[int, int], recorded: dict[int, tuple[float, int]] | None = None) -> int:
+    """The exit code of a job whose workers ended with `codes` (rank -> exit; negative: killed by that signal),
+    `recorded` as for `_causes`. The cause wins over its consequences: the earliest failure a rank recorded as its
+    own; else a worker's own exit code (> 0), else the signal that killed it, before a rank that only lost its peer
+    (PEER_LOST_EXIT) or was stopped by torchrun."""
+    recorded = recorded or {}
+    causes = _causes(codes, recorded)
+    exits = [recorded[rank_id][1] if rank_id in recorded else codes[rank_id] for rank_id in causes]
+    exits = [code for code in exits if code] or [1]
+    first = next((code for code in exits if code > 0 and code != PEER_LOST_EXIT), exits[0])
     return first if first > 0 else 128 - first  # a signal's death as the shell reports it
 
 

@@ -12,8 +12,10 @@ import csv
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ import torch
 
 import hasten
 from hasten.cli import main
+from hasten.engine.distributed import PEER_LOST_EXIT, describe_failures, job_exit_code, recorded_failure
 from hasten.recipe.schema import load_recipe
 from hasten.run.build import build, trainer_for
 from hasten.run.plan import Plan
@@ -135,6 +138,82 @@ def test_a_failing_rank_ends_the_job_non_zero_naming_it(tmp_path):
     assert result.returncode != 0
     assert "injected failure on rank 1 at step 3" in result.stderr
     assert "worker rank 1 failed with exit code 1" in result.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fault closes its sockets through /proc")
+def test_the_failing_rank_is_named_though_the_peer_it_left_ends_first(tmp_path):
+    # rank 1 fails, closes its connections on the way out and then takes a minute to end (torch's teardown on a
+    # busy machine): rank 0 loses its peer and ends first, torchrun stops rank 1; its record names the cause
+    result = run_workers(
+        ["train", *BASE, "train.batch_size=16", f"run.dir={tmp_path / 'run'}"],
+        {"HASTEN_TEST_FAULT": "raise-slow:1:3"},
+        50,
+    )
+    reported = [line for line in result.stderr.splitlines() if line.startswith("hasten:")]
+    expected = "hasten: worker rank 1 failed with exit code 1; rank 0 was stopped with it"
+    assert reported == [expected], result.stderr[-3000:]
+    assert result.returncode == 1
+
+
+ABORT, KILL, TERM = -int(signal.SIGABRT), -int(signal.SIGKILL), -int(signal.SIGTERM)
+LOST = PEER_LOST_EXIT
+RANK1_KILLED = "worker rank 1 was killed by signal 9 (SIGKILL); rank 0 was stopped with it"
+ABORTED = "worker rank {} was killed by signal 6 (SIGABRT)"
+
+
+@pytest.mark.parametrize(
+    ("codes", "recorded", "line", "exit_code"),
+    [
+        # torchrun saw rank 0 die first and stopped rank 1, which had recorded its own failure
+        ({0: ABORT, 1: TERM}, {1: (10.0, 1)}, "worker rank 1 failed with exit code 1; rank 0 was stopped with it", 1),
+        ({0: LOST, 1: TERM}, {1: (10.0, 2)}, "worker rank 1 failed with exit code 2; rank 0 was stopped with it", 2),
+        # no record (killed outright): gloo's abort of the rank left behind is its consequence
+        ({0: ABORT, 1: KILL}, {}, RANK1_KILLED, 137),
+        ({0: LOST, 1: KILL}, {}, RANK1_KILLED, 137),
+        ({0: TERM, 1: 1}, {}, "worker rank 1 failed with exit code 1; rank 0 was stopped with it", 1),
+        # an abort with nothing else to explain it is the cause
+        ({0: ABORT, 1: TERM}, {}, f"{ABORTED.format(0)}; rank 1 was stopped with it", 134),
+        ({0: ABORT, 1: ABORT}, {}, f"{ABORTED.format(0)}; {ABORTED.format(1)}", 134),
+        # both failed of their own: the earlier record first, and its code is the job's
+        ({0: 2, 1: TERM, 2: TERM}, {0: (12.5, 2), 1: (12.0, 3)},
+         "worker rank 1 failed with exit code 3; worker rank 0 failed with exit code 2; rank 2 was stopped with it", 3),
+    ],
+)  # fmt: skip
+def test_the_launcher_names_the_ranks_that_failed_of_their_own(codes, recorded, line, exit_code):
+    assert describe_failures(codes, recorded) == line
+    assert job_exit_code(codes, recorded) == exit_code
+
+
+def test_a_worker_records_its_own_failure_where_torchrun_reads_it(tmp_path, monkeypatch, capsys):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert main(["train", "fashion-fast", "optim.lr=banana", f"run.dir={tmp_path / 'run'}"]) == 2
+    assert "rank 1: error: " in capsys.readouterr().err
+    failure = ProcessFailure(local_rank=1, pid=1, exitcode=TERM, error_file=str(error_file))  # torchrun's reading
+    when, code = recorded_failure(failure)
+    assert code == 2 and "optim.lr" in failure.message["message"]
+    assert abs(when - time.time()) < 600
+
+    error_file.unlink()  # a rank that only lost its peer, or was interrupted, records nothing
+    for what, exit_code in ((RuntimeError("gloo: Connection closed by peer [127.0.0.1]:1234"), PEER_LOST_EXIT),
+                            (KeyboardInterrupt(), 130)):  # fmt: skip
+
+        def fail(what=what):
+            raise what
+
+        monkeypatch.setattr("hasten.machine.current", fail)
+        assert main(["train", "fashion-fast", f"run.dir={tmp_path / 'run'}"]) == exit_code
+        assert not error_file.exists()
+    monkeypatch.undo()
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process: nothing to tell apart
+    assert main(["train", "fashion-fast", "optim.lr=banana", f"run.dir={tmp_path / 'run'}"]) == 2
+    assert not error_file.exists()
+    assert recorded_failure(ProcessFailure(local_rank=0, pid=1, exitcode=ABORT, error_file=str(error_file))) is None
 
 
 def test_devices_2_from_the_cli_and_a_recipe_error_in_the_workers(tmp_path):
