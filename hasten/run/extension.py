@@ -7,8 +7,9 @@ after a long plateau at the loss of a uniform guess (a ConvNeXt-like net whose r
 scale of 1e-6: 1,200 images of letters sat at chance for 1,000 of its 2,025 steps at every LR tried; twice the
 epochs from the start took the same seed from 19% to 60%, docs/defaults.md). Decaying the LR then ends the run at
 chance. So at the last epoch end before the decay begins, a run whose epochs the rule chose, and whose *training*
-accuracy over that epoch is still at chance (the test set never decides it), doubles its epochs: the hold lasts
-until the old end, then the decay; the same schedule as a run given twice the epochs from the start. Once per run;
+accuracy over that epoch is still at chance (the test set never decides it), or was at chance for more than three
+quarters of the hold's epochs before it left (LATE), doubles its epochs: the hold lasts until the old end, then the decay; the same schedule
+as a run given twice the epochs from the start. Once per run;
 said at the time, recorded in recipe.yaml (train.epochs) and in summary.json (`extended`). A run whose epochs were
 given, or whose schedule does not hold its peak, is never lengthened: it ends with the late-learning or at-chance
 warning and its advice instead (hasten/run/verdicts.py).
@@ -37,6 +38,7 @@ from hasten.recipe.sections import ScheduleConfig
 from hasten.run.verdicts import at_chance, barely_moved, chance_line, chance_of
 
 FACTOR = 2  # the run's length after it: the hold again, then the decay over as many steps
+LATE = 0.75  # a run at chance for more than this share of the hold's epochs before it left is lengthened too
 FIT = 0.99  # training accuracy (running, augmented) at or above which the model fits its training images ...
 FIT_EPOCHS = 3  # ... for this many epochs in a row, during the hold, to end the hold early
 
@@ -65,15 +67,25 @@ class Extension:
     def check_epoch(self, epochs: int) -> int:
         return check_epoch(self.hold, epochs)
 
-    def decide(self, epoch: int, epochs: int, train_accuracy: float, num_classes: int, chance: float | None = None
-               ) -> dict[str, float] | None:  # fmt: skip
-        """The record of a lengthening ({at_epoch, from, to, train_accuracy, chance_line}) when the epoch just
-        ended is the check's and the training accuracy is at chance (`chance`: the training images' largest
-        class's share, hasten/run/verdicts.py); None otherwise."""
-        if epoch != self.check_epoch(epochs) or epoch >= epochs or not at_chance(train_accuracy, num_classes, chance):
+    def decide(self, epoch: int, epochs: int, train_accuracy: float, num_classes: int, chance: float | None = None,
+               learnt_from: int | None = None) -> dict[str, float] | None:  # fmt: skip
+        """The record of a lengthening ({at_epoch, from, to, train_accuracy, chance_line, learnt_from}) when the
+        epoch just ended is the check's and the training accuracy is at chance (`chance`: the training images'
+        largest class's share, hasten/run/verdicts.py), or left chance only late in the hold: the epochs before its
+        first off chance (`learnt_from`; this one where none before was) are more than LATE of the hold's. Such a run
+        has as far to go as one still at chance, and the decay would end it there (a GroupNorm CNN's seed on the
+        letters, first off chance at epoch 12 of the 13 its LR held: 60.0%, where its seed lengthened at chance
+        reached 93.8%, docs/defaults.md). None otherwise."""
+        check = self.check_epoch(epochs)
+        if epoch != check or epoch >= epochs:
             return None
-        return {"at_epoch": epoch, "from": epochs, "to": FACTOR * epochs, "train_accuracy": train_accuracy,
-                "chance_line": chance_line(chance_of(num_classes, chance))}  # fmt: skip
+        still = at_chance(train_accuracy, num_classes, chance)
+        first = None if still else (learnt_from if learnt_from is not None else epoch)
+        if not still and first - 1 <= LATE * check:  # the epochs wholly at chance: more than LATE of the hold's
+            return None
+        record = {"at_epoch": epoch, "from": epochs, "to": FACTOR * epochs, "train_accuracy": train_accuracy,
+                  "chance_line": chance_line(chance_of(num_classes, chance))}  # fmt: skip
+        return record if still else record | {"learnt_from": first}
 
     def shorten(self, epoch: int, epochs: int, train_accuracy: float) -> dict[str, float] | None:
         """Given each epoch's training accuracy in turn: the record of a shortening ({at_epoch, from, to,
@@ -100,6 +112,7 @@ class _State(Protocol):  # hasten.run.state.State
     epoch: int
     extended: dict[str, float] | None
     shortened: dict[str, float] | None
+    learnt_from: int | None
 
 
 def due(plan: _Plan, state: _State, train_accuracy: float) -> dict[str, float] | None:
@@ -107,7 +120,15 @@ def due(plan: _Plan, state: _State, train_accuracy: float) -> dict[str, float] |
     run was lengthened already or the check says no. Nothing is changed."""
     if plan.extension is None or state.extended is not None:
         return None
-    return plan.extension.decide(state.epoch, plan.epochs, train_accuracy, plan.num_classes, plan.train_chance)
+    return plan.extension.decide(state.epoch, plan.epochs, train_accuracy, plan.num_classes, plan.train_chance,
+                                 state.learnt_from)  # fmt: skip
+
+
+def note_learning(plan: _Plan, state: _State, train_accuracy: float) -> None:
+    """After an epoch: the first epoch whose training accuracy is off chance, kept in the state (a resumed run
+    decides as the run it continues)."""
+    if state.learnt_from is None and not at_chance(train_accuracy, plan.num_classes, plan.train_chance):
+        state.learnt_from = state.epoch
 
 
 def lengthened(plan: _Plan, state: _State, train_accuracy: float) -> dict[str, float] | None:
@@ -123,7 +144,9 @@ def lengthened(plan: _Plan, state: _State, train_accuracy: float) -> dict[str, f
 def replanned(plan: _Plan, state: _State, train_accuracy: float) -> str | None:
     """After an epoch: lengthen the run (`lengthened`) or shorten it (`Extension.shorten`) when one is due, once per
     run; what the run says of it, or None."""
-    if (record := lengthened(plan, state, train_accuracy)) is not None:
+    record = lengthened(plan, state, train_accuracy)
+    note_learning(plan, state, train_accuracy)
+    if record is not None:
         return extension_note(record)
     if plan.extension is None or state.extended is not None or state.shortened is not None:
         return None
@@ -144,11 +167,17 @@ def stuck(plan: _Plan, state: _State, row: dict[str, float]) -> bool:
 
 def extension_note(record: dict[str, float]) -> str:
     """What the run says when it lengthens itself."""
+    first = record.get("learnt_from")
+    if first is None:
+        seen = (f"the training accuracy is {record['train_accuracy']:.1%}, at chance (under "
+                f"{record['chance_line']:.1%}): the model has not started to learn")  # fmt: skip
+    else:
+        seen = (f"the training accuracy is {record['train_accuracy']:.1%}, and left chance (over "
+                f"{record['chance_line']:.1%}) only at epoch {first:g}: the model has barely started to learn")  # fmt: skip
     return (
         f"train.epochs=auto -> {record['to']:g}: after epoch {record['at_epoch']:g} of {record['from']:g}, where the "
-        f"LR's hold ends, the training accuracy is {record['train_accuracy']:.1%}, at chance (under "
-        f"{record['chance_line']:.1%}): the model has not started to learn, so the peak LR holds on and the run "
-        f"goes to {record['to']:g} epochs (once; recipe.yaml records it; a given train.epochs is never changed)"
+        f"LR's hold ends, {seen}, so the peak LR holds on and the run goes to {record['to']:g} epochs (once; "
+        "recipe.yaml records it; a given train.epochs is never changed)"
     )
 
 

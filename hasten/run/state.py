@@ -52,6 +52,8 @@ class State:
     extended: dict[str, float] | None = None
     # ... or shortened itself, its training images fitting while the LR held its peak: when, from, to
     shortened: dict[str, float] | None = None
+    # the first epoch whose training accuracy was off chance (hasten/run/extension.py); None: none yet
+    learnt_from: int | None = None
     # the start this run replaced because its outputs collapsed (hasten/run/build.py): when, the losses, the settings
     restarted: dict[str, Any] | None = None
 

@@ -17,7 +17,7 @@ from torch import nn
 from hasten.cli import main
 from hasten.engine.schedules import Scheduler, lr_and_momentum
 from hasten.recipe.schema import load_recipe
-from hasten.run.extension import FACTOR, FIT, FIT_EPOCHS, Extension, lengthened, replanned
+from hasten.run.extension import FACTOR, FIT, FIT_EPOCHS, LATE, Extension, lengthened, replanned
 from hasten.run.plan import Plan
 from hasten.run.state import State
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
@@ -51,13 +51,45 @@ def test_the_check_is_at_the_last_epoch_before_the_decay_and_only_at_chance() ->
     record = extension.decide(13, 27, 0.12, 10)  # 10 classes: at chance under 19%
     assert record is not None and (record["from"], record["to"], record["at_epoch"]) == (27, 27 * FACTOR, 13)
     assert record["chance_line"] == pytest.approx(0.19)
-    assert extension.decide(13, 27, 0.20, 10) is None  # learning: left alone
+    assert extension.decide(13, 27, 0.20, 10, learnt_from=5) is None  # learning since epoch 5: left alone
     assert extension.decide(12, 27, 0.10, 10) is None and extension.decide(14, 27, 0.10, 10) is None
     assert extension.decide(1, 1, 0.10, 10) is None  # the last epoch: nothing left to lengthen
     plan, state = Plan(epochs=27, num_classes=10, extension=extension), State(epoch=13)
     assert lengthened(plan, state, 0.11) == state.extended and plan.epochs == 54 and applied == [54]
     assert lengthened(plan, state, 0.11) is None and applied == [54]  # once
     assert lengthened(Plan(epochs=27, num_classes=10), State(epoch=13), 0.11) is None  # a plan without one
+
+
+def test_a_run_that_left_chance_only_late_in_the_hold_is_lengthened_as_one_still_at_chance() -> None:
+    assert LATE == 0.75
+    extension = Extension(hold=0.5, apply=lambda epochs: None)  # 27 epochs: the check after epoch 13
+    # late: more than 0.75 x 13 = 9.75 epochs wholly at chance, i.e. off chance first at epoch 11 or after
+    for first, lengthens in ((1, False), (10, False), (11, True), (12, True), (13, True)):
+        record = extension.decide(13, 27, 0.245, 10, learnt_from=first)
+        assert (record is not None) == lengthens, first
+        if lengthens:
+            assert (record["to"], record["learnt_from"], record["train_accuracy"]) == (54, first, 0.245)
+    assert extension.decide(13, 27, 0.245, 10)["learnt_from"] == 13  # none before: this epoch is the first
+    assert "learnt_from" not in extension.decide(13, 27, 0.11, 10)  # still at chance: as before
+    assert extension.decide(12, 27, 0.245, 10, learnt_from=12) is None  # only at the check's epoch
+    short = Extension(hold=0.5, apply=lambda epochs: None)  # 5 epochs: the check after epoch 2; epoch 1 at chance
+    assert short.decide(2, 5, 0.3, 10, learnt_from=2) is None  # one epoch of two is not three quarters of them
+    assert short.decide(4, 9, 0.3, 10, learnt_from=4) is None  # 9 epochs, the check after 4: 3 of 4 at chance
+    assert short.decide(5, 11, 0.3, 10, learnt_from=5)["learnt_from"] == 5  # 11, the check after 5: 4 of 5
+    # the state keeps the first epoch off chance, epoch by epoch, and the check reads it
+    plan, state = Plan(epochs=27, num_classes=10, extension=Extension(0.5, lambda epochs: None)), State()
+    notes = []
+    for epoch, accuracy in enumerate((0.10, 0.12, 0.15, 0.18, 0.21, 0.17, 0.30, 0.35, 0.40, 0.41, 0.45, 0.5, 0.52), 1):
+        state.epoch = epoch
+        notes.append(replanned(plan, state, accuracy))
+    assert state.learnt_from == 5 and notes == [None] * 13 and plan.epochs == 27  # off chance at 5 of 13: learning
+    plan, state = Plan(epochs=27, num_classes=10, extension=Extension(0.5, lambda epochs: None)), State()
+    for epoch in range(1, 14):
+        state.epoch = epoch
+        note = replanned(plan, state, 0.12 if epoch < 11 else 0.25)
+    assert state.learnt_from == 11 and plan.epochs == 54 and state.extended["learnt_from"] == 11
+    assert "left chance (over 19.0%) only at epoch 11" in note and "train.epochs=auto -> 54" in note
+    assert "at chance" not in note.replace("left chance", "")
 
 
 def test_the_hold_ends_early_after_epochs_that_fit_and_only_during_the_hold() -> None:
