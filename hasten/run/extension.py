@@ -8,11 +8,11 @@ scale of 1e-6: 1,200 images of letters sat at chance for 1,000 of its 2,025 step
 epochs from the start took the same seed from 19% to 60%, docs/defaults.md). Decaying the LR then ends the run at
 chance. So at the last epoch end before the decay begins, a run whose epochs the rule chose, and whose *training*
 accuracy over that epoch is still at chance (the test set never decides it), or was at chance for more than three
-quarters of the hold's epochs before it left (LATE), doubles its epochs: the hold lasts until the old end, then the decay; the same schedule
-as a run given twice the epochs from the start. Once per run;
-said at the time, recorded in recipe.yaml (train.epochs) and in summary.json (`extended`). A run whose epochs were
-given, or whose schedule does not hold its peak, is never lengthened: it ends with the late-learning or at-chance
-warning and its advice instead (hasten/run/verdicts.py).
+quarters of the hold's epochs before it left (LATE), doubles its epochs: the hold lasts until the old end, then
+the decay; the same schedule as a run given twice the epochs from the start. Once per run; said at the time,
+recorded in recipe.yaml (train.epochs) and in summary.json (`extended`). A run whose epochs were given, or whose
+schedule does not hold its peak, is never lengthened: it ends with the late-learning or at-chance warning and its
+advice instead (hasten/run/verdicts.py).
 
 The budget is sized for the small sets that need it (600 steps; a 400-image set at batch 16 gets 40 epochs), and on
 an easy set most of it is spent holding the peak LR over training images the model already gets right: 400 rendered
@@ -173,7 +173,8 @@ def extension_note(record: dict[str, float]) -> str:
                 f"{record['chance_line']:.1%}): the model has not started to learn")  # fmt: skip
     else:
         seen = (f"the training accuracy is {record['train_accuracy']:.1%}, and left chance (over "
-                f"{record['chance_line']:.1%}) only at epoch {first:g}: the model has barely started to learn")  # fmt: skip
+                f"{record['chance_line']:.1%}) only at epoch {first:g}: the model has barely started to "
+                "learn")  # fmt: skip
     return (
         f"train.epochs=auto -> {record['to']:g}: after epoch {record['at_epoch']:g} of {record['from']:g}, where the "
         f"LR's hold ends, {seen}, so the peak LR holds on and the run goes to {record['to']:g} epochs (once; "
