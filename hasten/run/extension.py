@@ -7,8 +7,8 @@ after a long plateau at the loss of a uniform guess (a ConvNeXt-like net whose r
 scale of 1e-6: 1,200 images of letters sat at chance for 1,000 of its 2,025 steps at every LR tried; twice the
 epochs from the start took the same seed from 19% to 60%, docs/defaults.md). Decaying the LR then ends the run at
 chance. So at the last epoch end before the decay begins, a run whose epochs the rule chose, and whose *training*
-accuracy over that epoch is still at chance (the test set never decides it), or was at chance for more than three
-quarters of the hold's epochs before it left (LATE), doubles its epochs: the hold lasts until the old end, then
+accuracy over that epoch is still at chance (the test set never decides it), or was at chance for most of the
+hold's epochs before it left (more than LATE of them), doubles its epochs: the hold lasts until the old end, then
 the decay; the same schedule as a run given twice the epochs from the start. Once per run; said at the time,
 recorded in recipe.yaml (train.epochs) and in summary.json (`extended`). A run whose epochs were given, or whose
 schedule does not hold its peak, is never lengthened: it ends with the late-learning or at-chance warning and its
@@ -38,7 +38,7 @@ from hasten.recipe.sections import ScheduleConfig
 from hasten.run.verdicts import at_chance, barely_moved, chance_line, chance_of
 
 FACTOR = 2  # the run's length after it: the hold again, then the decay over as many steps
-LATE = 0.75  # a run at chance for more than this share of the hold's epochs before it left is lengthened too
+LATE = 0.5  # a run at chance for more than this share of the hold's epochs before it left is lengthened too
 FIT = 0.99  # training accuracy (running, augmented) at or above which the model fits its training images ...
 FIT_EPOCHS = 3  # ... for this many epochs in a row, during the hold, to end the hold early
 
@@ -73,9 +73,9 @@ class Extension:
         epoch just ended is the check's and the training accuracy is at chance (`chance`: the training images'
         largest class's share, hasten/run/verdicts.py), or left chance only late in the hold: the epochs before its
         first off chance (`learnt_from`; this one where none before was) are more than LATE of the hold's. Such a run
-        has as far to go as one still at chance, and the decay would end it there (a GroupNorm CNN's seed on the
-        letters, first off chance at epoch 12 of the 13 its LR held: 60.0%, where its seed lengthened at chance
-        reached 93.8%, docs/defaults.md). None otherwise."""
+        has far to go, as one still at chance has, and the decay would end it short (a GroupNorm CNN's seed on the
+        letters, first off chance at epoch 12 of the 13 its LR held: 60.0% at 27 epochs, 88.75% lengthened;
+        docs/defaults.md). None otherwise."""
         check = self.check_epoch(epochs)
         if epoch != check or epoch >= epochs:
             return None

@@ -61,10 +61,10 @@ def test_the_check_is_at_the_last_epoch_before_the_decay_and_only_at_chance() ->
 
 
 def test_a_run_that_left_chance_only_late_in_the_hold_is_lengthened_as_one_still_at_chance() -> None:
-    assert LATE == 0.75
+    assert LATE == 0.5
     extension = Extension(hold=0.5, apply=lambda epochs: None)  # 27 epochs: the check after epoch 13
-    # late: more than 0.75 x 13 = 9.75 epochs wholly at chance, i.e. off chance first at epoch 11 or after
-    for first, lengthens in ((1, False), (10, False), (11, True), (12, True), (13, True)):
+    # late: more than 0.5 x 13 = 6.5 epochs wholly at chance, i.e. off chance first at epoch 8 or after
+    for first, lengthens in ((1, False), (7, False), (8, True), (12, True), (13, True)):
         record = extension.decide(13, 27, 0.245, 10, learnt_from=first)
         assert (record is not None) == lengthens, first
         if lengthens:
@@ -73,9 +73,9 @@ def test_a_run_that_left_chance_only_late_in_the_hold_is_lengthened_as_one_still
     assert "learnt_from" not in extension.decide(13, 27, 0.11, 10)  # still at chance: as before
     assert extension.decide(12, 27, 0.245, 10, learnt_from=12) is None  # only at the check's epoch
     short = Extension(hold=0.5, apply=lambda epochs: None)  # 5 epochs: the check after epoch 2; epoch 1 at chance
-    assert short.decide(2, 5, 0.3, 10, learnt_from=2) is None  # one epoch of two is not three quarters of them
-    assert short.decide(4, 9, 0.3, 10, learnt_from=4) is None  # 9 epochs, the check after 4: 3 of 4 at chance
-    assert short.decide(5, 11, 0.3, 10, learnt_from=5)["learnt_from"] == 5  # 11, the check after 5: 4 of 5
+    assert short.decide(2, 5, 0.3, 10, learnt_from=2) is None  # one epoch of two is not more than half of them
+    assert short.decide(3, 7, 0.3, 10, learnt_from=2) is None  # 7 epochs, the check after 3: 1 of 3 at chance
+    assert short.decide(3, 7, 0.3, 10, learnt_from=3)["learnt_from"] == 3  # 2 of 3
     # the state keeps the first epoch off chance, epoch by epoch, and the check reads it
     plan, state = Plan(epochs=27, num_classes=10, extension=Extension(0.5, lambda epochs: None)), State()
     notes = []
