@@ -159,10 +159,12 @@ def replanned(plan: _Plan, state: _State, train_accuracy: float) -> str | None:
 
 def stuck(plan: _Plan, state: _State, row: dict[str, float]) -> bool:
     """After an epoch (`row`: its train_loss and train_accuracy): whether a lengthening is `due` with the training
-    loss still within STUCK_TRAIN_LOSS of a uniform guess's (hasten/run/verdicts.py, barely_moved): a run that has
-    barely moved in half its steps gets its plan's restart (hasten/run/restart.py), where it has one, instead of a
-    longer hold."""
-    return barely_moved(row["train_loss"], plan.num_classes) and due(plan, state, row["train_accuracy"]) is not None
+    accuracy at chance and the training loss still within STUCK_TRAIN_LOSS of a uniform guess's
+    (hasten/run/verdicts.py, barely_moved): a run that has barely moved in half its steps gets its plan's restart
+    (hasten/run/restart.py), where it has one, instead of a longer hold. One that left chance late is lengthened."""
+    accuracy, classes = row["train_accuracy"], plan.num_classes
+    unmoved = barely_moved(row["train_loss"], classes) and at_chance(accuracy, classes, plan.train_chance)
+    return unmoved and due(plan, state, accuracy) is not None
 
 
 def extension_note(record: dict[str, float]) -> str:

@@ -173,7 +173,7 @@ class _Plan:
 
 
 def test_a_run_still_at_chance_whose_loss_barely_moved_by_the_holds_end_is_stuck():
-    from hasten.run.extension import stuck
+    from hasten.run.extension import due, stuck
     from hasten.run.state import State
     from hasten.run.verdicts import barely_moved
 
@@ -186,6 +186,8 @@ def test_a_run_still_at_chance_whose_loss_barely_moved_by_the_holds_end_is_stuck
     assert stuck(plan, state, row)
     assert not stuck(plan, State(epoch=12), row)  # not where the hold ends
     assert not stuck(plan, state, {**row, "train_accuracy": 0.25})  # off chance: it learns
+    late = State(epoch=13, learnt_from=11)  # off chance only late: lengthened (the extension's rule), not restarted
+    assert not stuck(plan, late, {**row, "train_accuracy": 0.25}) and due(plan, late, 0.25) is not None
     assert not stuck(plan, state, {**row, "train_loss": LN10 - 0.02})  # at chance, but its loss has moved
     assert not stuck(plan, State(epoch=13, extended={"at_epoch": 6}), row)  # lengthened once already
     plan.extension = None  # epochs given: never lengthened, so never stuck either
