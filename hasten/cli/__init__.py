@@ -54,41 +54,6 @@ def main(argv: Sequence[str] | None = None, started: float | None = None) -> int
         from hasten.engine.distributed import die_with_launcher
 
         die_with_launcher(int(os.environ["HASTEN_LAUNCHER_PID"]))
-    if _world_size() < 2:
-        try:
-            return _run(command, ns, who)
-        finally:
-            if "hasten.engine.distributed" in sys.modules:  # a process group of one, if any: left cleanly
-                sys.modules["hasten.engine.distributed"].shutdown()
-    # a worker of several: a failure of its own is recorded before it leaves the process group, which may end the
-    # others first (gloo aborts a rank whose peer closed under it), so the launcher names this rank, not them
-    from hasten.engine.distributed import record_failure, shutdown
-
-    _own_failure.clear()
-    try:
-        code = _run(command, ns, who)
-    except Exception as error:  # a bug: Python prints its traceback and exits 1
-        record_failure(1, printable(f"{type(error).__name__}: {error}"))
-        raise
-    else:
-        if code and _own_failure:  # not a stop by a signal, nor a peer that vanished (no line of its own)
-            record_failure(code, _own_failure[0])
-        return code
-    finally:
-        shutdown()  # leave the process group cleanly
-
-
-_own_failure: list[str] = []  # the one line this process printed for a failure of its own, if it did
-
-
-def _error(who: str, message: str) -> None:
-    """Print a failure's one line (`message`: plain text; printed escaped) and note it as this process's own."""
-    _own_failure[:] = [message]
-    console.print(f"[red]{who}error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-
-
-def _run(command, ns, who: str) -> int:
-    """The command, with what goes wrong turned into one line and an exit code."""
     try:
         from hasten.machine import current
 
@@ -101,19 +66,47 @@ def _run(command, ns, who: str) -> int:
             console.print(f"[yellow]{who}stopped:[/yellow] {escape(str(error))}{escape(told)}", highlight=False,
                           soft_wrap=True)  # fmt: skip
             return error.exit_code
-        _error(who, str(error))
-        return error.exit_code
+        return _error(who, str(error), error.exit_code)
     except OSError as error:
         if not error.filename:
+            _record_bug(error)
             raise
         # a file or folder the user named that the system refuses (permissions, a vanished disk): exit 2 naming it
-        _error(who, printable(f"{error.filename}: {error.strerror or error}"))  # a file's name: printable
-        return 2
+        return _error(who, printable(f"{error.filename}: {error.strerror or error}"), 2)  # a file's name: printable
     except KeyboardInterrupt:
         console.print(f"[yellow]{who}interrupted[/yellow]")
         return 130
     except (MemoryError, RuntimeError) as error:
         return _resource_failure(error, who)
+    except Exception as error:  # a bug: raised with its traceback
+        _record_bug(error)
+        raise
+    finally:
+        if "hasten.engine.distributed" in sys.modules:  # leave the process group cleanly (no-op when none is up)
+            sys.modules["hasten.engine.distributed"].shutdown()
+
+
+def _error(who: str, message: str, code: int) -> int:
+    """Print a failure's one line (`message`: plain text; printed escaped) and return its exit `code`. In a worker
+    of several, the failure is this rank's own: recorded for the launcher first (`_record`)."""
+    _record(code, message)
+    console.print(f"[red]{who}error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    return code
+
+
+def _record_bug(error: BaseException) -> None:
+    """A bug about to be raised with its traceback (Python then exits 1): recorded as `_error`'s failures are."""
+    _record(1, printable(f"{type(error).__name__}: {error}"))
+
+
+def _record(code: int, message: str) -> None:
+    """In a worker of several: record this rank's own failure where the launcher reads it, before the process
+    group is left (main's `finally`): leaving it may end a peer first (gloo aborts a rank whose peer closed under
+    it), and the record still names this rank (hasten/engine/distributed.py, `record_failure`)."""
+    if _world_size() > 1:
+        from hasten.engine.distributed import record_failure
+
+        record_failure(code, message)
 
 
 def resume_command(command_line: str) -> str:
@@ -137,12 +130,12 @@ def _resource_failure(error: BaseException, who: str) -> int:
 
     first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
     if out_of_memory(error):
-        _error(
+        return _error(
             who,
             f"out of memory ({first}): the sizes asked for are too large for this machine (in a recipe: "
             "train.batch_size, train.eval_batch_size, model.width, data.size), or free memory",
+            2,
         )
-        return 2
     if lost_peer(error):
         if not os.environ.get("HASTEN_LAUNCHER_PID"):  # under hasten's launcher, its one line says it all
             console.print(
@@ -151,6 +144,7 @@ def _resource_failure(error: BaseException, who: str) -> int:
                 soft_wrap=True,
             )
         return PEER_LOST_EXIT
+    _record_bug(error)
     raise error
 
 

@@ -41,7 +41,7 @@ def test_the_largest_class_share_is_chance_where_one_class_stands_out():
 
 def test_the_lengthening_reads_the_training_images_chance():
     extension = Extension(0.5, lambda epochs: None)
-    assert extension.decide(5, 10, 0.75, 4) is None  # 1 / 4 balanced: 75% learnt
+    assert extension.decide(5, 10, 0.75, 4, learnt_from=1) is None  # 1 / 4 balanced: 75% learnt, since epoch 1
     record = extension.decide(5, 10, 0.75, 4, chance=0.74)  # 74% one class: 75% is the constant guess
     assert record is not None and record["to"] == 20 and record["chance_line"] == pytest.approx(0.766)
 
