@@ -98,4 +98,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # as `python -m hasten` ends (hasten.cli.run): exit handlers, output flushed, then the process ends without
+    # the interpreter's teardown of torch, which the workers of `hasten train --devices N` never run either
+    code = main()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
