@@ -12,7 +12,7 @@ from hasten.errors import HastenError
 def cmd_schedule(ns: argparse.Namespace) -> int:
     recipe = asked = recipe_of(ns)
     from hasten.experiments.schedule import plot_schedule, schedule_trace
-    from hasten.run.extension import FACTOR, FIT, FIT_EPOCHS, check_epoch, holds_peak
+    from hasten.run.extension import FACTOR, FIT, FIT_EPOCHS, check_epoch, holds_peak, late_from
     from hasten.run.resolve import run_dir
 
     result = schedule_trace(recipe)
@@ -24,8 +24,10 @@ def cmd_schedule(ns: argparse.Namespace) -> int:
     print(f"momentum/beta1: {min(result.momenta):.3g} to {max(result.momenta):.3g}")
     if asked.train.epochs == "auto" and holds_peak(recipe.schedule):  # as `hasten train` may, at the hold's end
         check, epochs = check_epoch(recipe.schedule.peak, recipe.train.epochs), recipe.train.epochs
-        print(f"train.epochs=auto: a run whose training accuracy is still at chance after epoch {check} goes on at "
-              f"the peak LR to {FACTOR * epochs} epochs (once)")  # fmt: skip
+        late = late_from(check)
+        also = f", or first left it at epoch {late} or later," if late <= check else ""
+        print(f"train.epochs=auto: a run whose training accuracy is still at chance after epoch {check}{also} goes "
+              f"on at the peak LR to {FACTOR * epochs} epochs (once)")  # fmt: skip
         if recipe.train.end_early:
             print(f"train.epochs=auto: a run whose training accuracy is {FIT:.0%} or more for {FIT_EPOCHS} epochs in a "
                   f"row before epoch {check} ends the LR's hold there and falls over as many epochs (train.end_early; "

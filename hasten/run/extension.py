@@ -49,6 +49,12 @@ def holds_peak(schedule: ScheduleConfig) -> bool:
     return schedule.name == "one-cycle" and schedule.start >= 1
 
 
+def late_from(check: int) -> int:
+    """The first epoch off chance that is late for a hold whose check follows epoch `check`: the epochs wholly at
+    chance before it are more than LATE of the hold's (may be past `check`: then only a run still at chance is)."""
+    return math.floor(LATE * check) + 2
+
+
 def check_epoch(hold: float, epochs: int) -> int:
     """The epoch after which the check is made: the last one that ends before the LR starts to fall."""
     return max(1, math.floor(hold * epochs))
@@ -81,7 +87,7 @@ class Extension:
             return None
         still = at_chance(train_accuracy, num_classes, chance)
         first = None if still else (learnt_from if learnt_from is not None else epoch)
-        if not still and first - 1 <= LATE * check:  # the epochs wholly at chance: more than LATE of the hold's
+        if not still and first < late_from(check):  # the epochs wholly at chance: more than LATE of the hold's
             return None
         record = {"at_epoch": epoch, "from": epochs, "to": FACTOR * epochs, "train_accuracy": train_accuracy,
                   "chance_line": chance_line(chance_of(num_classes, chance))}  # fmt: skip

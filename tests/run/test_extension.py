@@ -17,7 +17,7 @@ from torch import nn
 from hasten.cli import main
 from hasten.engine.schedules import Scheduler, lr_and_momentum
 from hasten.recipe.schema import load_recipe
-from hasten.run.extension import FACTOR, FIT, FIT_EPOCHS, LATE, Extension, lengthened, replanned
+from hasten.run.extension import FACTOR, FIT, FIT_EPOCHS, LATE, Extension, late_from, lengthened, replanned
 from hasten.run.plan import Plan
 from hasten.run.state import State
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint
@@ -69,6 +69,10 @@ def test_a_run_that_left_chance_only_late_in_the_hold_is_lengthened_as_one_still
         assert (record is not None) == lengthens, first
         if lengthens:
             assert (record["to"], record["learnt_from"], record["train_accuracy"]) == (54, first, 0.245)
+    for epochs in range(2, 61):  # the first late epoch `hasten schedule` names is the one the check uses
+        check = extension.check_epoch(epochs)
+        firsts = [first for first in range(1, check + 1) if extension.decide(check, epochs, 0.3, 10, learnt_from=first)]
+        assert firsts == list(range(late_from(check), check + 1)), epochs
     assert extension.decide(13, 27, 0.245, 10)["learnt_from"] == 13  # none before: this epoch is the first
     assert "learnt_from" not in extension.decide(13, 27, 0.11, 10)  # still at chance: as before
     assert extension.decide(12, 27, 0.245, 10, learnt_from=12) is None  # only at the check's epoch
