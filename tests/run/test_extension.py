@@ -240,3 +240,17 @@ def test_a_run_stopped_after_its_shortening_resumes_as_short_and_bitwise(tmp_pat
     assert resumed["epochs"] == whole["epochs"] == to and resumed["shortened"] == whole["shortened"]
     assert a["trainer"]["step"] == b["trainer"]["step"] == 18 * to
     assert all(torch.equal(a["model"][key], b["model"][key]) for key in a["model"])
+
+
+def test_the_first_epoch_off_chance_is_kept_in_the_checkpoint_and_absent_from_older_ones() -> None:
+    import dataclasses
+
+    from hasten.errors import CheckpointError
+    from hasten.run.state import trainer_position
+
+    saved = dataclasses.asdict(State(epoch=9, learnt_from=8))  # what a checkpoint's trainer section holds
+    assert trainer_position(saved, "step-9.pt").learnt_from == 8
+    del saved["learnt_from"]  # a checkpoint written before the field: none known, so the check reads this epoch's
+    assert trainer_position(saved, "step-9.pt").learnt_from is None
+    with pytest.raises(CheckpointError, match="trainer.learnt_from"):
+        trainer_position({**saved, "learnt_from": "eight"}, "step-9.pt")
