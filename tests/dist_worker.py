@@ -7,7 +7,7 @@ each worker then runs `hasten.cli.main(ARGS)`. The environment says what to inje
 (torchrun's TORCHELASTIC_RESTART_COUNT = 0), so an elastic restart runs clean:
 
     HASTEN_TEST_FAULT=raise:R:S     rank R raises after its S-th optimizer step
-    HASTEN_TEST_FAULT=raise-slow:R:S  as raise, and rank R's exit frees its process group and then takes 60 s more
+    HASTEN_TEST_FAULT=raise-slow:R:S  as raise, and rank R's exit closes its sockets and then takes 60 s more
                                     (torch's teardown on a busy machine), so the peer it left ends first
     HASTEN_TEST_FAULT=sigterm:R:S   rank R alone gets SIGTERM after its S-th optimizer step
     HASTEN_TEST_FAULT=kill:R:S      rank R is SIGKILLed after its S-th optimizer step (a crash, an OOM kill)
@@ -98,10 +98,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    # as `python -m hasten` ends (hasten.cli.run): exit handlers, output flushed, then the process ends without
-    # the interpreter's teardown of torch, which the workers of `hasten train --devices N` never run either
-    code = main()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    from hasten.cli import end
+
+    # as `python -m hasten` ends: without the interpreter's teardown of torch, which the workers of
+    # `hasten train --devices N` never run either
+    end(main())

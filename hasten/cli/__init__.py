@@ -154,7 +154,11 @@ def run() -> NoReturn:
     run's last line; so exit handlers run, output is flushed, and the process ends without the teardown."""
     from hasten.clock import command_started
 
-    code = main(started=command_started())  # the process's start (or the launching command's): imports count
+    end(main(started=command_started()))  # the process's start (or the launching command's): imports count
+
+
+def end(code: int) -> NoReturn:
+    """End the process with `code` as the `hasten` command does: exit handlers, output flushed, no teardown."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -364,11 +364,12 @@ def _consequence(code: int) -> bool:
     return code in (PEER_LOST_EXIT, -int(signal.SIGTERM), 128 + int(signal.SIGTERM))
 
 
-def _causes(codes: dict[int, int], recorded: dict[int, tuple[float, int]]) -> list[int]:
-    """The ranks that failed of their own, from each rank's exit (`codes`: negative, killed by that signal) and
-    the failures ranks recorded (`recorded`: rank -> (when, exit code)): those that recorded one, earliest first,
-    then those whose exit is no consequence of another's. A SIGABRT is gloo ending a rank whose peer vanished
-    under it (std::terminate) where another rank failed of its own; it is the cause only where nothing else is."""
+def _causes(codes: dict[int, int], recorded: dict[int, tuple[float, int]]) -> list[tuple[int, int]]:
+    """The ranks that failed of their own, each with the exit it left with, from each rank's exit (`codes`:
+    negative, killed by that signal) and the failures ranks recorded (`recorded`: rank -> (when, exit code)): those
+    that recorded one, earliest first, with the recorded code; then those whose exit is no consequence of another's.
+    A SIGABRT is gloo ending a rank whose peer vanished under it (std::terminate) where another rank failed of its
+    own; it is the cause only where nothing else is."""
     import signal
 
     own = sorted(recorded, key=lambda rank_id: recorded[rank_id])
@@ -376,24 +377,24 @@ def _causes(codes: dict[int, int], recorded: dict[int, tuple[float, int]]) -> li
     aborted = [rank_id for rank_id in rest if codes[rank_id] == -int(signal.SIGABRT)]
     if own or len(aborted) < len(rest):
         rest = [rank_id for rank_id in rest if rank_id not in aborted]
-    return own + rest or list(codes)
+    causes = own + rest or list(codes)
+    return [(rank_id, recorded[rank_id][1] if rank_id in recorded else codes[rank_id]) for rank_id in causes]
 
 
 def describe_failures(codes: dict[int, int], recorded: dict[int, tuple[float, int]] | None = None) -> str:
     """One line for a failed job: each rank that failed of its own (the exit code it left with, or the signal that
     killed it; see `_causes`), then the ranks that were only stopped with it."""
-    recorded = recorded or {}
-    causes = _causes(codes, recorded)
+    causes = _causes(codes, recorded or {})
     parts = []
-    for rank_id in causes:
-        code = recorded[rank_id][1] if rank_id in recorded else codes[rank_id]
+    for rank_id, code in causes:
         if code < 0:
             parts.append(f"worker rank {rank_id} was killed by signal {-code} ({_signal_name(-code)})")
         elif code == PEER_LOST_EXIT:
             parts.append(f"worker rank {rank_id} stopped: another rank vanished under it")
         else:
             parts.append(f"worker rank {rank_id} failed with exit code {code}")
-    stopped = [str(rank_id) for rank_id in codes if rank_id not in causes]
+    named = {rank_id for rank_id, _ in causes}
+    stopped = [str(rank_id) for rank_id in codes if rank_id not in named]
     if stopped:
         parts.append(f"rank {', '.join(stopped)} {'was' if len(stopped) == 1 else 'were'} stopped with it")
     return "; ".join(parts)
@@ -404,10 +405,7 @@ def job_exit_code(codes: dict[int, int], recorded: dict[int, tuple[float, int]] 
     `recorded` as for `_causes`. The cause wins over its consequences: the earliest failure a rank recorded as its
     own; else a worker's own exit code (> 0), else the signal that killed it, before a rank that only lost its peer
     (PEER_LOST_EXIT) or was stopped by torchrun."""
-    recorded = recorded or {}
-    causes = _causes(codes, recorded)
-    exits = [recorded[rank_id][1] if rank_id in recorded else codes[rank_id] for rank_id in causes]
-    exits = [code for code in exits if code] or [1]
+    exits = [code for _, code in _causes(codes, recorded or {}) if code] or [1]
     first = next((code for code in exits if code > 0 and code != PEER_LOST_EXIT), exits[0])
     return first if first > 0 else 128 - first  # a signal's death as the shell reports it
 
