@@ -198,6 +198,15 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return tensor.tolist()
 
 
+def all_reduce_max(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise maximum over all processes (identity for one process)."""
+    if world_size() == 1:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
 @torch.no_grad()
 def average_batch_norm_statistics(model: nn.Module) -> None:
     """Replace every batch-norm layer's running mean and variance by their average over the ranks."""

@@ -232,7 +232,8 @@ def output_kind(
     generator so the run's RNG is untouched, and that noise 100 times larger, which moves any logits far):
     ("probabilities", None) when every row is a softmax's (each value in [0, 1], the row summing to 1) for all
     three; else ("logits", warning), the warning naming outputs that all lie in [0, 1] for all three and strictly
-    between for the first two (a sigmoid at the end), which the loss, taking them as logits, barely separates."""
+    between for the first two (a sigmoid at the end), which the loss, taking them as logits, barely separates, or
+    outputs never negative and exactly 0 somewhere (a ReLU at the end), whose classes can die."""
     noise = torch.randn(8, *image_shape, generator=torch.Generator().manual_seed(0)).to(device)
     was_training = model.training
     model.eval()
@@ -253,6 +254,13 @@ def output_kind(
             "the loss takes them as class logits, any real numbers, and logits within 0 and 1 of each other give "
             "every class almost the same probability, so it learns slowly if at all; end the model with its last "
             "linear layer (or a softmax, which model.output=auto reads as probabilities)"
+        )
+    if all(bool((out >= 0).all()) for out in outs) and any(bool((out == 0).any()) for out in outs):
+        return "logits", (
+            f"model {type(model).__name__} returns no negative value for any class and exactly 0 for some (a ReLU at "
+            "its end?): the loss takes its outputs as class logits, and a class whose output stops at 0 for every "
+            "image gets no gradient again, so it can stay dead for the rest of the run; end the model with its last "
+            "linear layer"
         )
     return "logits", None
 

@@ -470,6 +470,7 @@ def start_run(
     plan = Plan(
         epochs=recipe.train.epochs,
         num_classes=len(parts.data.classes),
+        class_names=tuple(parts.data.classes),
         tta_flip=recipe.train.tta_flip,
         tta_translate=recipe.train.tta_translate,
         thresholds=recipe.run.thresholds,

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from hasten.engine.distributed import all_reduce_sum
+from hasten.engine.distributed import all_reduce_max, all_reduce_sum
 from hasten.engine.norms import folded_for_inference
 from hasten.engine.precision import Precision
 from hasten.techniques.tta import black_fill, tta_views
@@ -40,6 +40,10 @@ class Measured:
     head_plain_correct: Tensor
     count: int = 0  # images
     head_count: int = 0
+    # each class's least and greatest augmented logit over the images (float32, on the device; None before the
+    # first batch): a class whose two are equal got the same output for every image (`Measurement.constant`)
+    low: Tensor | None = None
+    high: Tensor | None = None
     # with `keep_predictions`: each batch's augmented logits and labels, on the CPU (top-k, confusion matrix)
     logits: list[Tensor] = field(default_factory=list)
     labels: list[Tensor] = field(default_factory=list)
@@ -88,6 +92,9 @@ def evaluate_loader(
             plain_correct = (plain.argmax(1) == labels).sum()
             result.plain_correct += plain_correct
             result.count += len(labels)
+            low, high = logits.detach().float().aminmax(dim=0)
+            result.low = low if result.low is None else torch.minimum(result.low, low)
+            result.high = high if result.high is None else torch.maximum(result.high, high)
             if batch < head:
                 result.head_plain_correct += plain_correct
                 result.head_count += len(labels)
@@ -109,6 +116,9 @@ class Measurement(NamedTuple):
     plain_accuracy: float
     count: int
     head: tuple[float, int] | None
+    # the classes whose output was the same for every test image (over every rank's), with that output; empty
+    # under CONSTANT_MIN_IMAGES images, where a few alike images could give it by themselves
+    constant: tuple[tuple[int, float], ...] = ()
 
 
 def measure(
@@ -120,8 +130,10 @@ def measure(
     advance: Callable[[], None] | None = None,
     batches: int | None = None,
     head: int = 0,
+    constants: bool = False,
 ) -> Measurement:
-    """`evaluate_loader` with one (flip, translate) setting, its sums reduced over the ranks."""
+    """`evaluate_loader` with one (flip, translate) setting, its sums reduced over the ranks; with `constants`, the
+    classes whose output was the same for every image (`Measurement.constant`)."""
     (measured,) = evaluate_loader(model, loader, precision, [setting], device, advance=advance, batches=batches,
                                   head=head)  # fmt: skip
     sums = [measured.loss_sum.item(), measured.correct.item(), measured.plain_correct.item(), measured.count,
@@ -129,7 +141,32 @@ def measure(
     loss, correct, plain, count, head_correct, head_count = all_reduce_sum(sums, device)
     seen = max(count, 1)
     kept = (head_correct / head_count, int(head_count)) if head_count else None
-    return Measurement(loss / seen, correct / seen, plain / seen, int(count), kept)
+    constant = constant_outputs(measured, device) if constants else ()
+    return Measurement(loss / seen, correct / seen, plain / seen, int(count), kept, constant)
+
+
+# a class's output the same for every one of at least this many test images is said to be constant: a ReLU after a
+# model's classifier that stopped at 0 for that class gives exactly 0 for every image, where a live unit's output, a
+# float computed from each image, differs between any two that differ
+CONSTANT_MIN_IMAGES = 20
+
+
+def constant_outputs(measured: Measured, device: torch.device) -> tuple[tuple[int, float], ...]:
+    """(class, its output) for each class whose logit was the same for every image `measured` saw on every rank
+    (every rank calls the same collectives, one that saw no image too)."""
+    own = 0 if measured.low is None else len(measured.low)
+    classes, images = all_reduce_max([float(own)], device)[0], all_reduce_sum([float(measured.count)], device)[0]
+    classes = int(classes)
+    if classes == 0:
+        return ()
+    inf = float("inf")
+    high = measured.high.tolist() if own else [-inf] * classes
+    low = measured.low.tolist() if own else [inf] * classes
+    highs = all_reduce_max(high, device)
+    lows = [-value for value in all_reduce_max([-value for value in low], device)]
+    if images < CONSTANT_MIN_IMAGES:
+        return ()
+    return tuple((c, lows[c]) for c in range(classes) if lows[c] == highs[c])
 
 
 # The live weights' check at a run's end (hasten/run/trainer.py `compare_live`): the test images it evaluates, the

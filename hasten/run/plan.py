@@ -70,6 +70,7 @@ class Plan:
     # the largest class's share of the test and the training images (hasten/run/verdicts.py, chance); None: unknown
     test_chance: float | None = None
     train_chance: float | None = None
+    class_names: Sequence[str] = ()  # the classes' names, for the warnings (empty: named by their index)
 
 
 @dataclass

@@ -62,7 +62,14 @@ from hasten.run.extension import replanned, stuck
 from hasten.run.plan import Collapsed, Hooks, Interrupted, NonFiniteLoss, Plan, Saving
 from hasten.run.signals import asked_to_stop, handling_stop_signals
 from hasten.run.state import State, rank_state, restore, time_to_fraction_of_best, wall_time_to_accuracy
-from hasten.run.verdicts import COLLAPSED_TRAIN_LOSS, at_chance_warning, collapsed_outputs, late_warning, no_gradient
+from hasten.run.verdicts import (
+    COLLAPSED_TRAIN_LOSS,
+    at_chance_warning,
+    collapsed_outputs,
+    constant_classes_warning,
+    late_warning,
+    no_gradient,
+)
 from hasten.runfolder.checkpoint import prune, save_checkpoint, set_rng_state
 from hasten.runfolder.log import RunLog
 from hasten.techniques.tta import views
@@ -122,6 +129,8 @@ class Trainer:
         self.pace = (0, 0.0)  # (batches, training seconds) this process has trained: the ETA's pace
         self.unreached: list[str] | None = None  # trainable parameters the first step's loss gave no gradient
         self.test_losses: deque[float] = deque(maxlen=2)  # the last evaluations' test losses: collapsed outputs
+        # the classes whose output the final evaluation found the same for every test image, with that output
+        self.constant_classes: tuple[tuple[int, float], ...] = ()
 
     def wall_seconds(self) -> float:
         """The run's wall-clock seconds so far: since the command's start, plus a resumed run's earlier ones."""
@@ -258,8 +267,10 @@ class Trainer:
         augmentation; each rank evaluates its split, the sums are reduced. The model evaluated is the hooks'
         `eval_model` (the EMA copy) unless `live`. The same pass's accuracy on the plain view alone is kept as
         `one_view_accuracy`, and over the live weights' check's images as `one_view_head`."""
-        measured = self._measure(live=live, tta=True, head=check_batches(self.test_loader))
+        measured = self._measure(live=live, tta=True, head=check_batches(self.test_loader), constants=not live)
         self.one_view_accuracy, self.one_view_head = measured.plain_accuracy, measured.head
+        if not live:
+            self.constant_classes = measured.constant
         return measured.loss, measured.accuracy
 
     def evaluate_between(self) -> tuple[float, float]:
@@ -271,9 +282,12 @@ class Trainer:
         return measured.loss, measured.accuracy
 
     @torch.no_grad()
-    def _measure(self, live: bool, tta: bool, batches: int | None = None, head: int = 0) -> Measurement:
+    def _measure(
+        self, live: bool, tta: bool, batches: int | None = None, head: int = 0, constants: bool = False
+    ) -> Measurement:
         """Loss and accuracies over the test set (its first `batches` batches where given; `head`: the plain
-        view's accuracy over the first that many too), timed into `State.eval_seconds` and shown."""
+        view's accuracy over the first that many too; `constants`: the classes whose output was the same for every
+        test image), timed into `State.eval_seconds` and shown."""
         plan, loader = self.plan, self.test_loader
         flip, translate = (plan.tta_flip, plan.tta_translate) if tta else (False, 0)
         passes = views(flip, translate)
@@ -286,7 +300,8 @@ class Trainer:
             model = unwrap(self.model)  # the plain module: no DDP forward hooks or buffer broadcasts in evaluation
             model = self.hooks.eval_model(model) if self.hooks.eval_model and not live else model  # EMA: calibrated
             calibrated = time.perf_counter()
-            measured = measure(model, loader, self.precision, self.device, (flip, translate), advance, batches, head)
+            measured = measure(model, loader, self.precision, self.device, (flip, translate), advance, batches, head,
+                               constants)  # fmt: skip
         done = time.perf_counter()
         if batches is None:  # a whole pass: what the ETA's next evaluation takes
             self.seconds_per_view = (done - calibrated) / passes
@@ -379,6 +394,8 @@ class Trainer:
                                  train_accuracy, plan.test_chance, plan.train_chance, collapsed)  # fmt: skip
         if text is not None:
             self.warn(text)
+        if dead := constant_classes_warning(self.constant_classes, plan.num_classes, plan.class_names):
+            self.warn(dead)
 
     def check_start(self) -> None:
         """At the end of a run that learnt: one at chance late into its steps is said to have learnt late."""

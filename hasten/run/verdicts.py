@@ -201,3 +201,24 @@ def absent_classes(labels: Tensor, classes: Sequence[str]) -> str | None:
     if absent == [str(classes[0])] and list(classes) == [str(i) for i in range(len(classes))]:
         text += f"; the labels run 1..{len(classes) - 1}: if they count from 1, subtract 1 (labels are 0..K-1)"
     return text
+
+
+def constant_classes_warning(
+    constant: Sequence[tuple[int, float]], num_classes: int, names: Sequence[str] = ()
+) -> str | None:
+    """The end-of-run warning for classes whose output was the same for every test image (`constant`: (class,
+    output) pairs, hasten/run/evaluation.py `constant_outputs`): the model cannot tell their images from any other's.
+    A ReLU after a classifier that stopped at 0 for a class does this, and passes that class no gradient again. None
+    when there are none, or when every class is constant (the collapse, which the at-chance warning says)."""
+    if not constant or len(constant) >= num_classes:
+        return None
+    shown = ", ".join(repr(str(names[c]) if c < len(names) else str(c)) for c, _ in constant[:5])
+    outputs = sorted({value for _, value in constant})
+    value = f"{outputs[0]:.4g}" if len(outputs) == 1 else "one value each"
+    return (
+        f"{len(constant)} of the {num_classes} classes ({shown}{', ...' if len(constant) > 5 else ''}) got the same "
+        f"output ({value}) for every test image: what the model says of them does not depend on the image. A ReLU "
+        "or another clamp after the model's last layer that stopped at 0 for a class passes it no gradient again, so "
+        "no longer run mends it: end the model in its last layer, with no activation after it (the loss takes its "
+        "outputs as logits)"
+    )

@@ -1,6 +1,6 @@
 """A model that ends in a softmax (the Keras habit) returns probabilities, not the logits hasten's loss takes:
 `model.output=auto` reads them as their log (the same loss as on the softmax's input) in training, evaluation,
-predict and export; a sigmoid's outputs, which no reading mends, are a warning."""
+predict and export; a sigmoid's outputs, which no reading mends, are a warning, and so are a ReLU's."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class Sigmoided(Logits):
         return torch.sigmoid(super().forward(x))
 
 
-class ReLUEnded(Logits):  # non-negative, but not bounded: logits
+class ReLUEnded(Logits):  # non-negative, but not bounded: logits, and a class at 0 for every image can die
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(super().forward(x))
 
@@ -52,7 +52,7 @@ class ReLUEnded(Logits):  # non-negative, but not bounded: logits
 @pytest.mark.parametrize(
     ("model", "kind", "warned"),
     [(Logits, "logits", False), (Softmaxed, "probabilities", False), (LogSoftmaxed, "logits", False),
-     (Sigmoided, "logits", True), (ReLUEnded, "logits", False)],
+     (Sigmoided, "logits", True), (ReLUEnded, "logits", True)],
 )  # fmt: skip
 def test_what_a_model_returns_is_read_off_its_outputs(model, kind, warned):
     for seed in range(3):
@@ -63,6 +63,8 @@ def test_what_a_model_returns_is_read_off_its_outputs(model, kind, warned):
         assert found == kind and (warning is not None) == warned
         assert torch.equal(torch.get_rng_state(), state)  # the run's random stream is not drawn from
     assert "sigmoid at its end" in output_kind(Sigmoided(num_classes=2), (3, 12, 12), torch.device("cpu"), 2)[1]
+    relu = output_kind(ReLUEnded(num_classes=2), (3, 12, 12), torch.device("cpu"), 2)[1]
+    assert relu is not None and "exactly 0 for some (a ReLU at its end?)" in relu
 
 
 def test_the_log_is_read_once_however_often_it_is_asked_for():

@@ -86,7 +86,9 @@ def test_a_run_at_chance_at_its_budget_is_advised_longer_first_and_a_short_one_i
 
     said: list[str] = []
     plan = Plan(num_classes=10, epochs=8, divergence_advice=["optim.lr=0.00035", "train.batch_size=8"])
-    ran = SimpleNamespace(plan=plan, warn=said.append, recent_losses=[2.1])  # a loss off ln(10): not collapsed
+    ran = SimpleNamespace(
+        plan=plan, warn=said.append, recent_losses=[2.1], constant_classes=()
+    )  # a loss off ln(10): not collapsed
     Trainer.check_result(ran, 0.105)
     assert f"try train.epochs={LONGER * 8}, optim.lr=0.00035" in said[0]
     load_recipe(None, [f"train.epochs={LONGER * 8}"])  # the advice is a valid override

@@ -346,7 +346,7 @@ def test_a_run_at_chance_is_told_what_to_try(tiny_overrides, capsys):
     said = " ".join(capsys.readouterr().err.split())  # (wrapped to 80 columns)
     assert short_run_note(parts.recipe, steps) in said  # the same run was told at its start that it is short
     warned = []
-    ran = SimpleNamespace(plan=trainer.plan, warn=warned.append, recent_losses=[])
+    ran = SimpleNamespace(plan=trainer.plan, warn=warned.append, recent_losses=[], constant_classes=())
     Trainer.check_result(ran, 0.1)  # a result at chance
     assert len(warned) == 1 and "chance level" in warned[0]
     assert warned[0].endswith("try " + ", ".join(trainer.plan.divergence_advice))
