@@ -14,6 +14,7 @@ from torch import nn
 import hasten
 from hasten.engine.optimizers import (
     Muon,
+    gram_form_pays,
     muon_groups,
     newton_schulz,
     newton_schulz_dtype,
@@ -98,6 +99,31 @@ def test_a_stack_of_matrices_is_orthogonalised_as_each_alone(shape):
     together = newton_schulz(stack, dtype=torch.float32)
     for matrix, result in zip(stack, together, strict=True):
         torch.testing.assert_close(result, newton_schulz(matrix, dtype=torch.float32), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(32, 288), (288, 32), (3, 64, 576), (2, 32, 128)])
+def test_the_gram_form_is_the_direct_iteration(shape):
+    """float32 matrices at least 32 high and four times as wide (or the transpose) iterate on their Gram matrix: the
+    same matrix as the direct loop to float32's rounding, and as nearly orthogonal."""
+    matrix = torch.randn(*shape)
+    rows, cols = sorted(shape[-2:])
+    assert gram_form_pays(rows, cols, torch.float32)
+    gram = newton_schulz(matrix, dtype=torch.float32)
+    torch.testing.assert_close(gram, newton_schulz(matrix, dtype=torch.float32, gram=False), rtol=1e-4, atol=2e-5)
+    assert not torch.equal(gram, newton_schulz(matrix, dtype=torch.float32, gram=False))  # the other form ran
+    wide = gram if shape[-2] <= shape[-1] else gram.mT
+    singular = torch.linalg.svdvals(wide)
+    assert singular.min() > 0.5 and singular.max() < 1.5  # the quintic's band
+
+
+def test_the_gram_form_is_taken_only_where_it_saves_work():
+    assert gram_form_pays(64, 576, torch.float32) and gram_form_pays(32, 128, torch.float32)
+    assert not gram_form_pays(16, 144, torch.float32)  # small products: their count costs more than the arithmetic
+    assert not gram_form_pays(64, 255, torch.float32)  # not four times as wide
+    assert not gram_form_pays(64, 576, torch.bfloat16)  # bfloat16 stays torch.optim.Muon's own sequence
+    matrix = torch.randn(16, 144)
+    direct = newton_schulz(matrix, dtype=torch.float32, gram=False)
+    assert torch.equal(newton_schulz(matrix, dtype=torch.float32), direct)
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
