@@ -130,10 +130,9 @@ def measure(
     advance: Callable[[], None] | None = None,
     batches: int | None = None,
     head: int = 0,
-    constants: bool = False,
 ) -> Measurement:
-    """`evaluate_loader` with one (flip, translate) setting, its sums reduced over the ranks; with `constants`, the
-    classes whose output was the same for every image (`Measurement.constant`)."""
+    """`evaluate_loader` with one (flip, translate) setting, its sums reduced over the ranks; over a whole pass
+    (`batches` None), the classes whose output was the same for every image too (`Measurement.constant`)."""
     (measured,) = evaluate_loader(model, loader, precision, [setting], device, advance=advance, batches=batches,
                                   head=head)  # fmt: skip
     sums = [measured.loss_sum.item(), measured.correct.item(), measured.plain_correct.item(), measured.count,
@@ -141,7 +140,7 @@ def measure(
     loss, correct, plain, count, head_correct, head_count = all_reduce_sum(sums, device)
     seen = max(count, 1)
     kept = (head_correct / head_count, int(head_count)) if head_count else None
-    constant = constant_outputs(measured, device) if constants else ()
+    constant = constant_outputs(measured, device) if batches is None else ()
     return Measurement(loss / seen, correct / seen, plain / seen, int(count), kept, constant)
 
 

@@ -57,19 +57,13 @@ from hasten.engine.schedules import Scheduler
 from hasten.engine.step import StepResult, TrainStep, steps_per_epoch
 from hasten.errors import CheckpointError, HastenError
 from hasten.progress import EpochProgress, say
+from hasten.run import verdicts
 from hasten.run.evaluation import Measurement, check_batches, lag_warning, measure
 from hasten.run.extension import replanned, stuck
 from hasten.run.plan import Collapsed, Hooks, Interrupted, NonFiniteLoss, Plan, Saving
 from hasten.run.signals import asked_to_stop, handling_stop_signals
 from hasten.run.state import State, rank_state, restore, time_to_fraction_of_best, wall_time_to_accuracy
-from hasten.run.verdicts import (
-    COLLAPSED_TRAIN_LOSS,
-    at_chance_warning,
-    collapsed_outputs,
-    constant_classes_warning,
-    late_warning,
-    no_gradient,
-)
+from hasten.run.verdicts import COLLAPSED_TRAIN_LOSS, at_chance_warning, collapsed_outputs, late_warning, no_gradient
 from hasten.runfolder.checkpoint import prune, save_checkpoint, set_rng_state
 from hasten.runfolder.log import RunLog
 from hasten.techniques.tta import views
@@ -129,8 +123,7 @@ class Trainer:
         self.pace = (0, 0.0)  # (batches, training seconds) this process has trained: the ETA's pace
         self.unreached: list[str] | None = None  # trainable parameters the first step's loss gave no gradient
         self.test_losses: deque[float] = deque(maxlen=2)  # the last evaluations' test losses: collapsed outputs
-        # the classes whose output the final evaluation found the same for every test image, with that output
-        self.constant_classes: tuple[tuple[int, float], ...] = ()
+        self.constant_classes: tuple[tuple[int, float], ...] = ()  # (class, output) the same for every test image
 
     def wall_seconds(self) -> float:
         """The run's wall-clock seconds so far: since the command's start, plus a resumed run's earlier ones."""
@@ -267,7 +260,7 @@ class Trainer:
         augmentation; each rank evaluates its split, the sums are reduced. The model evaluated is the hooks'
         `eval_model` (the EMA copy) unless `live`. The same pass's accuracy on the plain view alone is kept as
         `one_view_accuracy`, and over the live weights' check's images as `one_view_head`."""
-        measured = self._measure(live=live, tta=True, head=check_batches(self.test_loader), constants=not live)
+        measured = self._measure(live=live, tta=True, head=check_batches(self.test_loader))
         self.one_view_accuracy, self.one_view_head = measured.plain_accuracy, measured.head
         if not live:
             self.constant_classes = measured.constant
@@ -282,12 +275,9 @@ class Trainer:
         return measured.loss, measured.accuracy
 
     @torch.no_grad()
-    def _measure(
-        self, live: bool, tta: bool, batches: int | None = None, head: int = 0, constants: bool = False
-    ) -> Measurement:
+    def _measure(self, live: bool, tta: bool, batches: int | None = None, head: int = 0) -> Measurement:
         """Loss and accuracies over the test set (its first `batches` batches where given; `head`: the plain
-        view's accuracy over the first that many too; `constants`: the classes whose output was the same for every
-        test image), timed into `State.eval_seconds` and shown."""
+        view's accuracy over the first that many too), timed into `State.eval_seconds` and shown."""
         plan, loader = self.plan, self.test_loader
         flip, translate = (plan.tta_flip, plan.tta_translate) if tta else (False, 0)
         passes = views(flip, translate)
@@ -300,8 +290,7 @@ class Trainer:
             model = unwrap(self.model)  # the plain module: no DDP forward hooks or buffer broadcasts in evaluation
             model = self.hooks.eval_model(model) if self.hooks.eval_model and not live else model  # EMA: calibrated
             calibrated = time.perf_counter()
-            measured = measure(model, loader, self.precision, self.device, (flip, translate), advance, batches, head,
-                               constants)  # fmt: skip
+            measured = measure(model, loader, self.precision, self.device, (flip, translate), advance, batches, head)
         done = time.perf_counter()
         if batches is None:  # a whole pass: what the ETA's next evaluation takes
             self.seconds_per_view = (done - calibrated) / passes
@@ -392,10 +381,9 @@ class Trainer:
         collapsed = plan.collapse_advice if abs(late - math.log(plan.num_classes)) < COLLAPSED_TRAIN_LOSS else None
         text = at_chance_warning(test_accuracy, plan.num_classes, plan.epochs, plan.divergence_advice,
                                  train_accuracy, plan.test_chance, plan.train_chance, collapsed)  # fmt: skip
-        if text is not None:
-            self.warn(text)
-        if dead := constant_classes_warning(self.constant_classes, plan.num_classes, plan.class_names):
-            self.warn(dead)
+        dead = verdicts.constant_classes_warning(self.constant_classes, plan.num_classes, plan.class_names)
+        for said in filter(None, (text, dead)):
+            self.warn(said)
 
     def check_start(self) -> None:
         """At the end of a run that learnt: one at chance late into its steps is said to have learnt late."""
@@ -518,7 +506,7 @@ class Trainer:
             self.log.start_metrics(METRICS)
         self.log.open_board()  # TensorBoard's import and files now, in the start-up, not in the first step
         bar = EpochProgress(len(self.train_loader), enabled=self.plan.progress and self.log.enabled)
-        self.bar, live, classes = bar, {}, self.plan.num_classes
+        self.bar, live, plan, classes = bar, {}, self.plan, self.plan.num_classes
         with bar:  # SIGINT/SIGTERM: the caller's `stop_on_signals` (hasten.run.build.train), installed once per run
             while self.state.epoch < self.plan.epochs:
                 bar.start_epoch(self.state.epoch + 1, self.plan.epochs)
@@ -527,7 +515,7 @@ class Trainer:
                 test_loss, test_accuracy = self.evaluate() if final else self.evaluate_between()
                 self.check_health(row | {"test_loss": test_loss})
                 self.test_losses.append(test_loss)  # outputs that collapsed: a restart, where the plan allows one
-                if not final and self.plan.restart and collapsed_outputs(self.test_losses, row["train_loss"], classes):
+                if not final and plan.restart and collapsed_outputs(self.test_losses, row["train_loss"], classes):
                     raise Collapsed.after(self.state, row | {"test_loss": test_loss}, "collapsed", self.wall_seconds())
                 self.record_accuracy(test_accuracy, self.state.train_seconds)
                 row.update(
@@ -540,8 +528,8 @@ class Trainer:
                     loss_scale=self.precision.loss_scale,
                 )
                 self.log.epoch(row, self.state.step)
-                views_used = self._views(full=final or self.plan.mid_eval == "tta")
-                bar.end_epoch(row, views=views_used, wall_seconds=self.wall_seconds())
+                passes = views(plan.tta_flip, plan.tta_translate) if final or plan.mid_eval == "tta" else 1
+                bar.end_epoch(row, views=passes, wall_seconds=self.wall_seconds())
                 if final:  # the end, judged before the last checkpoint keeps it
                     self.check_result(test_accuracy, row.get("train_accuracy"))
                     self.check_start()
@@ -557,10 +545,6 @@ class Trainer:
                 if not final:  # after the last epoch the run is done: its summary follows
                     self._check_stop()
         return self.summary(row, self.wall_seconds()) | live
-
-    def _views(self, full: bool) -> int:
-        """Forward passes per test image of a full evaluation (test-time augmentation) or of a plain one."""
-        return views(self.plan.tta_flip, self.plan.tta_translate) if full else 1
 
     def compare_live(self) -> dict[str, float]:
         """With an EMA (or any other evaluated copy), the live weights' accuracy too, on the plain view of the first
