@@ -79,11 +79,12 @@ def newton_schulz(
     x = matrix.to(dtype).mT if tall else matrix.to(dtype)
     x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm at most 1
     multiply_add = torch.addmm if x.dim() == 2 else torch.baddbmm
-    if gram if gram is not None else gram_form_pays(x.size(-2), x.size(-1), dtype):
+    on_gram = gram_form_pays(x.size(-2), x.size(-1), dtype) if gram is None else gram
+    if on_gram:
         return _newton_schulz_on_gram(x, steps, coefficients, multiply_add, tall)
     for _ in range(steps):
-        gram = x @ x.mT
-        x = multiply_add(x, multiply_add(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        square = x @ x.mT
+        x = multiply_add(x, multiply_add(square, square, square, beta=b, alpha=c), x, beta=a)
     return x.mT if tall else x
 
 

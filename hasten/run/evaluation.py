@@ -41,7 +41,7 @@ class Measured:
     count: int = 0  # images
     head_count: int = 0
     # each class's least and greatest augmented logit over the images (float32, on the device; None before the
-    # first batch): a class whose two are equal got the same output for every image (`Measurement.constant`)
+    # first batch): a class whose two are equal got the same output for every image (`constant_outputs`)
     low: Tensor | None = None
     high: Tensor | None = None
     # with `keep_predictions`: each batch's augmented logits and labels, on the CPU (top-k, confusion matrix)
@@ -116,9 +116,7 @@ class Measurement(NamedTuple):
     plain_accuracy: float
     count: int
     head: tuple[float, int] | None
-    # the classes whose output was the same for every test image (over every rank's), with that output; empty
-    # under CONSTANT_MIN_IMAGES images, where a few alike images could give it by themselves
-    constant: tuple[tuple[int, float], ...] = ()
+    own: Measured  # this process's results before the reduction, for one a caller asks for (`constant_outputs`)
 
 
 def measure(
@@ -131,8 +129,7 @@ def measure(
     batches: int | None = None,
     head: int = 0,
 ) -> Measurement:
-    """`evaluate_loader` with one (flip, translate) setting, its sums reduced over the ranks; over a whole pass
-    (`batches` None), the classes whose output was the same for every image too (`Measurement.constant`)."""
+    """`evaluate_loader` with one (flip, translate) setting, its sums reduced over the ranks."""
     (measured,) = evaluate_loader(model, loader, precision, [setting], device, advance=advance, batches=batches,
                                   head=head)  # fmt: skip
     sums = [measured.loss_sum.item(), measured.correct.item(), measured.plain_correct.item(), measured.count,
@@ -140,8 +137,7 @@ def measure(
     loss, correct, plain, count, head_correct, head_count = all_reduce_sum(sums, device)
     seen = max(count, 1)
     kept = (head_correct / head_count, int(head_count)) if head_count else None
-    constant = constant_outputs(measured, device) if batches is None else ()
-    return Measurement(loss / seen, correct / seen, plain / seen, int(count), kept, constant)
+    return Measurement(loss / seen, correct / seen, plain / seen, int(count), kept, measured)
 
 
 # a class's output the same for every one of at least this many test images is said to be constant: a ReLU after a
@@ -152,7 +148,8 @@ CONSTANT_MIN_IMAGES = 20
 
 def constant_outputs(measured: Measured, device: torch.device) -> tuple[tuple[int, float], ...]:
     """(class, its output) for each class whose logit was the same for every image `measured` saw on every rank
-    (every rank calls the same collectives, one that saw no image too)."""
+    (every rank calls the same collectives, one that saw no image too); empty under CONSTANT_MIN_IMAGES images, where
+    a few alike images could give one output by themselves."""
     own = 0 if measured.low is None else len(measured.low)
     classes, images = all_reduce_max([float(own)], device)[0], all_reduce_sum([float(measured.count)], device)[0]
     classes = int(classes)

@@ -58,7 +58,7 @@ from hasten.engine.step import StepResult, TrainStep, steps_per_epoch
 from hasten.errors import CheckpointError, HastenError
 from hasten.progress import EpochProgress, say
 from hasten.run import verdicts
-from hasten.run.evaluation import Measurement, check_batches, lag_warning, measure
+from hasten.run.evaluation import Measurement, check_batches, constant_outputs, lag_warning, measure
 from hasten.run.extension import replanned, stuck
 from hasten.run.plan import Collapsed, Hooks, Interrupted, NonFiniteLoss, Plan, Saving
 from hasten.run.signals import asked_to_stop, handling_stop_signals
@@ -262,8 +262,8 @@ class Trainer:
         `one_view_accuracy`, and over the live weights' check's images as `one_view_head`."""
         measured = self._measure(live=live, tta=True, head=check_batches(self.test_loader))
         self.one_view_accuracy, self.one_view_head = measured.plain_accuracy, measured.head
-        if not live:
-            self.constant_classes = measured.constant
+        if not live:  # the final evaluation's: reduced over the ranks here, not in every evaluation
+            self.constant_classes = constant_outputs(measured.own, self.device)
         return measured.loss, measured.accuracy
 
     def evaluate_between(self) -> tuple[float, float]:

@@ -186,6 +186,11 @@ def no_gradient(model: nn.Module, warn: Callable[[str], None]) -> list[str]:
     return unreached
 
 
+def some_classes(names: Sequence[str]) -> str:
+    """Up to five class names for a warning, quoted: `'b', 'd', ...` past five."""
+    return ", ".join(repr(name) for name in names[:5]) + (", ..." if len(names) > 5 else "")
+
+
 def absent_classes(labels: Tensor, classes: Sequence[str]) -> str | None:
     """The warning for classes no training image holds, which the model never learns to predict; where the one
     absent is label 0 of numbered classes, the labels likely count from 1. None when every class has images."""
@@ -193,10 +198,9 @@ def absent_classes(labels: Tensor, classes: Sequence[str]) -> str | None:
     absent = [str(classes[i]) for i in range(len(classes)) if counts[i] == 0]
     if not absent:
         return None
-    shown = ", ".join(repr(name) for name in absent[:5]) + (", ..." if len(absent) > 5 else "")
     text = (
-        f"{len(absent)} of the {len(classes)} classes have no training images ({shown}): the model never learns "
-        "to predict them"
+        f"{len(absent)} of the {len(classes)} classes have no training images ({some_classes(absent)}): the model "
+        "never learns to predict them"
     )
     if absent == [str(classes[0])] and list(classes) == [str(i) for i in range(len(classes))]:
         text += f"; the labels run 1..{len(classes) - 1}: if they count from 1, subtract 1 (labels are 0..K-1)"
@@ -212,11 +216,11 @@ def constant_classes_warning(
     when there are none, or when every class is constant (the collapse, which the at-chance warning says)."""
     if not constant or len(constant) >= num_classes:
         return None
-    shown = ", ".join(repr(str(names[c]) if c < len(names) else str(c)) for c, _ in constant[:5])
+    shown = some_classes([str(names[c]) if c < len(names) else str(c) for c, _ in constant])
     outputs = sorted({value for _, value in constant})
     value = f"{outputs[0]:.4g}" if len(outputs) == 1 else "one value each"
     return (
-        f"{len(constant)} of the {num_classes} classes ({shown}{', ...' if len(constant) > 5 else ''}) got the same "
+        f"{len(constant)} of the {num_classes} classes ({shown}) got the same "
         f"output ({value}) for every test image: what the model says of them does not depend on the image. A ReLU "
         "or another clamp after the model's last layer that stopped at 0 for a class passes it no gradient again, so "
         "no longer run mends it: end the model in its last layer, with no activation after it (the loss takes its "
