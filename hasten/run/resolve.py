@@ -530,10 +530,9 @@ def choose_on_machine(
             )
             seconds = rules.step_time_line(measured.seconds, sizes)
             noise = measured.steadiness.spread if measured.steadiness is not None else 0.0
-            values["train.batch_size"] = rules.choose_batch(seconds, tie=rules.batch_tie(noise))
-            notes.append(
-                f"{rules.describe_batch_choice(seconds, values['train.batch_size'], measured.seconds)}; {where}"
-            )
+            chosen = values["train.batch_size"] = rules.choose_batch(seconds, tie=rules.batch_tie(noise))
+            notes.append(f"{rules.describe_batch_choice(seconds, chosen, measured.seconds)}; {where}")
+            notes += rules.shorter_run_note(seconds, chosen, images, epochs, world, accumulate, budget)
         elif values["train.batch_size"] == "auto":
             values["train.batch_size"] = sizes[0]
             notes.append(

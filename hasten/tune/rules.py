@@ -256,6 +256,43 @@ def describe_batch_choice(seconds: Mapping[int, float], chosen: int, measured: M
     )
 
 
+# a plain PyTorch loop's batch, which users compare a run against (the model suite's plain arm trains at it)
+PLAIN_BATCH = 64
+SHORTER_BY = 0.9  # the run says how to be shorter when its epochs at PLAIN_BATCH are predicted under this share
+
+
+def shorter_run_note(
+    seconds: Mapping[int, float],
+    chosen: int,
+    images: int,
+    epochs: int | None,
+    world: int = 1,
+    accumulate: int = 1,
+    budget: int = RUN_STEPS,
+) -> list[str]:
+    """A line for a run whose batch rule chose a batch under PLAIN_BATCH: the rule picks the batch of least time to
+    a result, which on a small set is more optimizer steps, so the run's epochs take longer than the same epochs at
+    a plain loop's batch would (their predicted seconds of training steps, from the probe's step times `seconds`),
+    and a user who wants the shorter run is told the keys that give it (the batch and the epochs: `train.epochs:
+    auto` alone would plan more epochs at the larger batch). Empty where the larger batch is not a candidate or
+    saves less than 1 - SHORTER_BY of the time."""
+    if chosen >= PLAIN_BATCH or not math.isfinite(seconds.get(PLAIN_BATCH, math.inf)):
+        return []
+    run_epochs = epochs if epochs is not None else auto_epochs(images, chosen, world, accumulate, budget)
+    steps = {batch: run_epochs * steps_per_epoch(images, batch, world, accumulate) for batch in (chosen, PLAIN_BATCH)}
+    spent = {batch: steps[batch] * seconds[batch] for batch in steps}
+    if spent[PLAIN_BATCH] > SHORTER_BY * spent[chosen]:
+        return []
+    shown = {batch: f"{value:,.0f}" if value >= 10 else f"{value:.1f}" for batch, value in spent.items()}
+    return [
+        f"train.batch_size={chosen} trains for the result, not the shortest run: {run_epochs} epoch"
+        f"{'s' * (run_epochs != 1)} at batch {chosen}: {steps[chosen]:,} optimizer steps, about "
+        f"{shown[chosen]} s of training steps here; at batch {PLAIN_BATCH}, {steps[PLAIN_BATCH]:,} steps, about "
+        f"{shown[PLAIN_BATCH]} s, which on a set this small learn less (docs/defaults.md). For the shorter run: "
+        f"train.batch_size={PLAIN_BATCH} train.epochs={run_epochs}"
+    ]
+
+
 # the batch a run whose model's outputs collapsed to the same for every class restarts at (hasten/run/restart.py,
 # restart_settings) or, where its settings were the user's, is advised first, at half its LR: a
 # user's SqueezeNet-like net (a ReLU after its classifier) on 1,200 letters collapsed at the rule's batch 16 on seeds 0

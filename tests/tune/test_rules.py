@@ -98,6 +98,33 @@ def test_a_run_takes_the_batch_the_rule_picks_and_records_it(tmp_path, monkeypat
     assert "train.batch_size=auto -> 32" in capsys.readouterr().err
 
 
+def test_a_batch_under_a_plain_loops_says_what_its_epochs_cost_and_how_to_be_shorter():
+    # 1,200 images at batch 16, epochs auto: 1,000 steps planned (5/3 of 600), 75 an epoch, so 14 epochs of 1,050
+    # steps, 10.5 s at 10 ms a step; the same 14 epochs at 64 are 266 steps, 8.0 s at 30 ms: under 0.9x, said
+    seconds = {16: 0.010, 32: 0.016, 64: 0.030}
+    assert rules.auto_epochs(1200, 16) == 14
+    (note,) = rules.shorter_run_note(seconds, 16, 1200, None)
+    assert "14 epochs at batch 16: 1,050 optimizer steps, about 10 s" in note and "64, 266 steps, about 8.0 s" in note
+    # the epochs named with the batch: train.epochs=auto alone would plan 600 steps at 64, 32 epochs, longer
+    assert note.endswith("train.batch_size=64 train.epochs=14") and rules.auto_epochs(1200, 64) == 32
+    (given,) = rules.shorter_run_note(seconds, 16, 1200, 3)  # epochs given: those
+    assert "3 epochs at batch 16: 225 optimizer steps" in given and given.endswith("train.epochs=3")
+    assert rules.shorter_run_note({**seconds, 64: 0.040}, 16, 1200, None) == []  # 10.6 s at 64: not shorter
+    assert rules.shorter_run_note(seconds, 64, 1200, None) == []  # the plain loop's batch itself
+    assert rules.shorter_run_note({16: 0.010, 32: 0.016}, 16, 1200, None) == []  # 64 not a candidate
+    assert rules.shorter_run_note({**seconds, 64: math.inf}, 16, 1200, None) == []  # 64 could not be timed
+
+
+def test_a_run_at_a_small_batch_prints_the_shorter_runs_keys(tmp_path, monkeypatch, capsys):
+    seconds = {16: 0.010, 32: 0.016, 64: 0.030}  # (1 + 64/B) t(B): 0.050, 0.048, 0.060; 16 ties 32 and wins
+    _fake_step_times(monkeypatch, seconds)
+    overrides = [*QUIET, "data.name=synthetic", "data.synthetic_size=4096", "train.epochs=1", f"run.dir={tmp_path}"]
+    assert hasten.train(None, overrides)["global_batch"] == 16
+    err = " ".join(capsys.readouterr().err.split())  # (wrapped to 80 columns)
+    assert "1 epoch at batch 16: 256 optimizer steps, about 2.6 s" in err and "at batch 64, 64 steps, about 1.9" in err
+    assert "For the shorter run: train.batch_size=64 train.epochs=1" in err
+
+
 def test_the_eval_batch_on_a_cpu_is_smaller_for_larger_images_and_larger_in_bf16():
     # fp32 (4 bytes an activation): 256 of small images, 64 at 64x64 (1 MiB of input), fewer of larger ones
     assert rules.eval_batch("cpu", 8, 8) == rules.eval_batch("cpu", 28, 28) == rules.eval_batch("cpu", 32, 32) == 256
