@@ -532,7 +532,7 @@ def choose_on_machine(
             noise = measured.steadiness.spread if measured.steadiness is not None else 0.0
             chosen = values["train.batch_size"] = rules.choose_batch(seconds, tie=rules.batch_tie(noise))
             notes.append(f"{rules.describe_batch_choice(seconds, chosen, measured.seconds)}; {where}")
-            notes += rules.shorter_run_note(seconds, chosen, images, epochs, world, accumulate, budget)
+            notes += rules.shorter_run_note(measured.seconds, chosen, images, epochs, world, accumulate, budget)
         elif values["train.batch_size"] == "auto":
             values["train.batch_size"] = sizes[0]
             notes.append(

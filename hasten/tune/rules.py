@@ -274,9 +274,11 @@ def shorter_run_note(
     a result, which on a small set is more optimizer steps, so the run's epochs take longer than the same epochs at
     a plain loop's batch would (their predicted seconds of training steps, from the probe's step times `seconds`),
     and a user who wants the shorter run is told the keys that give it (the batch and the epochs: `train.epochs:
-    auto` alone would plan more epochs at the larger batch). Empty where the larger batch is not a candidate or
-    saves less than 1 - SHORTER_BY of the time."""
-    if chosen >= PLAIN_BATCH or not math.isfinite(seconds.get(PLAIN_BATCH, math.inf)):
+    auto` alone would plan more epochs at the larger batch). `seconds`: the step times the probe measured; a batch
+    not timed (PLAIN_BATCH is often no candidate on a small set: too few steps an epoch) is read off their line
+    (step_time_line). Empty where it cannot be predicted or saves less than 1 - SHORTER_BY of the time."""
+    seconds = step_time_line(seconds, [chosen, PLAIN_BATCH])
+    if chosen >= PLAIN_BATCH or not math.isfinite(seconds[PLAIN_BATCH]):
         return []
     run_epochs = epochs if epochs is not None else auto_epochs(images, chosen, world, accumulate, budget)
     steps = {batch: run_epochs * steps_per_epoch(images, batch, world, accumulate) for batch in (chosen, PLAIN_BATCH)}
