@@ -61,6 +61,25 @@ def sha256_stream(stream: IO[bytes]) -> str:
     return digest.hexdigest()
 
 
+class HashingWriter:
+    """A binary file that hashes what is written through it, in the order written: the SHA-256 of a file written
+    front to back (torch.save's zip writer writes so), without reading it back. No seek or tell: a writer that
+    needs them fails here rather than leaving a digest of bytes out of order."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file, self.digest = file, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
+
+
 def sha256_file(path: Path) -> str:
     """Hex SHA-256 of the file at `path` (what `sha256sum` prints)."""
     with open(path, "rb") as file:

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from hasten.errors import CheckpointError
+from hasten.files import sha256_file
 from hasten.models.pretrained import save_weights
+from hasten.runfolder import checkpoint
 from hasten.runfolder.checkpoint import (
     checkpoints_in,
     latest_usable,
@@ -106,6 +108,27 @@ def test_prune_keeps_the_newest_and_protected(tmp_path):
     prune(tmp_path, keep=2, protect=(tmp_path / "step-1.pt",))
     assert [p.name for p in checkpoints_in(tmp_path)] == ["step-4.pt", "step-3.pt", "step-1.pt"]
     assert not (tmp_path / "step-2.pt.sha256").exists()
+
+
+def test_the_digest_hashed_while_writing_is_the_files(tmp_path):
+    # many tensors of several dtypes and sizes, some over torch's alignment: the zip writer writes front to back
+    big = {f"t{i}": torch.randn(1000 + 37 * i).to(dtype) for i, dtype in enumerate([torch.float32, torch.bfloat16] * 8)}
+    path = save_checkpoint({"model": big, "step": 1}, tmp_path / "step-1.pt")
+    assert (tmp_path / "step-1.pt.sha256").read_text().strip() == sha256_file(path)
+    assert torch.equal(load_checkpoint(path, require_digest=True)["model"]["t5"], big["t5"])
+
+
+def test_a_checkpoint_rewritten_after_it_was_saved_is_hashed_again_before_pruning(tmp_path, monkeypatch):
+    for step in (1, 2, 3):
+        save_checkpoint(state(step), tmp_path / f"step-{step}.pt")
+    hashed = []
+    monkeypatch.setattr(checkpoint, "sha256_file", lambda path: hashed.append(path.name) or sha256_file(path))
+    mine = tmp_path / "step-1.pt"
+    mine.write_bytes(b"the user's own bytes, written over a checkpoint\n")  # the same path, another file
+    prune(tmp_path, keep=1)
+    assert mine.read_bytes().startswith(b"the user's own bytes")  # its sidecar no longer matches: kept
+    assert not (tmp_path / "step-2.pt").exists()  # unchanged since this process saved it: pruned unread
+    assert hashed == ["step-1.pt"]
 
 
 def test_killed_mid_save_leaves_the_previous_checkpoint_intact(tmp_path):
