@@ -357,6 +357,13 @@ class OptimConfig(Section):
         "channels. A weight that feeds a batch norm keeps optim.lr. auto: on for adam and adamw, decided at start "
         "and recorded.",
     )
+    layer_scale_lr: PositiveFloat | Literal["auto"] = Field(
+        "auto",
+        description="adam, adamw: a layer scale (a parameter whose elements all start at the same value, nonzero "
+        "and at most 1e-3 in size: ConvNeXt's and CaiT's 1e-6 to 1e-5 branch scales) takes this times optim.lr, so "
+        "its branch can grow within the run (hasten/engine/layer_scale.py); 1: optim.lr like every parameter. auto: "
+        "10 for adam and adamw where the model has one, else 1, decided at start and recorded.",
+    )
     # no scaling rule: the orthogonalised update has the same size at any batch
     muon_lr: PositiveFloat = Field(
         0.02,

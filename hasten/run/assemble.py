@@ -32,6 +32,7 @@ from hasten.engine import distributed, step
 from hasten.engine.compiling import compile_model
 from hasten.engine.distributed import world_size
 from hasten.engine.fan_in import fan_in_groups
+from hasten.engine.layer_scale import layer_scale_groups
 from hasten.engine.norms import has_batch_norm
 from hasten.engine.optimizers import Muon, muon_groups
 from hasten.engine.precision import Precision, make_precision
@@ -299,6 +300,8 @@ def assemble(
         groups = [{"params": [p for p in model.parameters() if p.requires_grad], "weight_decay": decay}]
     if recipe.optim.fan_in_lr is True:  # decided in resolve: wide layers at a share of the LR (engine/fan_in.py)
         groups = fan_in_groups(groups, model, lr)
+    if isinstance(recipe.optim.layer_scale_lr, float):  # decided in resolve: layer scales at a multiple of the LR
+        groups = layer_scale_groups(groups, model, lr, recipe.optim.layer_scale_lr)
     for technique in _at(made, "param_groups"):  # no-bias-decay
         groups = technique.param_groups(groups)
     opt = optimizer(recipe.optim, precision.optimizer_groups(groups), lr)  # fp16-master: the fp32 masters

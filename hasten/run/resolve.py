@@ -23,7 +23,6 @@ from hasten.data.registry import mirror_invariant
 from hasten.data.user import StreamedData
 from hasten.engine import distributed
 from hasten.engine.distributed import world_size
-from hasten.engine.fan_in import FAN_IN_REFERENCE, scaled_weights
 from hasten.engine.norms import has_batch_norm
 from hasten.errors import CheckpointError, RecipeError
 from hasten.machine import Machine
@@ -35,6 +34,7 @@ from hasten.recipe.trust import USER_SOURCES
 from hasten.run.assemble import assemble, check_batch_norm_batch, loaders, lr_scale, train_size
 from hasten.run.extension import holds_peak
 from hasten.run.loading import eval_batch_size, placed_workers
+from hasten.run.shares import resolve_lr_shares
 from hasten.run.user import recorded, user_objects
 from hasten.runfolder.checkpoint import checkpoints_in, latest_usable, load_checkpoint
 from hasten.tune import autotune, choices, numerics, rules
@@ -175,7 +175,7 @@ def resolve(
     checkpoint = resume_from(recipe, run_dir(recipe) / "checkpoints")  # read once: the run continues from it
     recipe, more = resolve_default_lr(recipe, model, given_model is not None, resumed_lr(recipe, checkpoint))
     notes += more
-    recipe, more = resolve_fan_in_lr(recipe, model)
+    recipe, more = resolve_lr_shares(recipe, model)
     notes += more
     resumed = resumed_choices(recipe, checkpoint)  # a resume continues with what its run chose: exact, as resumes are
     budget = rules.run_steps(has_batch_norm(model))  # train.epochs=auto's steps, which the batch's candidates keep
@@ -340,28 +340,6 @@ def resolve_default_lr(
         else "has no batch norm: a lower LR than hasten's batch-norm ResNet was tuned at (docs/defaults.md)"
     )
     return recipe, [f"optim.lr unset -> {lr:g}{per}: {which} {why}"]
-
-
-def resolve_fan_in_lr(recipe: Recipe, model: nn.Module) -> tuple[Recipe, list[str]]:
-    """`optim.fan_in_lr: auto` decided from the optimizer (hasten/tune/rules.py's default_fan_in_lr), recorded; said
-    when the model has a weight it would slow (a fan-in over FAN_IN_REFERENCE, not feeding a batch norm), with those
-    weights."""
-    if recipe.optim.fan_in_lr != "auto":
-        return recipe, []
-    on = rules.default_fan_in_lr(recipe.optim.name)
-    recipe = replaced(recipe, {"optim.fan_in_lr": on})
-    wide = scaled_weights(model)
-    if not wide:
-        return recipe, []
-    if not on:
-        return recipe, [f"optim.fan_in_lr=auto -> false: optim.name={recipe.optim.name} (adam and adamw only); "
-                        "one LR for every layer"]  # fmt: skip
-    shown = ", ".join(f"{name} (fan-in {fan_in:,}: {share:.2g}x)" for name, (fan_in, share) in list(wide.items())[:4])
-    more = f" and {len(wide) - 4} more" if len(wide) > 4 else ""
-    return recipe, [
-        f"optim.fan_in_lr=auto -> true: weights with a fan-in over {FAN_IN_REFERENCE} take optim.lr x "
-        f"{FAN_IN_REFERENCE} / fan-in (Adam moves each weight by about the LR): {shown}{more}"
-    ]
 
 
 def resolve_budget(

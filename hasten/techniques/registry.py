@@ -52,6 +52,7 @@ TECHNIQUES: tuple[type[Technique] | Switch, ...] = (
     Switch("train.checkpoint_activations", "false", "true", "activations recomputed in backward", speed=True),
     Switch("optim.layer_lr_decay", "1.0", "0.5", "discriminative fine-tuning: each layer down gets decay x the LR"),
     Switch("optim.fan_in_lr", "false", "true", "Adam's LR by fan-in: a weight reading over 576 inputs at 576 / fan-in"),
+    Switch("optim.layer_scale_lr", "1", "10", "Adam's LR x 10 on layer scales (parameters starting at one tiny value)"),
 )
 
 SWITCHES: tuple[Switch, ...] = tuple(

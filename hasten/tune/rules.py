@@ -233,6 +233,21 @@ def default_fan_in_lr(optimizer: str) -> bool:
     return optimizer in FAN_IN_OPTIMIZERS
 
 
+# optim.layer_scale_lr=auto: a layer scale (hasten/engine/layer_scale.py) at this times Adam's LR. Chosen on a
+# ConvNeXt-like net written after the rules (layer scales from 1e-6; benchmarks/heldout_models.py) on the letters, 3
+# seeds, in fp32 on an AVX2 CPU (docs/defaults.md, "Layer scales"): at optim.lr its seed 2's scales ended at 0.07-0.23
+# and the seeds at 85.5, 58.0 and 46.2% (the plain loop 76.5, 49.0, 60.0%); at 10x that seed's scales at 0.34-1.30
+# and the seeds at 93.5, 61.5 and 69.5%. Only 10 was tried.
+LAYER_SCALE_LR = 10.0
+
+
+def default_layer_scale_lr(optimizer: str, has_layer_scales: bool) -> float:
+    """optim.layer_scale_lr=auto, decided: LAYER_SCALE_LR for Adam and AdamW on a model with a layer scale (their
+    steps are about the LR whatever the gradient: a scale from 1e-6 needs a thousand steps of one sign to reach 1),
+    else 1: SGD's steps follow the gradient's size, and a model without one has nothing to scale."""
+    return LAYER_SCALE_LR if optimizer in FAN_IN_OPTIMIZERS and has_layer_scales else 1.0
+
+
 LR_AUTO_CALIBRATED = ("sgd",)  # optim.lr=auto's rule was measured for these optimizers (docs/lr-auto.md)
 
 AUTO_TRANSLATE_FRACTION = 1 / 32  # data.augment.translate=auto: shifts of up to this share of the image side

@@ -13,7 +13,7 @@ import hasten
 from hasten.engine.fan_in import FAN_IN_REFERENCE, fan_in_groups, lr_scale, scaled_weights, weight_fan_ins
 from hasten.models.resnet import ResNet
 from hasten.recipe.schema import Recipe, load_recipe
-from hasten.run.resolve import resolve_fan_in_lr
+from hasten.run.shares import resolve_fan_in_lr
 from hasten.techniques.no_bias_decay import split_no_decay
 from hasten.tune import rules
 from tests.run.test_model_rules import Net  # flatten, a lazy dense layer, the head

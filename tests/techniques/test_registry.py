@@ -60,12 +60,15 @@ IN_PARTS: dict[str, Callable[[Parts], bool]] = {
     "train.checkpoint_activations": lambda parts: parts.model.checkpoint_activations,  # hasten's ResNet's own
     "optim.layer_lr_decay": several_lrs,
     "optim.fan_in_lr": several_lrs,
+    "optim.layer_scale_lr": several_lrs,
 }
 # what a switch needs to show in the tiny run: a layer wider than the fan-in rule's reference (a dense layer over the
-# flattened images, a sequential model of the layer list)
+# flattened images, a sequential model of the layer list); a model with layer scales
 WITH: dict[str, list[str]] = {
     "optim.fan_in_lr": ["model.name=sequential", "model.layers=[flatten, {dense: 16}, relu, {dense: classes}]",
                         "optim.name=adamw", "optim.lr=0.001"],
+    "optim.layer_scale_lr": ["model.name=import", "model.target=tests.engine.test_layer_scale:ScaledNet",
+                             "optim.name=adamw", "optim.lr=0.001"],
 }  # fmt: skip
 # read at evaluation, which a training step does not reach: what the final evaluation of a 1-epoch run did
 IN_EVALUATION: dict[str, Callable[[tuple[bool, int]], bool]] = {
