@@ -15,6 +15,11 @@ none of them was tuned with (docs/results/models.md, "Three models written after
         --model keras=heldout_models:KerasCNN --model allconv=heldout_models:AllConvNet \
         --model convmixer=heldout_models:ConvMixer --model kuang=heldout_models:KuangResNet \
         --model bnhead=heldout_models:BNHeadCNN --budgets recipe --arms default,plain --seeds 0,1,2 --jobs 1 --threads 2
+
+MiniConvNeXt and LayerScaleViT have layer scales (docs/defaults.md, "Layer scales"), with and without their rule:
+
+    PYTHONPATH=benchmarks .venv/bin/python benchmarks/generalization.py --only letters,fashion-1000 \
+        --model lsvit=heldout_models:LayerScaleViT --budgets recipe --arms default --seeds 0,1,2 optim.layer_scale_lr=1
 """
 
 import torch
