@@ -96,19 +96,24 @@ def scaled_weights(model: nn.Module) -> dict[str, tuple[int, float]]:
 
 def fan_in_groups(groups: list[dict[str, Any]], model: nn.Module, lr: float) -> list[dict[str, Any]]:
     """`groups` (each with its weight decay, maybe its own LR) with the weights of a fan-in over FAN_IN_REFERENCE
-    moved to groups of their own at the group's LR times `lr_scale` (one group per share). The parameters at the
-    full LR stay first, in their groups as given, so the first group's LR (which the logs report) is optim.lr's;
-    `groups` itself when no weight is scaled (the groups, and so the checkpoints, of a run without such a layer are
-    as before)."""
-    shares = {id(weight): share for weight, _, share in lr_shares(model).values()}
-    if all(share >= 1 for share in shares.values()):
+    moved to groups of their own at the group's LR times `lr_scale` (`regrouped_by_share`); `groups` itself when no
+    weight is scaled (the groups, and so the checkpoints, of a run without such a layer are as before)."""
+    return regrouped_by_share(groups, {id(weight): share for weight, _, share in lr_shares(model).values()}, lr)
+
+
+def regrouped_by_share(groups: list[dict[str, Any]], shares: dict[int, float], lr: float) -> list[dict[str, Any]]:
+    """`groups` with each parameter whose share of the LR (by `id`; absent: 1) is not 1 moved to a group of its own
+    per share, at its group's LR (else `lr`) times the share, the largest share first. The parameters at their
+    group's LR stay first, in their groups as given, so the first group's LR (which the logs report) is optim.lr's;
+    `groups` itself when every share is 1."""
+    if all(share == 1 for share in shares.values()):
         return groups
-    kept, scaled = [], []
+    kept, moved = [], []
     for group in groups:
         by_share: dict[float, list[Tensor]] = {}
         for p in group["params"]:
             by_share.setdefault(shares.get(id(p), 1.0), []).append(p)
         kept.append({**group, "params": by_share.pop(1.0, [])})
-        scaled += [{**group, "params": params, "lr": group.get("lr", lr) * share}
-                   for share, params in sorted(by_share.items(), reverse=True)]  # fmt: skip
-    return kept + scaled
+        moved += [{**group, "params": params, "lr": group.get("lr", lr) * share}
+                  for share, params in sorted(by_share.items(), reverse=True)]  # fmt: skip
+    return kept + moved

@@ -24,6 +24,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parameter import UninitializedParameter
 
+from hasten.engine.fan_in import regrouped_by_share
+
 LAYER_SCALE_MAX = 1e-3  # a constant start at most this small: Adam's first steps (about the LR, 1e-3) dwarf it
 
 
@@ -52,15 +54,7 @@ def layer_scale_groups(
     groups: list[dict[str, Any]], model: nn.Module, lr: float, factor: float
 ) -> list[dict[str, Any]]:
     """`groups` with the layer scales moved to groups of their own at `factor` x the group's LR, after the others
-    (so the first group's LR, which the logs report, stays optim.lr's); `groups` itself when the model has none or
-    `factor` is 1 (the groups, and so the checkpoints, of such a run are as before)."""
-    scales = {id(p) for p in layer_scales(model).values()}
-    if not scales or factor == 1:
-        return groups
-    kept, faster = [], []
-    for group in groups:
-        inside = [p for p in group["params"] if id(p) in scales]
-        kept.append({**group, "params": [p for p in group["params"] if id(p) not in scales]})
-        if inside:
-            faster.append({**group, "params": inside, "lr": group.get("lr", lr) * factor})
-    return kept + faster
+    (fan_in.py's `regrouped_by_share`, so the first group's LR, which the logs report, stays optim.lr's); `groups`
+    itself when the model has none or `factor` is 1 (the groups, and so the checkpoints, of such a run are as
+    before)."""
+    return regrouped_by_share(groups, {id(p): factor for p in layer_scales(model).values()}, lr)

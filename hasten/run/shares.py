@@ -19,6 +19,11 @@ def resolve_lr_shares(recipe: Recipe, model: nn.Module) -> tuple[Recipe, list[st
     return recipe, fan_in + scales
 
 
+def listed(items: list[str], shown: int = 4) -> str:
+    """The first `shown` of `items`, comma-separated, and how many more there are."""
+    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
+
+
 def resolve_fan_in_lr(recipe: Recipe, model: nn.Module) -> tuple[Recipe, list[str]]:
     """`optim.fan_in_lr: auto` decided from the optimizer (hasten/tune/rules.py's default_fan_in_lr), recorded; said
     when the model has a weight it would slow (a fan-in over FAN_IN_REFERENCE, not feeding a batch norm), with those
@@ -33,11 +38,10 @@ def resolve_fan_in_lr(recipe: Recipe, model: nn.Module) -> tuple[Recipe, list[st
     if not on:
         return recipe, [f"optim.fan_in_lr=auto -> false: optim.name={recipe.optim.name} (adam and adamw only); "
                         "one LR for every layer"]  # fmt: skip
-    shown = ", ".join(f"{name} (fan-in {fan_in:,}: {share:.2g}x)" for name, (fan_in, share) in list(wide.items())[:4])
-    more = f" and {len(wide) - 4} more" if len(wide) > 4 else ""
+    shown = listed([f"{name} (fan-in {fan_in:,}: {share:.2g}x)" for name, (fan_in, share) in wide.items()])
     return recipe, [
         f"optim.fan_in_lr=auto -> true: weights with a fan-in over {FAN_IN_REFERENCE} take optim.lr x "
-        f"{FAN_IN_REFERENCE} / fan-in (Adam moves each weight by about the LR): {shown}{more}"
+        f"{FAN_IN_REFERENCE} / fan-in (Adam moves each weight by about the LR): {shown}"
     ]
 
 
@@ -51,13 +55,12 @@ def resolve_layer_scale_lr(recipe: Recipe, model: nn.Module) -> tuple[Recipe, li
     recipe = replaced(recipe, {"optim.layer_scale_lr": factor})
     if not scales:
         return recipe, []
-    names = list(scales)
-    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    shown = listed(list(scales))
     if factor == 1:
         return recipe, [f"optim.layer_scale_lr=auto -> 1: optim.name={recipe.optim.name} (adam and adamw only); the "
                         f"layer scales ({shown}) take optim.lr"]  # fmt: skip
     return recipe, [
-        f"optim.layer_scale_lr=auto -> {factor:g}: {len(names)} layer scale(s) starting at {start_value(scales)} "
+        f"optim.layer_scale_lr=auto -> {factor:g}: {len(scales)} layer scale(s) starting at {start_value(scales)} "
         f"({shown}) take {factor:g}x optim.lr: Adam moves a parameter by about the LR a step, and a scale must grow "
         "to about 1 before its branch counts (docs/defaults.md)"
     ]

@@ -129,5 +129,4 @@ def test_a_run_records_the_factor_trains_its_scales_at_it_and_resumes_with_the_s
     # optimizer's state fits them
     hasten.train(None, [*overrides, "train.epochs=2", "resume=auto"], model=ScaledNet, data=_data())
     assert "resuming from" in capsys.readouterr().err
-    summary = yaml.safe_load((run / "recipe.yaml").read_text())
-    assert summary["optim"]["layer_scale_lr"] == 10
+    assert yaml.safe_load((run / "recipe.yaml").read_text())["optim"]["layer_scale_lr"] == 10
