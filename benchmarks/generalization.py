@@ -507,6 +507,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [b for b in args.budgets if b != "recipe" and not (b.isdigit() and int(b) >= 1)]
     if bad:
         parser.error(f"--budgets: {', '.join(bad)}: each budget is a number of epochs (at least 1) or recipe")
+    if "recipe" in args.budgets and "default" not in args.arms and not args.report_only:
+        # plain and naive run at the epochs the default's run of their seed records: without it they have no budget
+        args.arms.insert(0, "default")
+        print("--budgets recipe: the plain and naive arms run at the epochs the default's run of each seed records;"
+              " the default arm is added (its cached runs are reused)", file=sys.stderr)  # fmt: skip
     try:
         args.seeds = [int(s) for s in args.seeds.split(",") if s]
     except ValueError as exc:

@@ -454,3 +454,18 @@ def test_a_cost_line_that_falls_with_the_epochs_estimates_nothing() -> None:
     runs = [{"dataset": "d", "budget": "recipe", "arm": arm, "seed": 0, "epochs": e, "key": f"{arm}{e}",
              "process_seconds": 100.0 - 3 * e} for e in (10, 30) for arm in ("default", "plain", "naive")]  # fmt: skip
     assert report.estimate(runs)["datasets"]["d"]["full_grid_seconds"] is None
+
+
+def test_a_baseline_alone_at_the_recipe_budget_runs_the_default_for_its_epochs(
+    tmp_path, monkeypatch, no_plot, capsys
+) -> None:
+    """`--arms plain --budgets recipe`: the plain loop's epochs are the default's recorded ones, so the default's
+    run is added (it was a StopIteration traceback); at a fixed budget the plain arm runs alone."""
+    calls: list = []
+    monkeypatch.setattr(generalization.Suite, "run_one", fake_runner(calls, epochs={"synthetic": 7}))
+    assert generalization.main(_argv(tmp_path, "--arms", "plain", "--budgets", "recipe", "--seeds", "0")) == 0
+    assert [(t.arm, t.epochs) for t in calls] == [("default", None), ("plain", 7)]
+    assert "the default arm is added" in capsys.readouterr().err
+    calls.clear()
+    assert generalization.main(_argv(tmp_path, "--arms", "plain", "--budgets", "3", "--seeds", "0")) == 0
+    assert [(t.arm, t.epochs) for t in calls] == [("plain", 3)]
