@@ -96,10 +96,14 @@ def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: in
             f"LR rise over at least {rise} optimizer steps ({len(data.classes)} classes; "
             f"schedule.min_warmup_steps=auto: one a class, at least {rules.MIN_RISE_STEPS})"
         )
-    if train_cfg.tta_flip == "auto":
-        changes["train.tta_flip"] = allowed
+    if train_cfg.tta_flip == "auto":  # the mirror view only where the training shows mirrored images
+        trained = changes.get("data.augment.flip", aug.flip) is not False
+        changes["train.tta_flip"] = allowed and trained
         if allowed:
-            notes.append("flip TTA on (train.tta_flip=auto)")
+            notes.append(
+                "flip TTA on (train.tta_flip=auto)" if trained else "flip TTA off: the training shows no mirrored "
+                "images (data.augment.flip=false; train.tta_flip=auto)"
+            )
     if train_cfg.min_steps_per_epoch and train_cfg.batch_size != "auto":  # auto: the batch rule sees the steps
         n, asked = train_size(data), train_cfg.batch_size
         batch = steps_batch(n, asked, train_cfg.accumulate, world, train_cfg.min_steps_per_epoch)

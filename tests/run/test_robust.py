@@ -76,6 +76,22 @@ def test_an_explicit_flip_setting_is_kept():
     assert resolved.data.augment.flip is True and resolved.train.tta_flip is False
 
 
+@pytest.mark.parametrize("flip, tta", [("false", False), ("true", True), ("alternate", True), ("auto", True)])
+def test_flip_tta_auto_follows_the_training_flips(flip, tta):
+    """A mirror view at test time only where the training showed mirrors: with flips off, auto's TTA averaged in a
+    view the model never saw (a transformer on Fashion-MNIST: 72.5% with it against 77.25% on the one view)."""
+    recipe = load_recipe(None, [f"data.augment.flip={flip}"])
+    data = type(
+        "Data",
+        (),
+        {"name": "fashion-mnist", "train_labels": torch.zeros(100), "image_shape": (1, 28, 28),
+         "classes": list("abcdefghij")},
+    )()  # fmt: skip
+    resolved, notes = resolve_for_data(recipe, data)
+    assert resolved.train.tta_flip is tta
+    assert any(("flip TTA on" if tta else "flip TTA off: the training shows no mirrored") in n for n in notes)
+
+
 @pytest.mark.parametrize("side, kept", [(28, 2), (32, 2), (16, 1), (8, 0)])
 def test_translation_is_at_most_a_tenth_of_the_image(side, kept):
     recipe = load_recipe(None, ["data.augment.translate=2", "train.tta_translate=2"])
