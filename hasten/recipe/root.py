@@ -79,8 +79,8 @@ class TrainConfig(Section):
     )
     tta_flip: bool | Literal["auto"] = Field(
         "auto",
-        description="Evaluate on the image and its mirror, averaging the logits. auto: where the dataset allows mirrors and "
-        "the training shows them (data.augment.flip not false).",
+        description="Evaluate on the image and its mirror, averaging the logits. auto: where the dataset allows "
+        "mirrors and the training shows them (data.augment.flip not false).",
     )
     tta_translate: Annotated[int, Field(ge=0)] = Field(
         0,
