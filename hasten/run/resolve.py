@@ -24,6 +24,7 @@ from hasten.data.user import StreamedData
 from hasten.engine import distributed
 from hasten.engine.distributed import world_size
 from hasten.engine.norms import has_batch_norm
+from hasten.engine.patches import patch_side
 from hasten.errors import CheckpointError, RecipeError
 from hasten.machine import Machine
 from hasten.machine import current as current_machine
@@ -101,7 +102,9 @@ def resolve_for_data(recipe: Recipe, data: ImageDataset | ImageFolder, world: in
         changes["train.tta_flip"] = allowed and trained
         if allowed:
             notes.append(
-                "flip TTA on (train.tta_flip=auto)" if trained else "flip TTA off: the training shows no mirrored "
+                "flip TTA on (train.tta_flip=auto)"
+                if trained
+                else "flip TTA off: the training shows no mirrored "
                 "images (data.augment.flip=false; train.tta_flip=auto)"
             )
     if train_cfg.min_steps_per_epoch and train_cfg.batch_size != "auto":  # auto: the batch rule sees the steps
@@ -185,7 +188,7 @@ def resolve(
     budget = rules.run_steps(has_batch_norm(model))  # train.epochs=auto's steps, which the batch's candidates keep
     recipe, machine_keys, more = choose_on_machine(recipe, model, data, device, resumed, machine, budget)
     notes += more
-    recipe, more = resolve_budget(recipe, data, world, resumed, budget)
+    recipe, more = resolve_budget(recipe, data, world, resumed, budget, patch_side(model))
     notes += more
     if recipe.train.eval_batch_size == "auto":  # after the precision: a bf16 batch's activations take half the bytes
         recipe = replaced(recipe, {"train.eval_batch_size": eval_batch_size(recipe, device, data.image_shape)})
@@ -347,11 +350,17 @@ def resolve_default_lr(
 
 
 def resolve_budget(
-    recipe: Recipe, data: Any, world: int, resumed: dict[str, Any] | None = None, budget: int = rules.RUN_STEPS
+    recipe: Recipe,
+    data: Any,
+    world: int,
+    resumed: dict[str, Any] | None = None,
+    budget: int = rules.RUN_STEPS,
+    patch: int = 0,
 ) -> tuple[Recipe, list[str]]:
     """`train.epochs: auto` decided from the training set, the batch and the optimizer steps a small set needs
     (`budget`: rules.run_steps, by whether the model has batch norm), or as the run being resumed decided it; then
-    `data.augment.translate: auto` from the images' side and the epochs."""
+    `data.augment.translate: auto` from the images' side, the epochs and `patch` (hasten.engine.patches.patch_side:
+    the side of the patches a model whose only spatial layer cuts them; 0 for any other)."""
     if "auto" not in (recipe.train.epochs, recipe.data.augment.translate):
         return recipe, []
     notes = []
@@ -377,12 +386,15 @@ def resolve_budget(
     aug = recipe.data.augment
     if aug.translate == "auto":
         side = min(data.image_shape[1:])
-        shift = min(rules.auto_translate(side, recipe.train.epochs), int(side * aug.translate_max_fraction))
+        shift = min(rules.auto_translate(side, recipe.train.epochs, patch), int(side * aug.translate_max_fraction))
         recipe = replaced(recipe, {"data.augment.translate": shift})
-        notes.append(
-            f"data.augment.translate=auto -> {shift} pixel(s): {side}-pixel images, {recipe.train.epochs} "
-            f"epochs (shifts in runs of {rules.AUTO_TRANSLATE_EPOCHS} epochs or more)"
-        )
+        epochs, rule = recipe.train.epochs, f"shifts in runs of {rules.AUTO_TRANSLATE_EPOCHS} epochs or more"
+        views = rules.patch_shift_epochs(round(side * rules.AUTO_TRANSLATE_FRACTION))
+        if patch and views > 1:  # a transformer's or Mixer's patches: each shifted view learnt from the data
+            rule = (f"the model's only spatial layer cuts {patch}x{patch}-pixel patches, so a shift changes every "
+                    f"patch and each shifted view is learnt from the data: shifts in runs of {views} epochs or more, "
+                    "one a view")  # fmt: skip
+        notes.append(f"data.augment.translate=auto -> {shift} pixel(s): {side}-pixel images, {epochs} epochs ({rule})")
     return recipe, notes
 
 
