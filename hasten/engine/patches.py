@@ -4,8 +4,10 @@ A vision transformer or an MLP-Mixer cuts each image into patches with one convo
 (4x4 patches, stride 4) and mixes the patches' features from there with attention or MLPs: nothing after the cut
 slides over the image. A shift of one pixel then changes the contents of every patch, and no later layer shares what
 it learnt at one offset with the next; the model has to learn each shifted view from the data. A CNN's convolutions
-slide, so a shifted image gives shifted features and the shift costs it little to learn. On a transformer trained
-at the default's short budget the shifts cost accuracy (docs/defaults.md, "Shifts and patches").
+slide, so a shifted image gives shifted features and the shift costs it little to learn. So a patch model gets
+shifts only in runs long enough to see each shifted view about once (hasten.tune.rules.patch_shift_epochs): in a
+short run they cost a small ViT accuracy, in a long one they regularise it (docs/defaults.md, "Shifts and
+patches").
 
 Read from the modules only (before any step, lazy ones included: a convolution's kernel and stride are set when it
 is made): the patch embedding is the one convolution whose kernel equals its stride, at least 2 on every side, with
