@@ -475,7 +475,7 @@ def own_data(
     if test_subset:
         test = _take(test, torch.arange(min(test_subset, len(_labels(test)))))
     if len(_labels(train)) == 0 or len(_labels(test)) == 0:
-        raise DataError(f"data: the {'training' if len(_labels(train)) == 0 else 'evaluation'} split is empty")
+        raise DataError(_empty_split(len(_labels(train)) == 0, held_out=not rest, val_fraction=val_fraction))
     largest = max(int(_labels(train).max()), int(_labels(test).max()))  # each part checked against the names
     names = names or [str(i) for i in range(largest + 1)]
     if isinstance(train, tuple) and isinstance(test, tuple):
@@ -493,6 +493,19 @@ def own_data(
         raise DataError(first)
     return StreamedData(name, train_split, test_split, names, tuple(first[0].shape[1:]), "pillow" if resized else None,
                         tuple(notes))  # fmt: skip
+
+
+def _empty_split(training: bool, *, held_out: bool, val_fraction: float | None) -> str:
+    """Why a split came out empty, and what changes it."""
+    if training:
+        return "data: the training split is empty: the training part holds no image"
+    if held_out:
+        return (
+            f"data: the evaluation split is empty: data.val_fraction={val_fraction} holds out no image (it takes "
+            "round(fraction x count) of each class, at least 1 of a class with 2 or more images); raise "
+            "data.val_fraction, or give the evaluation images as (train, test)"
+        )
+    return "data: the evaluation split is empty: the test part given holds no image"
 
 
 def hold_out(data: ImageDataset, fraction: float, seed: int) -> ImageDataset:

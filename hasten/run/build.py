@@ -117,7 +117,7 @@ def _dataset(recipe: Recipe) -> ImageDataset | ImageFolder:
     return builtin_holdout(recipe, prepare(data, seed=recipe.seed, **options))
 
 
-def check_training_data(recipe: Recipe, data: ImageDataset | ImageFolder | StreamedData) -> None:
+def check_training_data(recipe: Recipe, data: ImageDataset | ImageFolder | StreamedData, given: bool = False) -> None:
     """What no run can train on, refused before anything is built: fewer than two classes among the training
     labels (a classifier of one class scores 100% and learns nothing), and `data.classes` that are not the class
     names of a dataset that brings its own (a registered dataset, an image folder)."""
@@ -126,9 +126,13 @@ def check_training_data(recipe: Recipe, data: ImageDataset | ImageFolder | Strea
     if len(present) < 2:
         names = [data.classes[i] for i in present if 0 <= i < len(data.classes)]
         what = f"only class {names[0]!r}" if names else "no labelled image"
+        source = (  # the data= object's labels, or the recipe's dataset
+            "the labels given as data="
+            if given
+            else f"data.name={recipe.data.name}" + (f", data.root={recipe.data.root}" if recipe.data.root else "")
+        )
         raise DataError(
-            f"data: the {len(labels):,} training image(s) hold {what}: a classifier needs at least 2 classes "
-            f"(data.name={recipe.data.name}" + (f", data.root={recipe.data.root}" if recipe.data.root else "") + ")"
+            f"data: the {len(labels):,} training image(s) hold {what}: a classifier needs at least 2 classes ({source})"
         )
     given = recipe.data.classes
     if given is not None and recipe.data.name not in USER_SOURCES and list(given) != list(data.classes):
@@ -192,7 +196,7 @@ def build(
     given_model, given_data = model, data
     data = dataset(recipe) if data is None else load_data(recipe, data)
     clock.mark("data")
-    check_training_data(recipe, data)
+    check_training_data(recipe, data, given=given_data is not None)
     if given_model is not None:
         model = own_model(recipe.model, given_model, data.image_shape, len(data.classes))
     else:  # the recipe's: a built-in model or model.target's

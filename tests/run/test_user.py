@@ -384,6 +384,14 @@ def test_bad_inputs_exit_2_naming_the_problem(tmp_path, capsys):
         hasten.train("fashion-fast", here, model=TinyNet(), data=(images, labels))
     with pytest.raises(DataError, match="pixels 0..255"):
         hasten.train("fashion-fast", here, model=TinyNet(), data=(images.astype(np.int64) * 4, labels))
+    # the source named is the object given, never the default recipe's dataset the data= replaced
+    with pytest.raises(DataError, match=r"hold only class '0'.*\(the labels given as data=\)$"):
+        hasten.train(None, here, model=TinyNet(), data=((images, labels * 0), (images, labels)))
+    # one image of each class: a held-out share of none, said with the key that changes it
+    with pytest.raises(DataError, match=r"evaluation split is empty: data.val_fraction=0.2 holds out no image"):
+        hasten.train(None, [*here, "data.val_fraction=0.2"], model=TinyNet(), data=(images[:4], np.arange(4)))
+    with pytest.raises(DataError, match=r"evaluation split is empty: the test part given holds no image"):
+        hasten.train(None, here, model=TinyNet(), data=((images, labels), (images[:0], labels[:0])))
 
 
 def test_activation_checkpointing_over_named_modules_keeps_names_and_gradients(tmp_path):
