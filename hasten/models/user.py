@@ -80,14 +80,16 @@ def unwrapped(model: nn.Module, key: str, announce: bool = False) -> nn.Module:
 
 
 # the names a model's constructor takes its class count and its input channels by (shape_args)
-CLASS_NAMES = ("num_classes", "n_classes", "nclasses", "num_labels")
-CHANNEL_NAMES = ("in_channels", "in_chans", "n_channels", "input_channels", "in_ch")
+CLASS_NAMES = ("num_classes", "n_classes", "nclasses", "num_labels", "nb_classes", "num_class", "n_class")
+CHANNEL_NAMES = ("in_channels", "in_chans", "n_channels", "input_channels", "in_ch", "num_channels")
 
 
 def shape_args(target: Any, image_shape: tuple[int, ...], num_classes: int, key: str) -> dict[str, Any]:
     """What the data says the model takes in and puts out, under the names models use for it: hasten's
     (`num_classes`, `in_channels`, `image_size`), timm's (`in_chans`, `img_size`), Hugging Face's `num_labels`, and
-    the other spellings tutorials use (`n_classes`, `nclasses`; `n_channels`, `input_channels`, `in_ch`);
+    the other spellings tutorials use (`n_classes`, `nclasses`, `nb_classes`, `num_class`, `n_class`, and `classes`
+    where it is a count: an int default or annotation, or required and unannotated; `n_channels`, `input_channels`,
+    `in_ch`, `num_channels`);
     `call_target` passes those the model's signature names. The image size is (H, W), or the side alone where the
     model's parameter has an int default or annotation (`image_size=28`, `img_size: int`) and the images are
     square."""
@@ -97,6 +99,13 @@ def shape_args(target: Any, image_shape: tuple[int, ...], num_classes: int, key:
         parameters = inspect.signature(target).parameters
     except (TypeError, ValueError):
         parameters = {}
+    counted = parameters.get("classes")  # Keras' and segmentation_models' spelling, where it is a count
+    if counted is not None and (
+        (counted.default is counted.empty and counted.annotation in (counted.empty, int, "int"))
+        or (isinstance(counted.default, int) and not isinstance(counted.default, bool))
+        or counted.annotation in (int, "int")
+    ):
+        shape["classes"] = num_classes
     for name in ("image_size", "img_size"):
         parameter = parameters.get(name)
         wants_int = parameter is not None and (
@@ -119,15 +128,6 @@ def has_lazy_parameters(model: nn.Module) -> bool:
     return any(isinstance(t, nn.parameter.UninitializedTensorMixin) for t in [*model.parameters(), *model.buffers()])
 
 
-def _channels_hint(error: BaseException) -> str:
-    """For a first layer built for 3 channels given grey images (or the reverse): the key that converts them."""
-    found = re.search(r"to have (\d+) channels, but got (\d+) channels", str(error))
-    if found is None or {found[1], found[2]} != {"1", "3"}:
-        return ""
-    wanted = "true: grey repeated into 3 channels" if found[1] == "3" else "false: colour to grey"
-    return f"it takes {found[1]}-channel images (set data.rgb={wanted}): "
-
-
 def _dtype_hint(model: nn.Module) -> str:
     """For a model whose weights are not float32 (a `.double()` or `.half()` on it): the key that sets the
     precision instead, as the images come in float32."""
@@ -143,32 +143,62 @@ def _dtype_hint(model: nn.Module) -> str:
     )
 
 
-def _size_hint(model: nn.Module, error: BaseException, image_shape: tuple[int, ...], num_classes: int,
-               device: torch.device) -> str:  # fmt: skip
-    """For a dense layer sized for other images (`Linear(784, ...)` after a flatten, written for 28 x 28 grey
-    images): the `data.size` (and `data.rgb`) at which the model does map a batch to its logits, tried on zeros,
-    where the features grow with the image's area (a flatten of the pixels or of a conv stack's output)."""
-    found = re.search(r"mat1 and mat2 shapes cannot be multiplied \(\d+x(\d+) and (\d+)x\d+\)", str(error))
+# the sides image models are most often written for, tried (nearest the estimate first) after the estimate itself
+COMMON_SIDES = (28, 32, 64, 96, 128, 224, 256, 299)
+
+
+def _works(model: nn.Module, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> bool:
+    """Whether the model maps 2 images of zeros of `shape` to its (2, num_classes) logits."""
+    try:
+        with torch.no_grad():
+            out = main_output(model(torch.zeros(2, *shape, device=device)), num_classes)
+    except Exception:  # noqa: BLE001 - not this shape either: no advice rather than a wrong one
+        return False
+    return isinstance(out, torch.Tensor) and tuple(out.shape) == (2, num_classes)
+
+
+def _shape_hint(model: nn.Module, error: BaseException, image_shape: tuple[int, ...], num_classes: int,
+                device: torch.device) -> str:  # fmt: skip
+    """For a model written for other images, the keys that convert these to what it takes: a first layer built for
+    3 channels given grey images (or the reverse), `data.rgb`; a dense layer sized for other images (`Linear(784,
+    ...)` after a flatten, `16 * 5 * 5` after a conv stack written for 32 x 32), `data.size`; or both. Tried on
+    zeros: the channels the error names (else these, then the other of grey and colour), each at these images'
+    side, the side a flatten of the pixels would take, the common sides and the estimate's neighbours; for images
+    too small for its kernels, the common sides."""
+    text = str(error)
     channels, height, width = image_shape[0], image_shape[-2], image_shape[-1]
-    if found is None or height != width:
+    coloured = re.search(r"to have (\d+) channels, but got (\d+) channels", text)
+    dense = re.search(r"mat1 and mat2 shapes cannot be multiplied \(\d+x(\d+) and (\d+)x\d+\)", text)
+    viewed = re.search(r"shape '\[-1, (\d+)\]' is invalid for input of size (\d+)", text)
+    features = (int(dense[1]), int(dense[2])) if dense else (int(viewed[2]) // 2, int(viewed[1])) if viewed else None
+    small = re.search(r"Kernel size can't be greater than actual input size|Output size is too small", text)
+    if coloured is None and features is None and small is None:
         return ""
-    given, wanted = int(found[1]), int(found[2])
-    tries = [(channels, "")] + [(other, f" data.rgb={str(other == 3).lower()}") for other in (1, 3)
-                                if other != channels and channels in (1, 3)]  # fmt: skip
-    for used, rgb in tries:
-        side = height * math.sqrt(wanted / (given // channels * used))
-        if abs(side - round(side)) > 1e-6 or round(side) < 1:
-            continue
-        try:
-            with torch.no_grad():
-                out = model(torch.zeros(2, used, round(side), round(side), device=device))
-        except Exception:  # noqa: BLE001 - not this size either: no advice rather than a wrong one
-            continue
-        if isinstance(out, torch.Tensor) and tuple(out.shape) == (2, num_classes):
-            return (
-                f"its layer takes {wanted:,} features where these images give {given:,}: it was written for "
-                f"{round(side)} x {round(side)} images (set data.size={round(side)}{rgb}): "
-            )
+    if coloured is not None:
+        options = [int(coloured[1])] if int(coloured[1]) in (1, 3) and channels in (1, 3) else []
+    else:
+        options = [channels] + [other for other in (1, 3) if other != channels and channels in (1, 3)]
+    for used in options:
+        estimate = float(height)
+        if features is not None and features[0] >= channels:
+            estimate = height * math.sqrt(features[1] / (features[0] // channels * used))
+        near = sorted({round(estimate + k) for k in range(-4, 5)}, key=lambda side: abs(side - estimate))
+        sides = [height] if height != width else [
+            *([round(estimate)] if abs(estimate - round(estimate)) < 1e-6 else []),
+            *sorted(COMMON_SIDES, key=lambda side: abs(side - estimate)),
+            *(near if features is not None else []),
+        ]  # fmt: skip
+        for side in dict.fromkeys(side for side in sides if side >= 1):
+            shape = (used, side, side if height == width else width)
+            if (used, side) == (channels, height) or not _works(model, shape, num_classes, device):
+                continue
+            if side == height:
+                wanted = "true: grey repeated into 3 channels" if used == 3 else "false: colour to grey"
+                return f"it takes {used}-channel images (set data.rgb={wanted}): "
+            layer = (f"its layer takes {features[1]:,} features where these images give {features[0]:,}: "
+                     if features is not None else "")  # fmt: skip
+            rgb = "" if used == channels else f" data.rgb={str(used == 3).lower()}"
+            return f"{layer}it was written for {side} x {side} images (set data.size={side}{rgb}): "
     return ""
 
 
@@ -188,8 +218,7 @@ def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int
     except Exception as error:  # noqa: BLE001 - any failure of the user's forward: theirs, with what it was given
         raise RecipeError(
             f"model {name}: given a batch of 2 images of shape {tuple(image_shape)} (C, H, W), {_dtype_hint(model)}"
-            f"{_channels_hint(error)}"
-            f"{_size_hint(model, error, image_shape, num_classes, device)}its forward raised {their_error(error)}"
+            f"{_shape_hint(model, error, image_shape, num_classes, device)}its forward raised {their_error(error)}"
         ) from None
     finally:
         model.train(was_training)

@@ -121,6 +121,25 @@ def test_the_image_size_is_given_in_the_form_the_model_takes_and_under_timms_nam
     assert hasten.load(tmp_path / "IntSide", model=IntSide).model.side == 12
 
 
+def _takes_classes(classes, channels=1):  # Keras' and segmentation_models' `classes`, a count
+    return nn.Linear(1, classes)
+
+
+def _typed_classes(classes: int = 10):
+    return nn.Linear(1, classes)
+
+
+def _named_classes(classes: tuple[str, ...] = ("cat", "dog")):  # the class names: not a count, left to its default
+    return nn.Linear(1, len(classes))
+
+
+def test_classes_is_given_the_count_only_where_it_is_a_count():
+    assert shape_args(_takes_classes, (3, 8, 8), 4, "model")["classes"] == 4
+    assert shape_args(_typed_classes, (3, 8, 8), 4, "model")["classes"] == 4
+    assert "classes" not in shape_args(_named_classes, (3, 8, 8), 4, "model")
+    assert shape_args(_takes_classes, (3, 8, 8), 4, "model").items() >= {"nb_classes": 4, "num_channels": 3}.items()
+
+
 class NeedsDepth(nn.Module):
     def __init__(self, depth: int, num_classes: int = 4, in_channels: int = 3):
         super().__init__()
@@ -214,6 +233,51 @@ def test_a_model_written_for_another_image_size_is_told_the_size_it_takes(tmp_pa
         hasten.train(None, [*QUIET, f"run.dir={tmp_path / 'c'}"], data=data,
                      model=lambda num_classes: nn.Sequential(nn.Flatten(), nn.Linear(77, num_classes)))  # fmt: skip
     assert "mat1 and mat2" in str(raised.value) and "written for" not in str(raised.value)
+
+
+class TutorialNet(nn.Module):
+    """PyTorch's CIFAR-10 tutorial net: 3 channels, unpadded 5x5 convs, `16 * 5 * 5` features after two poolings,
+    flattened by `torch.flatten` or, as many copies write it, by `x.view(-1, 16 * 5 * 5)`."""
+
+    def __init__(self, num_classes: int = 4, view: bool = False):
+        super().__init__()
+        self.view = view
+        self.features = nn.Sequential(nn.Conv2d(3, 6, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 16, 5), nn.ReLU(),
+                                      nn.MaxPool2d(2))  # fmt: skip
+        self.head = nn.Sequential(nn.Linear(16 * 5 * 5, 32), nn.ReLU(), nn.Linear(32, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.features(x)
+        return self.head(x.view(-1, 16 * 5 * 5) if self.view else torch.flatten(x, 1))
+
+
+@pytest.mark.parametrize(
+    ("grey", "size", "view", "advice"),
+    [
+        (True, None, False, r"it was written for 32 x 32 images \(set data.size=32 data.rgb=true\): its forward raised "
+                            r"RuntimeError: Given groups=1"),
+        (False, None, False, r"it was written for 32 x 32 images \(set data.size=32\): its forward raised "
+                             r"RuntimeError: Calculated padded input size"),
+        (False, 28, False, r"its layer takes 400 features where these images give 256: it was written for 32 x 32 "
+                           r"images \(set data.size=32\): its forward raised RuntimeError: mat1 and mat2"),
+        (False, 28, True, r"its layer takes 400 features where these images give 256: it was written for 32 x 32 "
+                          r"images \(set data.size=32\): its forward raised RuntimeError: shape '\[-1, 400\]'"),
+    ],
+)  # fmt: skip
+def test_a_net_written_for_32_pixel_colour_images_is_told_both_keys(tmp_path, grey, size, view, advice):
+    """The grey 12 x 12 images fail at its first conv (channels), the colour ones at its second (too small), at 28
+    at its dense layer: each error says the keys at which the model runs, found by trying them, and with those
+    keys the model trains."""
+    (images, labels), (test_images, test_labels) = quadrants(32, 0), quadrants(16, 1)
+    if grey:
+        images, test_images = images.mean(-1).astype("uint8"), test_images.mean(-1).astype("uint8")
+    data = (images, labels), (test_images, test_labels)
+    keys = [*QUIET, *([f"data.size={size}"] if size else [])]
+    with pytest.raises(RecipeError, match=advice):
+        hasten.train(None, [*keys, f"run.dir={tmp_path / 'a'}"], model=lambda: TutorialNet(view=view), data=data)
+    fixed = [*QUIET, "data.size=32", "data.rgb=true", "train.epochs=1", f"run.dir={tmp_path / 'b'}"]
+    result = hasten.train(None, fixed, model=lambda: TutorialNet(view=view), data=data)
+    assert result["preprocessing"]["channels"] == 3 and result["steps"] >= 1
 
 
 class BrokenInTraining(nn.Module):
