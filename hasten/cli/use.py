@@ -14,11 +14,17 @@ from rich.table import Table
 from hasten.cli.command import TRUST_HELP, Command, arg
 from hasten.errors import HastenError
 
+MODEL_HELP = (
+    "your model's import path, for a run that trained it by model.target (or from Python): the network the weights "
+    "go into, called as in training; the run's own model.args are kept"
+)
+
 
 def cmd_export(ns: argparse.Namespace) -> int:
     from hasten.use.export import export
 
-    print(export(ns.checkpoint, ns.out, ns.format, overwrite=ns.overwrite, trust_code=ns.trust_code)[1])
+    print(export(ns.checkpoint, ns.out, ns.format, overwrite=ns.overwrite, trust_code=ns.trust_code,
+                 model=ns.model)[1])  # fmt: skip
     return 0
 
 
@@ -34,6 +40,7 @@ EXPORT = Command(
         arg("--format", choices=["safetensors", "onnx"], help="default: from OUT's suffix (.safetensors or .onnx)"),
         arg("--overwrite", action="store_true", help="replace OUT when it exists (never a run's own files)"),
         arg("--trust-code", action="store_true", help=TRUST_HELP),
+        arg("--model", metavar="MODULE:NAME", help=MODEL_HELP),
     ),
     run=cmd_export,
 )
@@ -95,7 +102,7 @@ def cmd_predict(ns: argparse.Namespace) -> int:
         raise HastenError("predict: --json or --csv, not both")
     if ns.top_k < 1:
         raise HastenError(f"--top-k {ns.top_k}: at least 1")
-    model = load(ns.source, trust_code=ns.trust_code)
+    model = load(ns.source, trust_code=ns.trust_code, model=ns.model)
     files = image_files(ns.images)
     predictions = model.predict(files, top_k=ns.top_k)
     if ns.json:
@@ -129,6 +136,7 @@ PREDICT = Command(
         arg("--json", action="store_true", help="print JSON instead of a table"),
         arg("--csv", action="store_true", help="print CSV instead of a table"),
         arg("--trust-code", action="store_true", help=TRUST_HELP),
+        arg("--model", metavar="MODULE:NAME", help=MODEL_HELP),
     ),
     run=cmd_predict,
 )

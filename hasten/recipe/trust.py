@@ -63,8 +63,13 @@ def check_trusted(path: str, key: str) -> None:
     raise UntrustedCode(
         f"{source} names {key}={path}: hasten imports no code that a run folder, checkpoint or export names (it is "
         f"data, not a program). If you trust its author, pass --trust-code (Python: trust_code=True); or give the "
-        f"code yourself: from Python, model=YourModel to hasten.load or hasten.use.export.export; to `hasten "
-        f"evaluate`, by naming it again: `hasten evaluate SOURCE {key}={path}`"
+        f"code yourself: from Python, model=YourModel to hasten.load or hasten.use.export.export; on the command "
+        f"line, by naming it again: `hasten evaluate SOURCE {key}={path}`"
+        + (
+            f", `hasten predict SOURCE IMAGE --model {path}`, `hasten export SOURCE OUT --model {path}`"
+            if key == "model.target"
+            else ""
+        )
     )
 
 

@@ -275,12 +275,14 @@ def network(
     The model is rebuilt under the trust boundary: hasten's own models from their recipe; a `model.target` the
     recipe names only as `trust` allows (hasten.recipe.trust.embedded_recipe). `model`: the user's own nn.Module, or a
     class or function making one (called with model.args and num_classes/in_channels/image_size as in training),
-    in place of the recipe's."""
+    in place of the recipe's, or its import path ("pkg.nets:Net", imported as the user names it)."""
     from hasten.models import build_model
     from hasten.models.user import check_model, has_lazy_parameters, read_output, shape_args, unwrapped
-    from hasten.recipe.trust import call_target, describe_class
+    from hasten.recipe.trust import call_target, describe_class, import_target
 
     config = facts.recipe.model
+    if isinstance(model, str):  # an import path the user gives (`--model pkg.nets:Net`): theirs to import
+        model = import_target(model, "model")
     if model is None and config.name == "object":
         raise CheckpointError(
             f"{source}: its model was a Python object ({config.target or 'a module'}), which a file cannot hold; "
@@ -546,8 +548,8 @@ def load(
     an `nn.Module` (normalised images in, logits out) whose bare network is `.model`.
 
     A source is data: hasten's own models are rebuilt from its recipe, but a `model.target` or `data.target` it
-    names is not imported unless `trust_code=True`; or pass your model yourself, `model=` an nn.Module or the
-    class or function that makes it (called as in training).
+    names is not imported unless `trust_code=True`; or pass your model yourself, `model=` an nn.Module, the
+    class or function that makes it (called as in training), or its import path ("pkg.nets:Net").
     """
     path = Path(source)
     trust = Trust(code=trust_code)

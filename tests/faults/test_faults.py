@@ -621,6 +621,18 @@ def trust_flag_and_naming_the_target_let_it_run(c: Ctx, marker: Path) -> None:
     assert marker.exists() and (c.tmp / "ev" / "evaluation.json").is_file()
     code, err = c.hasten("evaluate", str(run), "model.target=othermod:make")
     expect_refusal(code, err, "model.target=othermod:make", "same target")
+    marker.unlink()
+    # predict and export take the model's import path as the user names it (the refusal says how)
+    code, err = c.hasten("predict", str(run), str(picture(c)))
+    expect_refusal(code, err, "hasten predict SOURCE IMAGE --model evilmod:make", "hasten export SOURCE OUT --model")
+    assert not marker.exists()
+    code, err = c.hasten("predict", str(run), str(picture(c)), "--model", "evilmod:make", "--csv")
+    assert code == 0 and marker.read_text() == "called", err
+    marker.unlink()
+    code, err = c.hasten("export", str(run), str(c.tmp / "named.safetensors"), "--model", "evilmod:make")
+    assert code == 0 and marker.exists() and (c.tmp / "named.safetensors").is_file(), err
+    marker.unlink()
+    assert hasten.load(run, model="evilmod:make").predict([picture(c)])[0].label and marker.exists()
 
 
 def trust_a_data_target_is_not_imported_either(c: Ctx, marker: Path) -> None:
