@@ -262,7 +262,9 @@ def output_kind(
     ("probabilities", None) when every row is a softmax's (each value in [0, 1], the row summing to 1) for all
     three; else ("logits", warning), the warning naming outputs that all lie in [0, 1] for all three and strictly
     between for the first two (a sigmoid at the end), which the loss, taking them as logits, barely separates, or
-    outputs never negative and exactly 0 somewhere (a ReLU at the end), whose classes can die."""
+    outputs never negative and exactly 0 somewhere (a ReLU at the end), whose classes can die. Outputs exactly 0
+    everywhere are a last layer initialised to zero where a gradient reaches the weights (no warning), a dead end
+    where none does."""
     noise = torch.randn(8, *image_shape, generator=torch.Generator().manual_seed(0)).to(device)
     was_training = model.training
     model.eval()
@@ -284,6 +286,9 @@ def output_kind(
             "every class almost the same probability, so it learns slowly if at all; end the model with its last "
             "linear layer (or a softmax, which model.output=auto reads as probabilities)"
         )
+    silent = all(bool((out == 0).all()) for out in outs)  # a last layer initialised to zero (BiT's head), or dead
+    if silent and _outputs_move(model, noise[:2], num_classes):
+        return "logits", None
     if all(bool((out >= 0).all()) for out in outs) and any(bool((out == 0).any()) for out in outs):
         return "logits", (
             f"model {type(model).__name__} returns no negative value for any class and exactly 0 for some (a ReLU at "
@@ -292,6 +297,26 @@ def output_kind(
             "linear layer"
         )
     return "logits", None
+
+
+def _outputs_move(model: nn.Module, images: torch.Tensor, num_classes: int) -> bool:
+    """Whether a gradient reaches any trainable weight from the model's outputs on `images` (evaluation mode;
+    `torch.autograd.grad`, so no `.grad` is written): true of a last layer initialised to zero, whose outputs are 0
+    at the start and move with its first step; false where a ReLU after it holds them at 0."""
+    weights = [p for p in model.parameters() if p.requires_grad]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.enable_grad():
+            out = main_output(model(images), num_classes)
+            if out is None or not out.requires_grad or not weights:
+                return False
+            grads = torch.autograd.grad(out.float().sum(), weights, allow_unused=True)
+    except Exception:  # noqa: BLE001 - a model that cannot be differentiated here: no claim about it
+        return False
+    finally:
+        model.train(was_training)
+    return any(g is not None and bool((g != 0).any()) for g in grads)
 
 
 def main_output(output: Any, num_classes: int) -> torch.Tensor | None:

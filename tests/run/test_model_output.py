@@ -49,10 +49,23 @@ class ReLUEnded(Logits):  # non-negative, but not bounded: logits, and a class a
         return torch.relu(super().forward(x))
 
 
+class ZeroHead(Logits):  # Big Transfer's habit (and hasten's zero-init): the last layer starts at 0, outputs 0
+    def __init__(self, num_classes: int = 4, in_channels: int = 3):
+        super().__init__(num_classes, in_channels)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+
+class ZeroHeadReLU(ZeroHead):  # ...with a ReLU after it: 0 everywhere, and no gradient ever moves it
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(super().forward(x))
+
+
 @pytest.mark.parametrize(
     ("model", "kind", "warned"),
     [(Logits, "logits", False), (Softmaxed, "probabilities", False), (LogSoftmaxed, "logits", False),
-     (Sigmoided, "logits", True), (ReLUEnded, "logits", True)],
+     (Sigmoided, "logits", True), (ReLUEnded, "logits", True), (ZeroHead, "logits", False),
+     (ZeroHeadReLU, "logits", True)],
 )  # fmt: skip
 def test_what_a_model_returns_is_read_off_its_outputs(model, kind, warned):
     for seed in range(3):
@@ -61,6 +74,7 @@ def test_what_a_model_returns_is_read_off_its_outputs(model, kind, warned):
         state = torch.get_rng_state()
         found, warning = output_kind(net, (3, 12, 12), torch.device("cpu"), 2)
         assert found == kind and (warning is not None) == warned
+        assert all(p.grad is None for p in net.parameters())  # read off, not trained: no gradient left behind
         assert torch.equal(torch.get_rng_state(), state)  # the run's random stream is not drawn from
     assert "sigmoid at its end" in output_kind(Sigmoided(num_classes=2), (3, 12, 12), torch.device("cpu"), 2)[1]
     relu = output_kind(ReLUEnded(num_classes=2), (3, 12, 12), torch.device("cpu"), 2)[1]
