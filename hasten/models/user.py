@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -145,6 +146,7 @@ def _dtype_hint(model: nn.Module) -> str:
 
 # the sides image models are most often written for, tried (nearest the estimate first) after the estimate itself
 COMMON_SIDES = (28, 32, 64, 96, 128, 224, 256, 299)
+HINT_SECONDS = 10.0  # the most the tries may add before the error is shown (without advice)
 
 
 def _works(model: nn.Module, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> bool:
@@ -178,6 +180,7 @@ def _shape_hint(model: nn.Module, error: BaseException, image_shape: tuple[int, 
         options = [int(coloured[1])] if int(coloured[1]) in (1, 3) and channels in (1, 3) else []
     else:
         options = [channels] + [other for other in (1, 3) if other != channels and channels in (1, 3)]
+    deadline = time.perf_counter() + HINT_SECONDS
     for used in options:
         estimate = float(height)
         if features is not None and features[0] >= channels:
@@ -190,6 +193,8 @@ def _shape_hint(model: nn.Module, error: BaseException, image_shape: tuple[int, 
         ]  # fmt: skip
         for side in dict.fromkeys(side for side in sides if side >= 1):
             shape = (used, side, side if height == width else width)
+            if time.perf_counter() > deadline:  # a large model's tries add up: the error is not held back long
+                return ""
             if (used, side) == (channels, height) or not _works(model, shape, num_classes, device):
                 continue
             if side == height:

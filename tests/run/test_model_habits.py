@@ -280,6 +280,16 @@ def test_a_net_written_for_32_pixel_colour_images_is_told_both_keys(tmp_path, gr
     assert result["preprocessing"]["channels"] == 3 and result["steps"] >= 1
 
 
+def test_the_tries_behind_the_advice_stop_at_their_time_limit(tmp_path, monkeypatch):
+    import hasten.models.user as user
+
+    monkeypatch.setattr(user, "HINT_SECONDS", 0.0)  # no time for a try: the error alone, at once
+    data = quadrants(32, 0), quadrants(16, 1)
+    with pytest.raises(RecipeError, match=r"its forward raised RuntimeError: Calculated padded") as raised:
+        hasten.train(None, [*QUIET, f"run.dir={tmp_path}"], model=TutorialNet, data=data)
+    assert "written for" not in str(raised.value)
+
+
 class BrokenInTraining(nn.Module):
     """Raises in training mode only: the start-up's check on zeros (evaluation mode) lets it through."""
 
