@@ -129,7 +129,8 @@ class PixelsToLogits(nn.Module):
 
     def forward(self, pixels: Tensor) -> Tensor:
         x = (pixels.float() / self.divisor - self.mean) / self.std
-        return tta_logits(self.model, x, self.tta_flip, self.tta_translate, self.fill)
+        # float32 logits whatever the network's own dtype (a user's `.double()` model that casts its input itself)
+        return tta_logits(self.model, x, self.tta_flip, self.tta_translate, self.fill).float()
 
 
 def _onnx_proto(graph: nn.Module, example: Tensor) -> Any:
@@ -166,7 +167,7 @@ def export_onnx(
     except ImportError:
         raise HastenError("ONNX export needs onnx, onnxscript and onnxruntime: pip install 'hasten[onnx]'") from None
     path, weights, facts = weights_and_facts(source, trust)
-    graph = PixelsToLogits(network(facts, weights, str(path), trust=trust, model=model).float(), facts).eval()
+    graph = PixelsToLogits(network(facts, weights, str(path), trust=trust, model=model), facts).eval()
     floats = facts.preprocessing is not None and facts.preprocessing.units == "own"  # the graph takes what trained
     example = torch.zeros((2, *facts.image_shape), dtype=torch.float32 if floats else torch.uint8)
     proto = _onnx_proto(graph, example)
@@ -180,7 +181,17 @@ def export_onnx(
     probe = probe.float() / 255 if floats else probe.to(torch.uint8)
     with torch.no_grad():
         expected = graph(probe)
-    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    try:
+        session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    except Exception as error:  # noqa: BLE001 - onnxruntime's own error types; reported with the file kept aside
+        os.replace(out, out.with_name(out.name + ".unverified"))
+        kinds = sorted({str(p.dtype).removeprefix("torch.") for p in graph.parameters()} - {"float32"})
+        why = (f" (the model computes in {', '.join(kinds)}: onnxruntime's CPU kernels for some operators are float32 "
+               "only; build the model in float32, or export .safetensors)") if kinds else ""  # fmt: skip
+        raise HastenError(
+            f"{out}: onnxruntime cannot run the exported graph: {str(error).strip()}{why}; kept as "
+            f"{out.name}.unverified"
+        ) from None
     got = torch.from_numpy(session.run(None, {"pixels": probe.numpy()})[0])
     difference = float((got - expected).abs().max())
     if difference > ONNX_TOLERANCE * max(1.0, float(expected.abs().max())):

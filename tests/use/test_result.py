@@ -13,7 +13,7 @@ from PIL import Image
 
 import hasten
 from hasten.cli import main
-from hasten.errors import DataError
+from hasten.errors import DataError, HastenError
 from hasten.use.result import Trained
 from tests.run.test_user import CLASSES, QUIET, TinyNet, quadrants
 
@@ -137,3 +137,32 @@ def test_the_units_of_float_images_are_read_off_their_values_and_a_scale_unlike_
     from hasten.data.preprocessing import units_of
 
     assert units_of(value_range) == units  # scikit-learn's digits, 0..16: their own, which no file's pixels map to
+
+
+class DoubleNet(TinyNet):
+    """A user's model built in float64 that casts its input itself (`x.double()`): it trains as it is."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3):
+        super().__init__(num_classes, in_channels)
+        self.double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.double())
+
+
+def test_a_float64_model_predicts_and_exports_safetensors_and_its_onnx_refusal_says_why(tmp_path):
+    """onnxruntime has no float64 convolution: the ONNX file is set aside as unverified, with the reason, instead of
+    a traceback and a file that looks exported; the network keeps its own dtype (cast to float32, its `x.double()`
+    would meet float32 weights)."""
+    train, test = quadrants(96, 0), quadrants(32, 1)
+    result = hasten.train(None, [*QUIET, "precision=fp32", "train.epochs=1", f"run.dir={tmp_path / 'run'}"],
+                          model=DoubleNet, data=(train, test, CLASSES))  # fmt: skip
+    probabilities = result.probabilities(test[0][:4])
+    assert probabilities.dtype == torch.float32 and torch.allclose(probabilities.sum(1), torch.ones(4))
+    weights = result.export(tmp_path / "m.safetensors")
+    again = hasten.load(weights, model=DoubleNet)
+    assert torch.allclose(again.probabilities(test[0][:4]), probabilities)
+    with pytest.raises(HastenError, match=r"float64: onnxruntime's CPU kernels .* float32 only") as error:
+        result.export(tmp_path / "m.onnx")
+    assert "m.onnx.unverified" in str(error.value)
+    assert not (tmp_path / "m.onnx").exists() and (tmp_path / "m.onnx.unverified").is_file()
