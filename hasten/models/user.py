@@ -153,7 +153,7 @@ def _works(model: nn.Module, shape: tuple[int, int, int], num_classes: int, devi
     """Whether the model maps 2 images of zeros of `shape` to its (2, num_classes) logits."""
     try:
         with torch.no_grad():
-            out = main_output(model(torch.zeros(2, *shape, device=device)), num_classes)
+            out = main_output(model(torch.zeros(2, *shape, device=device)), num_classes, 2)
     except Exception:  # noqa: BLE001 - not this shape either: no advice rather than a wrong one
         return False
     return isinstance(out, torch.Tensor) and tuple(out.shape) == (2, num_classes)
@@ -227,8 +227,8 @@ def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int
         ) from None
     finally:
         model.train(was_training)
-    main = main_output(out, num_classes)  # a tuple's, a mapping's: what training takes (OutputReader)
-    said = describe_output(out, num_classes)
+    main = main_output(out, num_classes, 2)  # a tuple's, a mapping's: what training takes (OutputReader)
+    said = describe_output(out, num_classes, 2)
     rest = "" if isinstance(out, torch.Tensor) else "; the rest is left out of the loss"
     out = main if main is not None else out
     if isinstance(out, torch.Tensor) and tuple(out.shape) == (2, num_classes) and not out.dtype.is_floating_point:
@@ -265,7 +265,8 @@ def output_kind(
     """What the model returns, read off three batches in evaluation mode (zeros, a fixed noise drawn from its own
     generator so the run's RNG is untouched, and that noise 100 times larger, which moves any logits far):
     ("probabilities", None) when every row is a softmax's (each value in [0, 1], the row summing to 1) for all
-    three; else ("logits", warning), the warning naming outputs that all lie in [0, 1] for all three and strictly
+    three, or, for two classes, a single output per image lies in [0, 1] for all three and strictly between for the
+    first two (("sigmoid", None): a sigmoid's probability of class 1, as binary classifiers end); else ("logits", warning), the warning naming outputs that all lie in [0, 1] for all three and strictly
     between for the first two (a sigmoid at the end), which the loss, taking them as logits, barely separates, or
     outputs never negative and exactly 0 somewhere (a ReLU at the end), whose classes can die. Outputs exactly 0
     everywhere are a last layer initialised to zero where a gradient reaches the weights (no warning), a dead end
@@ -275,12 +276,19 @@ def output_kind(
     model.eval()
     try:
         with torch.no_grad():
-            outs = [model(b) for b in (torch.zeros(2, *image_shape, device=device), noise, noise * 100)]
-            outs = [main_output(out, num_classes).float() for out in outs]
+            batches = (torch.zeros(2, *image_shape, device=device), noise, noise * 100)
+            raw = [model(b) for b in batches]
+            outs = [main_output(out, num_classes, len(b)).float() for out, b in zip(raw, batches, strict=True)]
+            columns = [binary_column(out, num_classes, len(b)) if isinstance(out, torch.Tensor) else None
+                       for out, b in zip(raw, batches, strict=True)]  # fmt: skip
     except Exception:  # noqa: BLE001 - zeros went through (check_model); a model that refuses noise is left as it is
         return "logits", None
     finally:
         model.train(was_training)
+    if all(column is not None for column in columns):  # one output per image for two classes: a sigmoid's p?
+        column_within = all(bool(((c >= 0) & (c <= 1)).all()) for c in columns)
+        if column_within and all(bool(((c > 0) & (c < 1)).all()) for c in columns[:2]):
+            return "sigmoid", None  # read as model.output=probabilities (OutputReader)
     within = all(bool(((out >= 0) & (out <= 1)).all()) for out in outs)
     if within and all(bool(torch.allclose(out.sum(1), torch.ones_like(out[:, 0]), atol=1e-3)) for out in outs):
         return "probabilities", None
@@ -313,7 +321,7 @@ def _outputs_move(model: nn.Module, images: torch.Tensor, num_classes: int) -> b
     model.eval()
     try:
         with torch.enable_grad():
-            out = main_output(model(images), num_classes)
+            out = main_output(model(images), num_classes, len(images))
             if out is None or not out.requires_grad or not weights:
                 return False
             grads = torch.autograd.grad(out.float().sum(), weights, allow_unused=True)
@@ -324,12 +332,16 @@ def _outputs_move(model: nn.Module, images: torch.Tensor, num_classes: int) -> b
     return any(g is not None and bool((g != 0).any()) for g in grads)
 
 
-def main_output(output: Any, num_classes: int) -> torch.Tensor | None:
+def main_output(output: Any, num_classes: int, batch: int | None = None) -> torch.Tensor | None:
     """The class logits in what a model returned: a tensor as it is; of a mapping or an object with `logits` (Hugging
     Face's outputs), that; of a tuple or list (an auxiliary head's `(logits, aux)`, torchvision's GoogLeNet in
     training, `(features, logits)`), the first tensor of shape (N, num_classes); a fully convolutional head's map of
-    (N, num_classes, 1, 1), flattened. None when there is none."""
+    (N, num_classes, 1, 1), flattened; for two classes, one output per image (`binary_column`) as the logits (0, z),
+    whose softmax gives class 1 sigmoid(z), as BCEWithLogitsLoss reads z. None when there is none."""
     if isinstance(output, torch.Tensor):
+        column = binary_column(output, num_classes, batch)
+        if column is not None:
+            return torch.cat([torch.zeros_like(column), column], 1)
         return output.flatten(1) if _one_by_one(output, num_classes) else output
     found = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
     if isinstance(found, torch.Tensor):
@@ -340,15 +352,32 @@ def main_output(output: Any, num_classes: int) -> torch.Tensor | None:
     return None
 
 
+def binary_column(output: torch.Tensor, num_classes: int, batch: int | None = None) -> torch.Tensor | None:
+    """For two classes, a model's one output per image as a column (N, 1): (N, 1) as binary classifiers end
+    (`nn.Linear(..., 1)` for BCEWithLogitsLoss), (N,) after a `.squeeze()` or `.view(-1)` where the batch is known
+    to be N (else a batch of one's two logits squeezed would read as two images'), () for a batch of one squeezed.
+    None for any other output."""
+    if num_classes != 2 or not output.is_floating_point():
+        return None
+    if output.dim() == 2 and output.shape[1] == 1:
+        return output
+    if batch is not None and tuple(output.shape) == ((batch,) if batch != 1 else ()):
+        return output.reshape(-1, 1)
+    return None
+
+
 def _one_by_one(output: torch.Tensor, num_classes: int) -> bool:
     """A fully convolutional head's class map of 1 x 1 (N, num_classes, 1, 1): its logits, not yet flattened."""
     return output.dim() > 2 and output.shape[1] == num_classes and all(side == 1 for side in output.shape[2:])
 
 
-def describe_output(output: Any, num_classes: int) -> str | None:
+def describe_output(output: Any, num_classes: int, batch: int | None = None) -> str | None:
     """What a model that does not return its logits as (N, classes) has them taken from, said at start-up (None: it
     does)."""
     if isinstance(output, torch.Tensor):
+        if binary_column(output, num_classes, batch) is not None:
+            return (f"its one output per image ({tuple(output.shape)}), for class 1 against class 0 as binary "
+                    "classifiers end (a logit z is read as the logits (0, z), as BCEWithLogitsLoss reads it)")  # fmt: skip
         return f"its map of {tuple(output.shape)}, flattened" if _one_by_one(output, num_classes) else None
     main = main_output(output, num_classes)
     if main is None:
@@ -375,7 +404,12 @@ class OutputReader:
         self.kind, self.num_classes = kind, num_classes
 
     def __call__(self, module: nn.Module, inputs: Any, output: Any) -> torch.Tensor | None:
-        main = main_output(output, self.num_classes)
+        batch = inputs[0].shape[0] if inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].dim() else None
+        column = binary_column(output, self.num_classes, batch) if isinstance(output, torch.Tensor) else None
+        if column is not None and self.kind == "probabilities":  # a sigmoid's p of class 1: (log(1 - p), log p)
+            p = column.float().clamp(SMALLEST_PROBABILITY, 1 - torch.finfo(torch.float32).eps / 2)
+            return torch.cat([torch.log1p(-p), p.log()], 1)
+        main = main_output(output, self.num_classes, batch)
         if main is None:  # left as it is: what it returned is named where it is used
             return None
         if self.kind == "probabilities":

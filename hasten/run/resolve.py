@@ -214,22 +214,28 @@ def resolve_output(
     num_classes: int,
 ) -> tuple[Recipe, list[str], tuple[str, ...]]:
     """`model.output: auto` decided for the user's model (hasten/models/user.py's output_kind, run on `trial`, a
-    copy of it on the device): probabilities where it ends in a softmax (unless the user's own loss takes them as
-    they are), else logits; with the warning a sigmoid's outputs get. Returns the recipe, the lines to say and the
-    warnings."""
+    copy of it on the device): probabilities where it ends in a softmax, or in a sigmoid on two classes' one output
+    (unless the user's own loss takes them as they are), else logits; with the warning a sigmoid's outputs get.
+    Returns the recipe, the lines to say and the warnings."""
     if recipe.model.output != "auto":
         return recipe, [], ()
     kind, warning = output_kind(trial, image_shape, device, num_classes)
     warnings, name = (warning,) if warning else (), type(trial).__name__
     if kind == "logits":
         return replaced(recipe, {"model.output": "logits"}), [], warnings
+    ends = "a sigmoid" if kind == "sigmoid" else "a softmax"
     if loss_given:
-        said = f"{name} ends in a softmax, and the loss given to hasten.train takes its probabilities as they are"
+        said = f"{name} ends in {ends}, and the loss given to hasten.train takes its probabilities as they are"
         return replaced(recipe, {"model.output": "logits"}), [f"model.output=auto -> logits: {said}"], warnings
-    note = (
-        f"model.output=auto -> probabilities: {name} ends in a softmax (every row sums to 1), so their log is taken "
-        "as the logits (the same loss as on the softmax's input; model.output=logits: as they are)"
+    how = (
+        (
+            "(one probability per image for two classes, p of class 1), so log(1 - p) and log(p) are taken as the "
+            "logits (the same loss as BCEWithLogitsLoss on the sigmoid's input"
+        )
+        if kind == "sigmoid"
+        else ("(every row sums to 1), so their log is taken as the logits (the same loss as on the softmax's input")
     )
+    note = f"model.output=auto -> probabilities: {name} ends in {ends} {how}; model.output=logits: as they are)"
     return replaced(recipe, {"model.output": "probabilities"}), [note], warnings
 
 

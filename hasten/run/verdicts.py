@@ -213,8 +213,9 @@ def constant_classes_warning(
     """The end-of-run warning for classes whose output was the same for every test image (`constant`: (class,
     output) pairs, hasten/run/evaluation.py `constant_outputs`): the model cannot tell their images from any other's.
     A ReLU after a classifier that stopped at 0 for a class does this, and passes that class no gradient again. None
-    when there are none, or when every class is constant (the collapse, which the at-chance warning says)."""
-    if not constant or len(constant) >= num_classes:
+    when there are none, or when every class is constant (the collapse, which the at-chance warning says), or for
+    two classes, which one output per image tells apart (a binary classifier's single logit is read as (0, z))."""
+    if not constant or len(constant) >= num_classes or num_classes == 2:
         return None
     shown = some_classes([str(names[c]) if c < len(names) else str(c) for c, _ in constant])
     outputs = sorted({value for _, value in constant})

@@ -9,8 +9,10 @@ from collections import namedtuple
 from types import SimpleNamespace
 
 import numpy as np
+import onnxruntime
 import pytest
 import torch
+import yaml
 from torch import nn
 
 import hasten
@@ -86,3 +88,67 @@ def test_a_tuple_without_logits_is_refused_naming_what_it_holds():
 
     with pytest.raises(RecipeError, match=r"returns a tuple of \(2, 32\), \(2, 32\) for a batch of 2 images"):
         check_model(FeaturesOnly(), (3, 12, 12), 4, torch.device("cpu"))
+
+
+def halves(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two classes of the quadrants: the patch in the top left (0) or the top right (1)."""
+    images, labels = quadrants(2 * n, seed)
+    keep = labels < 2
+    return images[keep], labels[keep]
+
+
+class OneLogit(Logits):
+    """A binary classifier as tutorials write one for BCEWithLogitsLoss: one output per image."""
+
+    def __init__(self, in_channels: int = 3):
+        super().__init__(1, in_channels)
+
+
+class OneLogitSqueezed(OneLogit):
+    def forward(self, x):
+        return super().forward(x).squeeze()  # (N,), and () for a batch of one
+
+
+class OneSigmoid(OneLogit):
+    def forward(self, x):
+        return torch.sigmoid(super().forward(x))
+
+
+def test_one_output_per_image_on_two_classes_is_read_as_the_logits_0_z():
+    z = torch.tensor([[-2.0], [0.5], [3.0]])
+    assert torch.equal(main_output(z, 2), torch.tensor([[0.0, -2.0], [0.0, 0.5], [0.0, 3.0]]))
+    assert torch.equal(main_output(z.squeeze(1), 2, batch=3), main_output(z, 2))
+    assert torch.equal(main_output(torch.tensor(0.5), 2, batch=1), torch.tensor([[0.0, 0.5]]))
+    # softmax((0, z)) gives class 1 sigmoid(z): BCEWithLogitsLoss's reading
+    assert torch.allclose(main_output(z, 2).softmax(1)[:, 1], torch.sigmoid(z[:, 0]))
+    # a batch of one's two logits squeezed to (2,) is not two images' one logit each; nor is one output on 3 classes
+    assert torch.equal(main_output(torch.tensor([1.0, 2.0]), 2, batch=1), torch.tensor([1.0, 2.0]))
+    assert main_output(torch.tensor([1.0, 2.0]), 2) is not None and main_output(z, 3) is z
+    assert "for class 1 against class 0" in describe_output(z, 2, batch=3)
+    with pytest.raises(RecipeError, match=r"returns \(2, 1\) for a batch of 2 images"):
+        check_model(OneLogit(), (3, 12, 12), 4, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("model", [OneLogit, OneLogitSqueezed, OneSigmoid])
+def test_a_binary_classifier_with_one_output_trains_predicts_and_exports(tmp_path, model, capsys):
+    """One logit (or a sigmoid's probability) per image on two classes trains as the logits (0, z) (a sigmoid's p as
+    (log(1 - p), log p)), the same loss as BCEWithLogitsLoss; no class is warned as constant for the zero column."""
+    data = (halves(96, 0), halves(48, 1))
+    overrides = ["run.progress=false", "run.tensorboard=false", "train.threads=1", "train.batch_size=16",
+                 "train.epochs=6", "precision=fp32", "optim.lr=0.01", f"run.dir={tmp_path / 'run'}"]  # fmt: skip
+    result = hasten.train(None, overrides, model=model, data=data)
+    said = " ".join(capsys.readouterr().err.split())
+    assert result["test_accuracy"] >= 0.9
+    assert ("ends in a sigmoid" in said) == (model is OneSigmoid)
+    recorded = yaml.safe_load((result.run_dir / "recipe.yaml").read_text())["model"]["output"]
+    assert recorded == ("probabilities" if model is OneSigmoid else "logits")
+    assert not any("got the same output" in w for w in result["warnings"])
+    images, labels = data[1]
+    probabilities = result.probabilities(images[:1])  # a batch of one: the squeezed model's () output
+    assert probabilities.shape == (1, 2) and torch.allclose(probabilities.sum(1), torch.ones(1))
+    predicted = [p.index for p in result.predict(images[:8])]
+    assert float(np.mean(np.array(predicted) == labels[:8])) >= 0.75
+    session = onnxruntime.InferenceSession(str(result.export(tmp_path / "m.onnx")), providers=["CPUExecutionProvider"])
+    logits = session.run(None, {"pixels": np.ascontiguousarray(images.transpose(0, 3, 1, 2))})[0]
+    assert logits.shape == (len(labels), 2)
+    assert (logits.argmax(1) == labels).mean() == pytest.approx(result["test_accuracy"])
