@@ -266,11 +266,11 @@ def output_kind(
     generator so the run's RNG is untouched, and that noise 100 times larger, which moves any logits far):
     ("probabilities", None) when every row is a softmax's (each value in [0, 1], the row summing to 1) for all
     three, or, for two classes, a single output per image lies in [0, 1] for all three and strictly between for the
-    first two (("sigmoid", None): a sigmoid's probability of class 1, as binary classifiers end); else ("logits", warning), the warning naming outputs that all lie in [0, 1] for all three and strictly
-    between for the first two (a sigmoid at the end), which the loss, taking them as logits, barely separates, or
-    outputs never negative and exactly 0 somewhere (a ReLU at the end), whose classes can die. Outputs exactly 0
-    everywhere are a last layer initialised to zero where a gradient reaches the weights (no warning), a dead end
-    where none does."""
+    first two (("sigmoid", None): a sigmoid's probability of class 1, as binary classifiers end); else ("logits",
+    warning), the warning naming outputs that all lie in [0, 1] for all three and strictly between for the first
+    two (a sigmoid at the end), which the loss, taking them as logits, barely separates, or outputs never negative
+    and exactly 0 somewhere (a ReLU at the end), whose classes can die. Outputs exactly 0 everywhere are a last
+    layer initialised to zero where a gradient reaches the weights (no warning), a dead end where none does."""
     noise = torch.randn(8, *image_shape, generator=torch.Generator().manual_seed(0)).to(device)
     was_training = model.training
     model.eval()
@@ -376,8 +376,10 @@ def describe_output(output: Any, num_classes: int, batch: int | None = None) -> 
     does)."""
     if isinstance(output, torch.Tensor):
         if binary_column(output, num_classes, batch) is not None:
-            return (f"its one output per image ({tuple(output.shape)}), for class 1 against class 0 as binary "
-                    "classifiers end (a logit z is read as the logits (0, z), as BCEWithLogitsLoss reads it)")  # fmt: skip
+            return (
+                f"its one output per image ({tuple(output.shape)}), for class 1 against class 0 as binary "
+                "classifiers end (a logit z is read as the logits (0, z), as BCEWithLogitsLoss reads it)"
+            )
         return f"its map of {tuple(output.shape)}, flattened" if _one_by_one(output, num_classes) else None
     main = main_output(output, num_classes)
     if main is None:
