@@ -354,14 +354,14 @@ def main_output(output: Any, num_classes: int, batch: int | None = None) -> torc
 
 def binary_column(output: torch.Tensor, num_classes: int, batch: int | None = None) -> torch.Tensor | None:
     """For two classes, a model's one output per image as a column (N, 1): (N, 1) as binary classifiers end
-    (`nn.Linear(..., 1)` for BCEWithLogitsLoss), (N,) after a `.squeeze()` or `.view(-1)` where the batch is known
-    to be N (else a batch of one's two logits squeezed would read as two images'), () for a batch of one squeezed.
-    None for any other output."""
+    (`nn.Linear(..., 1)` for BCEWithLogitsLoss), (N,) after a `.squeeze(1)` or `.view(-1)` where the batch is known
+    to be N (else a batch of one's two logits squeezed would read as two images'), and () for a batch of one after
+    a `.squeeze()`. None for any other output."""
     if num_classes != 2 or not output.is_floating_point():
         return None
     if output.dim() == 2 and output.shape[1] == 1:
         return output
-    if batch is not None and tuple(output.shape) == ((batch,) if batch != 1 else ()):
+    if batch is not None and (tuple(output.shape) == (batch,) or (batch == 1 and output.dim() == 0)):
         return output.reshape(-1, 1)
     return None
 

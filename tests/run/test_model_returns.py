@@ -13,9 +13,11 @@ import onnxruntime
 import pytest
 import torch
 import yaml
+from PIL import Image
 from torch import nn
 
 import hasten
+from hasten.cli import main
 from hasten.errors import RecipeError
 from hasten.models.user import check_model, describe_output, main_output
 from tests.run.test_model_output import Logits
@@ -109,6 +111,11 @@ class OneLogitSqueezed(OneLogit):
         return super().forward(x).squeeze()  # (N,), and () for a batch of one
 
 
+class OneLogitViewed(OneLogit):
+    def forward(self, x):
+        return super().forward(x).view(-1)  # (N,), and (1,) for a batch of one
+
+
 class OneSigmoid(OneLogit):
     def forward(self, x):
         return torch.sigmoid(super().forward(x))
@@ -119,6 +126,7 @@ def test_one_output_per_image_on_two_classes_is_read_as_the_logits_0_z():
     assert torch.equal(main_output(z, 2), torch.tensor([[0.0, -2.0], [0.0, 0.5], [0.0, 3.0]]))
     assert torch.equal(main_output(z.squeeze(1), 2, batch=3), main_output(z, 2))
     assert torch.equal(main_output(torch.tensor(0.5), 2, batch=1), torch.tensor([[0.0, 0.5]]))
+    assert torch.equal(main_output(torch.tensor([0.5]), 2, batch=1), torch.tensor([[0.0, 0.5]]))
     # softmax((0, z)) gives class 1 sigmoid(z): BCEWithLogitsLoss's reading
     assert torch.allclose(main_output(z, 2).softmax(1)[:, 1], torch.sigmoid(z[:, 0]))
     # a batch of one's two logits squeezed to (2,) is not two images' one logit each; nor is one output on 3 classes
@@ -129,7 +137,7 @@ def test_one_output_per_image_on_two_classes_is_read_as_the_logits_0_z():
         check_model(OneLogit(), (3, 12, 12), 4, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("model", [OneLogit, OneLogitSqueezed, OneSigmoid])
+@pytest.mark.parametrize("model", [OneLogit, OneLogitSqueezed, OneLogitViewed, OneSigmoid])
 def test_a_binary_classifier_with_one_output_trains_predicts_and_exports(tmp_path, model, capsys):
     """One logit (or a sigmoid's probability) per image on two classes trains as the logits (0, z) (a sigmoid's p as
     (log(1 - p), log p)), the same loss as BCEWithLogitsLoss; no class is warned as constant for the zero column."""
@@ -148,6 +156,11 @@ def test_a_binary_classifier_with_one_output_trains_predicts_and_exports(tmp_pat
     assert probabilities.shape == (1, 2) and torch.allclose(probabilities.sum(1), torch.ones(1))
     predicted = [p.index for p in result.predict(images[:8])]
     assert float(np.mean(np.array(predicted) == labels[:8])) >= 0.75
+    picture = tmp_path / "one.png"  # the command line's predict of one file: a batch of one, from the run folder
+    Image.fromarray(images[0]).save(picture)
+    capsys.readouterr()
+    assert main(["predict", str(result.run_dir), str(picture), "--model", f"{__name__}:{model.__name__}"]) == 0
+    assert result.predict(images[:1])[0].label in capsys.readouterr().out
     session = onnxruntime.InferenceSession(str(result.export(tmp_path / "m.onnx")), providers=["CPUExecutionProvider"])
     logits = session.run(None, {"pixels": np.ascontiguousarray(images.transpose(0, 3, 1, 2))})[0]
     assert logits.shape == (len(labels), 2)
