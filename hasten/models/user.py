@@ -129,12 +129,17 @@ def has_lazy_parameters(model: nn.Module) -> bool:
     return any(isinstance(t, nn.parameter.UninitializedTensorMixin) for t in [*model.parameters(), *model.buffers()])
 
 
+def weight_dtypes_besides_float32(model: nn.Module) -> list[str]:
+    """The floating-point dtypes of the model's weights other than float32 ("float64" after a `.double()`), sorted."""
+    return sorted(
+        {str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()} - {"float32"}
+    )
+
+
 def _dtype_hint(model: nn.Module) -> str:
     """For a model whose weights are not float32 (a `.double()` or `.half()` on it): the key that sets the
     precision instead, as the images come in float32."""
-    kinds = sorted(
-        {str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()} - {"float32"}
-    )
+    kinds = weight_dtypes_besides_float32(model)
     if not kinds:
         return ""
     return (
@@ -341,7 +346,7 @@ def main_output(output: Any, num_classes: int, batch: int | None = None) -> torc
     if isinstance(output, torch.Tensor):
         column = binary_column(output, num_classes, batch)
         if column is not None:
-            return torch.cat([torch.zeros_like(column), column], 1)
+            return _zero_and(column)
         return output.flatten(1) if _one_by_one(output, num_classes) else output
     found = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
     if isinstance(found, torch.Tensor):
@@ -364,6 +369,11 @@ def binary_column(output: torch.Tensor, num_classes: int, batch: int | None = No
     if batch is not None and (tuple(output.shape) == (batch,) or (batch == 1 and output.dim() == 0)):
         return output.reshape(-1, 1)
     return None
+
+
+def _zero_and(column: torch.Tensor) -> torch.Tensor:
+    """One logit z per image (N, 1) as two classes' logits (0, z): softmax gives class 1 sigmoid(z)."""
+    return torch.cat([torch.zeros_like(column), column], 1)
 
 
 def _one_by_one(output: torch.Tensor, num_classes: int) -> bool:
@@ -408,10 +418,12 @@ class OutputReader:
     def __call__(self, module: nn.Module, inputs: Any, output: Any) -> torch.Tensor | None:
         batch = inputs[0].shape[0] if inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].dim() else None
         column = binary_column(output, self.num_classes, batch) if isinstance(output, torch.Tensor) else None
-        if column is not None and self.kind == "probabilities":  # a sigmoid's p of class 1: (log(1 - p), log p)
+        if column is not None:
+            if self.kind != "probabilities":
+                return _zero_and(column)
             p = column.float().clamp(SMALLEST_PROBABILITY, 1 - torch.finfo(torch.float32).eps / 2)
-            return torch.cat([torch.log1p(-p), p.log()], 1)
-        main = main_output(output, self.num_classes, batch)
+            return torch.cat([torch.log1p(-p), p.log()], 1)  # a sigmoid's p of class 1: (log(1 - p), log p)
+        main = main_output(output, self.num_classes)  # not one output per image: the batch is not needed
         if main is None:  # left as it is: what it returned is named where it is used
             return None
         if self.kind == "probabilities":

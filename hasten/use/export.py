@@ -185,7 +185,9 @@ def export_onnx(
         session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     except Exception as error:  # noqa: BLE001 - onnxruntime's own error types; reported with the file kept aside
         os.replace(out, out.with_name(out.name + ".unverified"))
-        kinds = sorted({str(p.dtype).removeprefix("torch.") for p in graph.parameters()} - {"float32"})
+        from hasten.models.user import weight_dtypes_besides_float32  # as load.py: only where it is needed
+
+        kinds = weight_dtypes_besides_float32(graph)
         why = (f" (the model computes in {', '.join(kinds)}: onnxruntime's CPU kernels for some operators are float32 "
                "only; build the model in float32, or export .safetensors)") if kinds else ""  # fmt: skip
         raise HastenError(
