@@ -20,7 +20,6 @@ smallest result.
 
 from __future__ import annotations
 
-import copy
 import gc
 import math
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from hasten.engine.memory import (
     search_batch_size,
     state_bytes,
 )
+from hasten.models.copying import copy_model
 from hasten.recipe.schema import Recipe, apply_overrides, validate
 from hasten.run.assemble import Parts, global_batch, scaled_lr, train_size
 from hasten.run.build import build
@@ -158,7 +158,7 @@ def find_batch_size(
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     measuring = validate(apply_overrides(recipe.model_dump(mode="json"), ["train.compile=false", "run.progress=false"]))
     if isinstance(model, torch.nn.Module):  # the search trains it at many sizes: leave the user's weights alone
-        model = copy.deepcopy(model)
+        model = copy_model(model)
     parts: Parts = build(measuring, model=model, data=data)
     # the batch, epochs and LR the run would take (`auto` decided as `hasten train` decides it), the measuring
     # switches undone: what the advice starts from

@@ -10,13 +10,14 @@ around it (Python, data movement, evaluation, logging).
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
+
+from hasten.models.copying import copy_model
 
 
 def train_step_flops(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batch: int = 4) -> float:
@@ -25,7 +26,7 @@ def train_step_flops(model: nn.Module, input_shape: tuple[int, ...], num_classes
     Counted on a copy of `model` (its weights, gradients and BN statistics stay untouched) with a random batch
     of `batch` images; conv and matmul FLOPs grow linearly with the batch, so the count is divided by it.
     """
-    probe = copy.deepcopy(model).float().train()
+    probe = copy_model(model).float().train()
     device = next(probe.parameters()).device
     images = torch.randn(batch, *input_shape, device=device)
     labels = torch.arange(batch, device=device) % num_classes

@@ -5,7 +5,6 @@ records and `assemble` builds from.
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from hasten.engine.patches import patch_side
 from hasten.errors import CheckpointError, RecipeError
 from hasten.machine import Machine
 from hasten.machine import current as current_machine
+from hasten.models.copying import copy_model
 from hasten.models.user import check_model, output_kind, read_output
 from hasten.progress import say
 from hasten.recipe.schema import PRECISION_MODES, Recipe, dotted, replaced
@@ -160,7 +160,7 @@ def resolve(
     recipe, more, placed = resolve_placement(recipe, data, device)
     notes += more
     if user_objects(recipe, given_model, given_data):  # fail before anything is timed or trained
-        trial = copy.deepcopy(model).to(device)  # the checks' copy: lazy modules shaped, nothing of the run's moved
+        trial = copy_model(model).to(device)  # the checks' copy: lazy modules shaped, nothing of the run's moved
         if said := check_model(trial, data.image_shape, len(data.classes), device):
             notes.append(said)
         recipe = recorded(recipe, model, given_model is not None, given_data, data.classes)
@@ -553,7 +553,7 @@ def resolve_lr(recipe: Recipe, data: Any, model: nn.Module, device: torch.device
 
     trial_recipe = replaced(recipe, {"train.compile": False})  # the sweep's few steps are not worth a compile
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        trial = assemble(trial_recipe, data, copy.deepcopy(model), device, announce=False)
+        trial = assemble(trial_recipe, data, copy_model(model), device, announce=False)
         result = lr_find(trial, start=AUTO_START, steps=AUTO_STEPS)
     peak = auto_lr(result)
     scale = lr_scale(recipe)

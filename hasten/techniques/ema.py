@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel
 
 from hasten.engine.norms import has_batch_norm
+from hasten.models.copying import leaf_attributes
 from hasten.techniques.technique import Context, Switch, Technique
 
 if TYPE_CHECKING:
@@ -68,7 +69,8 @@ class EMA(Technique):
 
     def on_optimizer(self, model: nn.Module) -> None:
         self.calibrate = self._calibrate if has_batch_norm(model) else None
-        self.averaged = AveragedModel(model, multi_avg_fn=self._average, use_buffers=True)
+        with leaf_attributes(model):  # AveragedModel deep-copies it (torch.nn.utils.weight_norm's weight: copying.py)
+            self.averaged = AveragedModel(model, multi_avg_fn=self._average, use_buffers=True)
 
     def _average(self, averaged: list[Tensor], current: list[Tensor], num_averaged: Tensor) -> None:
         weight = 1 - warmup_decay(self.decay, self.updates)

@@ -30,7 +30,6 @@ next run (`cached_probe`, `cached_batch_times`; the cache itself: hasten/tune/pr
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Sequence
@@ -45,6 +44,7 @@ from hasten.engine.precision import make_precision
 from hasten.engine.step import TrainStep
 from hasten.errors import first_line
 from hasten.machine import ActivityMeter, Machine
+from hasten.models.copying import copy_model
 from hasten.progress import say, step_shown
 from hasten.tune.choices import Candidate, Probe
 from hasten.tune.probe_cache import (
@@ -88,7 +88,7 @@ def _timed_step(step: TrainStep, batch: tuple[Tensor, Tensor], device: torch.dev
 def _step_on_copy(model: nn.Module, option: Candidate, device: torch.device, num_classes: int, loss_fn=None
                   ) -> TrainStep:  # fmt: skip
     """The run's training step on a copy of `model` in `option`'s precision and layout, at LR 0 (nothing moves)."""
-    copy_ = copy.deepcopy(model).to(device)
+    copy_ = copy_model(model).to(device)
     if option.channels_last:
         copy_ = copy_.to(memory_format=torch.channels_last)
     precision = make_precision(option.precision, device)

@@ -11,7 +11,6 @@ the same random state (the same dropout masks), so the difference is the arithme
 
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
@@ -19,6 +18,7 @@ from torch import Tensor, nn
 
 from hasten.engine.precision import compute_dtype
 from hasten.errors import first_line
+from hasten.models.copying import copy_model
 from hasten.tune.choices import Candidate
 from hasten.tune.rules import PROBE_BATCH
 
@@ -44,7 +44,7 @@ def gradient_error(model: nn.Module, images: Tensor, labels: Tensor, precision: 
     raises is raised as it is (the model cannot train); what only the reduced pass raises, as ReducedPassFailed."""
     if precision == "fp32":
         return 0.0
-    trial = copy.deepcopy(model).to(device).train()
+    trial = copy_model(model).to(device).train()
     dtype = compute_dtype(precision)
     grads = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

@@ -15,7 +15,6 @@ to the loader here, never imported from a name).
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 
 from hasten.errors import DataError
+from hasten.models.copying import copy_model
 
 
 class Trained(dict):
@@ -32,7 +32,7 @@ class Trained(dict):
         super().__init__(summary)
         # the network the run trained: the user's nn.Module (copied: loading the evaluated weights into it must
         # not change theirs), the class or function that made it, or None for the recipe's own model
-        self._network = copy.deepcopy(model) if isinstance(model, nn.Module) else model
+        self._network = copy_model(model) if isinstance(model, nn.Module) else model
         self._loaded: Any = None
 
     @property
