@@ -23,7 +23,7 @@ from hasten.recipe.trust import call_target, import_target
 
 def own_model(config: ModelConfig, model: Any, image_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """The user's model: `model`, an nn.Module or a callable returning one (a class, a factory: called after the
-    run's seed is set, with num_classes / in_channels / image_size when it takes them), or with None the
+    run's seed is set, with model.args and num_classes / in_channels / image_size when it takes them), or with None the
     recipe's model.target called with model.args (and those three the same way). Zero-init applies where the
     model has residual blocks ending in batch norm; elsewhere a note says it was skipped."""
     key = "model"
@@ -33,10 +33,13 @@ def own_model(config: ModelConfig, model: Any, image_shape: tuple[int, ...], num
                 "model.name=object: this run's model was a Python object; pass it again: hasten.train(..., model=...)"
             )
         model, key = import_target(config.target or "", "model.target"), f"model.target={config.target}"
-    if not isinstance(model, nn.Module):
-        model = call_target(
-            model, config.args if key != "model" else {}, key, **shape_args(model, image_shape, num_classes, key)
+    if isinstance(model, nn.Module) and config.args:
+        raise RecipeError(
+            f"model.args ({', '.join(config.args)}): the model given is an nn.Module already built, which takes no "
+            "arguments; give its class or a function making it (model=Net), and model.args are passed to it"
         )
+    if not isinstance(model, nn.Module):
+        model = call_target(model, config.args, key, **shape_args(model, image_shape, num_classes, key))
     if not isinstance(model, nn.Module):
         raise RecipeError(f"{key}: expected an nn.Module (or a callable returning one), got {type(model).__name__}")
     model = unwrapped(model, key, announce=True)
@@ -254,10 +257,29 @@ def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int
             f"model {name}: returns {got} for a batch of 2 images of shape {tuple(image_shape)}{squeeze}; it must "
             f"return class logits of shape (2, {num_classes}) for the data's {num_classes} classes (labels "
             f"0..{num_classes - 1}; give the class names, data.classes, if there are more than the labels show)"
+            f"{_class_count_hint(model, out, num_classes)}"
         )
     if said is None:
         return None
     return f"model {name}: its class logits are {said}{rest}"
+
+
+def _class_count_hint(model: nn.Module, out: Any, num_classes: int) -> str:
+    """For a model returning (2, K) logits, K not the data's class count: its constructor's int parameters whose
+    default is K (`output_size=10` in a tutorial's MLP), which hasten does not pass as the class count (it knows
+    CLASS_NAMES), as the key that sets each."""
+    if not isinstance(out, torch.Tensor) or out.dim() != 2:
+        return ""
+    try:
+        parameters = inspect.signature(type(model)).parameters.values()
+    except (TypeError, ValueError):
+        return ""
+    named = [p.name for p in parameters if type(p.default) is int and p.default == out.shape[1]]
+    if not named:
+        return ""
+    keys = " or ".join(f"model.args.{n}={num_classes}" for n in named)
+    said = " and ".join(f"{n}={out.shape[1]}" for n in named)
+    return f"; {type(model).__name__} takes {said} by default: if that is its class count, {keys}"
 
 
 # the log of a probability that underflowed to 0: the smallest normal fp32's, a finite logit (-87.3)

@@ -135,7 +135,7 @@ def call_target(target: Any, args: dict[str, Any], key: str, **shape: Any) -> An
             needed = [name for name, p in parameters.items() if p.default is p.empty and name not in args
                       and name not in extra and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
             where = key.split("=")[0].removesuffix(".target")  # model.target=pkg:Net -> model
-            hint = f"; give it in {where}.args: {where}.args.{needed[0]}=VALUE" if needed and "." in key else ""
+            hint = f"; give it in {where}.args: {where}.args.{needed[0]}=VALUE" if needed else ""
             raise RecipeError(f"{key}: calling {called} failed: {error}{hint}") from None
         raise RecipeError(f"{key}: calling {called} raised {their_error(error)}") from None
     except Exception as error:  # noqa: BLE001 - whatever their function raises is theirs to see

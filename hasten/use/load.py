@@ -298,7 +298,7 @@ def network(
                 net = model
             else:
                 shape = shape_args(model, facts.image_shape, len(facts.classes), "model")
-                net = call_target(model, config.args if config.name == "import" else {}, "model", **shape)
+                net = call_target(model, config.args, "model", **shape)
     except (ValueError, TypeError, RuntimeError) as error:
         raise CheckpointError(f"{source}: cannot rebuild its model from its recipe: {error}") from None
     if not isinstance(net, nn.Module):

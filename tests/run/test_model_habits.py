@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import yaml
 from torch import nn
 
 import hasten
@@ -374,3 +375,58 @@ def test_a_fully_convolutional_head_gives_one_score_per_class_or_is_told_how(tmp
     net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 6, stride=6), nn.AdaptiveAvgPool2d(1))
     result = hasten.train(None, quiet, model=net, data=(quadrants(96, 0), quadrants(48, 1)))
     assert result["test_accuracy"] >= 0.75 and len(result.predict(quadrants(48, 1)[0][:4])) == 4
+
+
+class TutorialMLP(nn.Module):
+    """A tutorial's MLP: its class count is `output_size`, a name hasten does not pass the class count by."""
+
+    def __init__(self, input_size: int = 3 * 12 * 12, hidden_size: int = 32, output_size: int = 10):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(input_size, hidden_size), nn.ReLU(),
+                                 nn.Linear(hidden_size, output_size))  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def test_a_class_count_under_a_name_hasten_does_not_know_is_named_with_its_key(tmp_path):
+    data = (quadrants(96, 0), quadrants(48, 1))
+    with pytest.raises(RecipeError, match=r"returns \(2, 10\) .*of shape \(2, 4\) for the data's 4 classes .*; "
+                       r"TutorialMLP takes output_size=10 by default: if that is its class count, "
+                       r"model.args.output_size=4$"):  # fmt: skip
+        hasten.train(None, [*QUIET, f"run.dir={tmp_path / 'a'}"], model=TutorialMLP, data=data)
+    with pytest.raises(
+        RecipeError,
+        match=r"returns \(2, 8\) .*for the data's 4 classes \(labels 0..3; give the class "
+        r"names, data.classes, if there are more than the labels show\)$",
+    ):  # no default of 8: no key
+        hasten.train(None, [*QUIET, f"run.dir={tmp_path / 'b'}", "model.args.output_size=8"], model=TutorialMLP,
+                     data=data)  # fmt: skip
+    quiet = [*QUIET, "train.epochs=6", "precision=fp32", "optim.lr=0.01", f"run.dir={tmp_path / 'c'}"]
+    result = hasten.train(None, [*quiet, "model.args.output_size=4"], model=TutorialMLP, data=data)
+    assert result["test_accuracy"] >= 0.75
+
+
+class NeedsOutputs(nn.Module):
+    def __init__(self, n_outputs: int, in_channels: int = 3):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(in_channels, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                 nn.Linear(8, n_outputs))  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def test_model_args_reach_a_class_given_from_python_and_an_instance_is_told_they_cannot(tmp_path):
+    data = (quadrants(64, 0), quadrants(32, 1))
+    with pytest.raises(RecipeError, match=r"missing 1 required positional argument: 'n_outputs'; give it in "
+                       r"model.args: model.args.n_outputs=VALUE$"):  # fmt: skip
+        hasten.train(None, [*QUIET, f"run.dir={tmp_path / 'a'}"], model=NeedsOutputs, data=data)
+    result = hasten.train(None, [*QUIET, "model.args.n_outputs=4", f"run.dir={tmp_path / 'b'}"], model=NeedsOutputs,
+                          data=data)  # fmt: skip
+    assert yaml.safe_load((tmp_path / "b" / "recipe.yaml").read_text())["model"]["args"] == {"n_outputs": 4}
+    loaded = hasten.load(tmp_path / "b", model=NeedsOutputs)  # built again with the args the run recorded
+    assert [p.index for p in loaded.predict(data[1][0][:8])] == [p.index for p in result.predict(data[1][0][:8])]
+    with pytest.raises(RecipeError, match=r"model.args \(n_outputs\): the model given is an nn.Module already built"):
+        hasten.train(None, [*QUIET, "model.args.n_outputs=4", f"run.dir={tmp_path / 'c'}"], model=NeedsOutputs(4),
+                     data=data)  # fmt: skip
