@@ -308,10 +308,36 @@ def output_kind(
             outs = [main_output(out, num_classes, len(b)).float() for out, b in zip(raw, batches, strict=True)]
             columns = [binary_column(out, num_classes, len(b)) if isinstance(out, torch.Tensor) else None
                        for out, b in zip(raw, batches, strict=True)]  # fmt: skip
+            again = main_output(model(noise), num_classes, len(noise)).float()
     except Exception:  # noqa: BLE001 - zeros went through (check_model); a model that refuses noise is left as it is
         return "logits", None
     finally:
         model.train(was_training)
+    kind, warning = _read_kind(model, outs, columns, noise, num_classes)
+    random = _random_in_evaluation(model, outs[1], again)
+    return kind, "; ".join(w for w in (warning, random) if w) or None
+
+
+def _random_in_evaluation(model: nn.Module, first: torch.Tensor, again: torch.Tensor) -> str | None:
+    """The warning for a model whose outputs in evaluation mode differ between two calls on the same images: a
+    dropout left on (`F.dropout(x, p)` without `training=self.training`: its default is training=True), so its
+    evaluation, `predict` and `export` each see another random net."""
+    difference = float((first - again).abs().max())
+    if difference <= 1e-3 * (1 + float(first.abs().max())):
+        return None
+    return (
+        f"model {type(model).__name__} gives different outputs for the same images from one call to the next in "
+        f"evaluation mode (up to {difference:.3g} apart): something random stays on there, such as F.dropout(x, p) "
+        "without training=self.training (its default is training=True; nn.Dropout follows model.eval()), so its "
+        "test accuracy, predictions and export vary from run to run; make it follow self.training"
+    )
+
+
+def _read_kind(
+    model: nn.Module, outs: list[torch.Tensor], columns: list[Any], noise: torch.Tensor, num_classes: int
+) -> tuple[str, str | None]:
+    """output_kind's reading of the outputs on its three batches (`outs`; `columns`: each one's single output per
+    image, where it has one for two classes)."""
     if all(column is not None for column in columns):  # one output per image for two classes: a sigmoid's p?
         column_within = all(bool(((c >= 0) & (c <= 1)).all()) for c in columns)
         if column_within and all(bool(((c > 0) & (c < 1)).all()) for c in columns[:2]):

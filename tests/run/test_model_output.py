@@ -81,6 +81,32 @@ def test_what_a_model_returns_is_read_off_its_outputs(model, kind, warned):
     assert relu is not None and "exactly 0 for some (a ReLU at its end?)" in relu
 
 
+class DropoutAlwaysOn(Logits):  # a forum classic: F.dropout's default is training=True, in evaluation too
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.nn.functional.dropout(self.features(x), 0.5))
+
+
+class DropoutFollowsEval(Logits):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.nn.functional.dropout(self.features(x), 0.5, training=self.training))
+
+
+def test_a_model_random_in_evaluation_mode_is_warned_and_one_whose_dropout_follows_eval_is_not(tmp_path):
+    for seed in range(3):
+        torch.manual_seed(seed)
+        kind, warning = output_kind(DropoutAlwaysOn(), (3, 12, 12), torch.device("cpu"), 4)
+        assert kind == "logits" and warning is not None
+        assert "different outputs for the same images from one call to the next in evaluation mode" in warning
+        assert "F.dropout(x, p) without training=self.training" in warning
+        assert output_kind(DropoutFollowsEval(), (3, 12, 12), torch.device("cpu"), 4) == ("logits", None)
+        assert output_kind(nn.Sequential(Logits(), nn.Dropout(0.5)), (3, 12, 12), torch.device("cpu"), 4)[1] is None
+    both = output_kind(nn.Sequential(DropoutAlwaysOn(num_classes=2), nn.Sigmoid()), (3, 12, 12), torch.device("cpu"), 2)
+    assert "sigmoid at its end" in both[1] and "from one call to the next" in both[1]  # each warning said
+    result = hasten.train(None, [*QUIET, f"run.dir={tmp_path}"], model=DropoutAlwaysOn,
+                          data=(quadrants(64, 0), quadrants(32, 1)))  # fmt: skip
+    assert any("from one call to the next in evaluation mode" in text for text in result["warnings"])
+
+
 def test_the_log_is_read_once_however_often_it_is_asked_for():
     net = Softmaxed()
     x = torch.randn(5, 3, 12, 12)
