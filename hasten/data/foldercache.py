@@ -37,7 +37,8 @@ from hasten.data.imagefolder import FolderSplit, ImageFolder, MappedImages, deco
 from hasten.files import write_atomic_bytes
 
 CACHE_NAME = "folders"  # the cache's subfolder: `rm -r ~/.cache/hasten/folders` clears every folder's cache
-FORMAT = 1  # raised when what a cache file holds changes: every older file then has another key
+FORMAT = 2  # raised when what a cache file holds changes: every older file then has another key (2: 16-bit and
+# float images brought to 8 bits by their range, preprocessing.eight_bit, where 1 held them clipped)
 DISK_HEADROOM = 1 << 30  # bytes left free on the cache's disk after a cache is written, for everything else
 
 

@@ -38,7 +38,7 @@ from hasten.data.datasets import ImageDataset
 from hasten.data.fitting import SQUASH, fit_pil, mixed_sizes_side
 from hasten.data.items import whole_batch
 from hasten.data.loader import Augment, ShardedEpochs, channel_stats
-from hasten.data.preprocessing import UNREADABLE, open_image
+from hasten.data.preprocessing import UNREADABLE, eight_bit, open_image
 from hasten.data.seeds import loader_generator
 from hasten.data.transforms import class_interleaved, first_per_class, flip_labels, noise_generator
 from hasten.errors import DataError
@@ -48,7 +48,7 @@ from hasten.text import printable
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 TEST_SPLITS = ("val", "test")  # the held-out split's folder name, first found wins
-GREY_MODES = {"1", "L", "LA", "I", "I;16", "F"}  # Pillow modes read as one channel when data.rgb is unset
+GREY_MODES = {"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"}  # read as one channel when data.rgb is unset
 STATS_SAMPLE = 1000  # training images decoded to estimate the per-channel mean and std
 # training images whose headers (not pixels) are read at the start, spread over the split, to see whether the folder
 # holds one image size or several; the held-out split's headers are all read anyway
@@ -198,6 +198,19 @@ def scan_split(split: Path, classes: list[str], skipped: list[tuple[Path, str]] 
     return FolderSplit(paths, torch.tensor(labels, dtype=torch.int64))
 
 
+SHOWN_UNREADABLE = 10  # files an error about unreadable images names (the count says how many in all)
+
+
+def unreadable_error(problems: list[str]) -> DataError:
+    """One error for every file of a pass that could not be decoded (each problem: a file and why), so that they
+    can all be removed or replaced at once, not found one run at a time."""
+    if len(problems) == 1:
+        return DataError(problems[0])
+    shown = "; ".join(problems[:SHOWN_UNREADABLE])
+    more = f"; and {len(problems) - SHOWN_UNREADABLE} more" if len(problems) > SHOWN_UNREADABLE else ""
+    return DataError(f"{len(problems)} files cannot be read as images (move or replace them): {shown}{more}")
+
+
 def decode(path: str, mode: str, size: tuple[int, int], resize: bool, fit: str = SQUASH) -> numpy.ndarray:
     """One image file as uint8 (C, H, W) in `mode`, brought to `size` (width, height) as `fit` (data.resize) says;
     DataError naming the file."""
@@ -208,7 +221,7 @@ def decode(path: str, mode: str, size: tuple[int, int], resize: bool, fit: str =
                     f"{printable(path)}: {image.size[0]}x{image.size[1]} pixels, but the folder's first training image "
                     f"is {size[0]}x{size[1]}; set data.size to resize every image"
                 )
-            pixels = fit_pil(image.convert(mode), size[1], size[0], fit)
+            pixels = fit_pil(eight_bit(image).convert(mode), size[1], size[0], fit)
     except DataError:
         raise
     except UNREADABLE as exc:
@@ -217,7 +230,8 @@ def decode(path: str, mode: str, size: tuple[int, int], resize: bool, fit: str =
 
 
 class BatchDecoder(torch.utils.data.Dataset):
-    """`decoder[list of indices]` -> (uint8 images (B, C, H, W), int64 labels), or the error message as a str.
+    """`decoder[list of indices]` -> (uint8 images (B, C, H, W), int64 labels), or the files that could not be decoded
+    (one message each, naming the file).
 
     A worker's exception reaches the main process wrapped in its traceback text; returning the message lets
     the loader raise one clean DataError naming the file instead.
@@ -231,15 +245,18 @@ class BatchDecoder(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, indices: list[int]) -> tuple[Tensor, Tensor] | str:
+    def __getitem__(self, indices: list[int]) -> tuple[Tensor, Tensor] | list[str]:
         if self.cached is not None:  # decoded once already: the rows of the map, the same pixels as decode's
             return torch.from_numpy(self.cached.rows(indices)), self.labels[indices]
         images = numpy.empty((len(indices), *self.shape), dtype=numpy.uint8)
-        try:
-            for row, i in enumerate(indices):
+        problems = []
+        for row, i in enumerate(indices):
+            try:
                 images[row] = decode(self.paths[i], self.mode, self.size, self.resize, self.fit)
-        except DataError as error:
-            return str(error)
+            except DataError as error:  # the rest decoded still: every bad file of the batch is named
+                problems.append(str(error))
+        if problems:
+            return problems
         return torch.from_numpy(images), self.labels[indices]
 
 
@@ -303,12 +320,23 @@ class ImageFolderLoader(ShardedEpochs):
         spans = {b: self.batch_span(b) for b in range(start, len(self))}
         self._plan.batches = [order[first:stop].tolist() for first, stop in spans.values()]
         for b, item in enumerate(self._dataloader(), start):
-            if isinstance(item, str):
-                raise DataError(item)
+            if isinstance(item, list):
+                raise unreadable_error(item)
             images, labels = item
             idx = order[spans[b][0] : spans[b][1]]
             images = self.augmented(images.to(self.device, non_blocking=True), idx, b)
             yield self.normalise(images), labels.to(self.device, non_blocking=True)
+
+
+def _headers(paths: list[str]) -> tuple[list[tuple[tuple[int, int], str]], list[str]]:
+    """`_header` of each of `paths` that is an image, and a message naming each one that is not."""
+    found, problems = [], []
+    for path in paths:
+        try:
+            found.append(_header(path))
+        except DataError as error:
+            problems.append(str(error))
+    return found, problems
 
 
 def _header(path: str) -> tuple[tuple[int, int], str]:
@@ -406,12 +434,14 @@ def open_image_folder(
         noisy, _ = flip_labels(train.labels, label_noise, len(classes), noise_generator(seed))
         train = FolderSplit(train.paths, noisy)
     # the held-out split is read only at the end of the first epoch: a bad file is named now, not after it
-    held_out = [_header(path) for path in test.paths]
+    held_out, problems = _headers(test.paths)
     # the training split: a spread sample from its first file on when the size or the channels are to be decided
     # from it, else its first file alone
     count = min(SIZE_SAMPLE, len(train.paths)) if size is None or rgb is None else 1
     spread = numpy.linspace(0, len(train.paths) - 1, count).round().astype(int)
-    sampled = [_header(train.paths[i]) for i in sorted(set(spread.tolist()))]
+    sampled, more = _headers([train.paths[i] for i in sorted(set(spread.tolist()))])
+    if problems or more:  # every file found so far that is not an image, of both splits, in one error
+        raise unreadable_error(problems + more)
     first_size = sampled[0][0]
     notes = [skipped_note(root, skipped)] if skipped else []
     if size is None:
@@ -453,8 +483,8 @@ def folder_stats(data: ImageFolder, sample: int = STATS_SAMPLE, seed: int = 0) -
     """Per-channel mean and std in [0, 1] units, from a seeded sample of up to `sample` training images."""
     picked = torch.randperm(len(data.train.paths), generator=torch.Generator().manual_seed(seed))[:sample]
     images = data.decoder(data.train)[picked.sort().values.tolist()]  # in file order: kinder to the disk
-    if isinstance(images, str):
-        raise DataError(images)
+    if isinstance(images, list):
+        raise unreadable_error(images)
     return channel_stats(images[0])
 
 
@@ -464,8 +494,8 @@ DECODE_CHUNK = 256  # files a worker decodes into one tensor when a folder is re
 def decoded_chunks(data: ImageFolder, split: FolderSplit, workers: int = 0) -> Iterator[Tensor]:
     """Every image of `split` (one of `data`'s, decoded as it says), in file order, as uint8 (B, C, H, W) chunks of
     DECODE_CHUNK images (one, empty, for an empty split): what `read_into_memory` and the decode cache are filled
-    from. With `workers`, the chunks are decoded in that many DataLoader worker processes, still yielded in order. A
-    file that cannot be decoded is a DataError naming it."""
+    from. With `workers`, the chunks are decoded in that many DataLoader worker processes, still yielded in order.
+    Files that cannot be decoded are one DataError at the end of the pass naming every one of them."""
     decoder = data.decoder(split)
     count = len(split.paths)
     chunks = [list(range(i, min(i + DECODE_CHUNK, count))) for i in range(0, count, DECODE_CHUNK)]
@@ -477,10 +507,15 @@ def decoded_chunks(data: ImageFolder, split: FolderSplit, workers: int = 0) -> I
                                                  collate_fn=whole_batch, generator=loader_generator())  # fmt: skip
     else:
         parts = (decoder[chunk] for chunk in chunks)
+    problems: list[str] = []
     for part in parts:
-        if isinstance(part, str):
-            raise DataError(part)
-        yield part[0]
+        if isinstance(part, list):  # decoding goes on, so that the error names every file that fails
+            problems += part
+            continue
+        if not problems:
+            yield part[0]
+    if problems:
+        raise unreadable_error(problems)
 
 
 def read_into_memory(data: ImageFolder, workers: int = 0) -> ImageDataset:

@@ -66,6 +66,24 @@ def open_image(path: str | Path) -> Iterator[Image.Image]:
         yield image
 
 
+def eight_bit(image: Image.Image) -> Image.Image:
+    """`image` with pixels of more than 8 bits brought to 8 by their type's range, where Pillow's `convert` clips:
+    every value of a 16-bit grey PNG, TIFF or PGM over 255 became 255 (the image white) and a float image in 0..1
+    became 0 (black). 16-bit pixels ("I;16" and its byte orders, and "I", as Pillow reads 16-bit files on some
+    versions and 32-bit integer TIFFs) are divided by 257 (65,535 -> 255), clipped to 0..255; float pixels ("F") are
+    multiplied by 255 where all of the image lies in 0..1, else taken as 0..255 and clipped. Other modes are left
+    as they are."""
+    if image.mode != "I" and not image.mode.startswith("I;16") and image.mode != "F":
+        return image
+    values = numpy.asarray(image, dtype=numpy.float64)
+    if image.mode == "F":
+        values = numpy.nan_to_num(values, nan=0.0, posinf=255.0, neginf=0.0)
+        scale = 255.0 if values.size and values.min() >= 0 and values.max() <= 1 else 1.0
+    else:
+        scale = 1 / 257
+    return Image.fromarray(numpy.clip(numpy.rint(values * scale), 0, 255).astype(numpy.uint8), "L")
+
+
 UNITS = ("pixels", "fraction", "own")  # what a run's training images were in (units_of)
 # Pillow's modes by channel count: what an image file is converted to for a model trained on such images
 MODES = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}
@@ -179,7 +197,7 @@ class Preprocessing:
 
     def image(self, image: Image.Image) -> Tensor:
         """A Pillow image as the uint8 (C, H, W) tensor training would have seen (steps 1 and 2)."""
-        converted = image.convert(self.mode)
+        converted = eight_bit(image).convert(self.mode)
         if self.resize == "pillow":
             return torch.from_numpy(fit_pil(converted, self.height, self.width, self.fit))
         pixels = numpy.array(converted, dtype=numpy.uint8)  # a copy: torch wants a writable array

@@ -172,6 +172,61 @@ def test_corrupt_image_is_a_data_error_naming_the_file(tmp_path: Path, workers: 
     assert "Traceback" not in str(error.value)
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_every_unreadable_file_is_named_in_one_error_not_one_run_at_a_time(tmp_path: Path, workers, monkeypatch):
+    from hasten.data import imagefolder
+
+    write_folder(tmp_path, per_class=6)
+    bad = [tmp_path / "train" / "dog" / "002.png", tmp_path / "train" / "emu" / "005.png",
+           tmp_path / "val" / "cat" / "001.png"]  # fmt: skip
+    bad[0].write_bytes(bad[0].read_bytes()[:40])  # truncated
+    bad[1].write_bytes(b"")  # empty
+    bad[2].write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    with pytest.raises(DataError, match=r"^3 files cannot be read as images \(move or replace them\): ") as error:
+        open_image_folder(tmp_path)  # the headers: the held-out split's and the training sample's
+    assert all(str(path) in str(error.value) for path in bad)
+    bad[2].unlink()
+    monkeypatch.setattr(imagefolder, "SIZE_SAMPLE", 1)  # a folder too large for every header to be read at the start
+    monkeypatch.setattr(imagefolder, "DECODE_CHUNK", 4)  # the two bad files in different chunks of the pass
+    data = open_image_folder(tmp_path)
+    with pytest.raises(DataError, match=r"^2 files cannot be read as images") as error:
+        read_into_memory(data, workers=workers)  # the pass that decodes every file
+    assert all(str(path) in str(error.value) for path in bad[:2]) and "Traceback" not in str(error.value)
+    for i in range(12):  # more than the error shows: the count says how many
+        (tmp_path / "train" / "cat" / f"bad{i:02d}.png").write_bytes(b"")
+    with pytest.raises(DataError, match=r"^14 files cannot be read as images .*; and 4 more$"):
+        read_into_memory(open_image_folder(tmp_path), workers=workers)
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I;16B", "I", "F", "F255"])
+def test_images_of_more_than_8_bits_are_scaled_to_8_not_clipped(tmp_path: Path, mode: str) -> None:
+    from hasten.data.preprocessing import Preprocessing
+
+    ramp = (numpy.arange(64).reshape(8, 8) * 4).astype(numpy.uint8)  # 0..252
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            path = tmp_path / split / cls / "x.tif"
+            if mode == "F":
+                Image.fromarray(ramp.astype(numpy.float32) / 255, "F").save(path)  # floats in 0..1
+            elif mode == "F255":
+                Image.fromarray(ramp.astype(numpy.float32), "F").save(path)  # floats in 0..255
+            else:
+                wide = ramp.astype(numpy.uint32) * 257  # the 8-bit ramp at 16 bits
+                dtype = {"I;16": "<u2", "I;16B": ">u2", "I": "<i4"}[mode]
+                Image.fromarray(wide.astype(dtype)).save(path)
+                with Image.open(path) as image:
+                    assert image.mode == mode  # as Pillow reads the file back
+    data = open_image_folder(tmp_path)
+    assert data.mode == "L"  # one grey channel, each of these modes
+    images = read_into_memory(data).train_images
+    assert numpy.array_equal(images[0, 0].numpy(), ramp)  # Pillow's convert had made them 255 (or 0) everywhere
+    read = Preprocessing("L", 8, 8, (0.5,), (0.25,)).read(
+        tmp_path / "val" / "a" / "x.tif"
+    )  # predict's reading: the same pixels
+    assert numpy.array_equal(read[0].numpy(), ramp)
+
+
 def test_corrupt_file_met_during_training_names_it(tmp_path: Path) -> None:
     write_folder(tmp_path)
     data = open_image_folder(tmp_path)
