@@ -415,6 +415,8 @@ def open_image_folder(
         print(f"warning: data.root={root}: train/{', train/'.join(empty)} hold(s) no images; kept as class(es) "
               f"{', '.join(str(classes.index(n)) for n in empty)} so the labels match val/, but the model never "
               "sees an example of them", file=sys.stderr)  # fmt: skip
+    if (nested := nested_images_warning(root, [train_dir] if test_dir is None else [train_dir, test_dir])) is not None:
+        print(f"warning: {nested}", file=sys.stderr)
     if val_fraction:
         from hasten.data.user import stratified_holdout
 
@@ -454,6 +456,27 @@ def open_image_folder(
         mode = "RGB" if rgb else "L"
     shape = (size, size) if size else first_size
     return ImageFolder(root, classes, train, test, mode, shape, size is not None, notes=tuple(notes), fit=fit)
+
+
+def nested_images_warning(root: Path, splits: list[Path]) -> str | None:
+    """The warning for folders inside class folders that hold images (`train/dogs/2019/*.jpg`): the scan reads the
+    files directly inside each class folder, so those images are not trained or tested on."""
+    found = []
+    for split in splits:
+        for folder in _class_folders(split):
+            for inner in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+                count = sum(1 for q in inner.rglob("*") if q.suffix.lower() in IMAGE_SUFFIXES and q.is_file())
+                if count:
+                    found.append((inner.relative_to(root), count))
+    if not found:
+        return None
+    images = sum(count for _, count in found)
+    shown = ", ".join(f"{path} ({count})" for path, count in found[:3]) + (", ..." if len(found) > 3 else "")
+    return (
+        f"data.root={root}: {len(found)} folder(s) inside class folders hold {images} image(s) that are not read: "
+        f"{shown}; the images of a class are the files directly inside its folder (train/<class>/*.png): move "
+        "them up into it to train and test on them"
+    )
 
 
 def skipped_note(root: Path, skipped: list[tuple[Path, str]]) -> str:

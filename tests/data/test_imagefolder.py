@@ -372,3 +372,20 @@ def test_decoding_in_workers_or_not_leaves_the_global_generator_and_so_the_run_a
         hasten.train("seed-cnn-32", [*overrides, *common])
         curves.append([line.split(",")[2:7] for line in (run / "metrics.csv").read_text().splitlines()[1:]])
     assert len(curves[0]) == 2 and curves[0] == curves[1]  # LR, training and test loss and accuracy, epoch by epoch
+
+
+def test_images_in_folders_inside_class_folders_are_a_warning_naming_them(tmp_path: Path, capsys) -> None:
+    write_folder(tmp_path)
+    open_image_folder(tmp_path)
+    assert "inside class folders" not in capsys.readouterr().err
+    for inner in ("train/dog/2019", "train/dog/2019/june", "val/emu/extra"):
+        (tmp_path / inner).mkdir()
+        Image.fromarray(numpy.zeros((6, 6, 3), dtype=numpy.uint8)).save(tmp_path / inner / "a.png")
+    (tmp_path / "train" / "cat" / "empty-subfolder").mkdir()  # no images in it: nothing to say
+    data = open_image_folder(tmp_path)
+    assert len(data.train.paths) == 15 and len(data.test.paths) == 6  # read as before: the files directly inside
+    said = " ".join(capsys.readouterr().err.split())
+    assert (
+        f"warning: data.root={tmp_path}: 2 folder(s) inside class folders hold 3 image(s) that are not read: "
+        "train/dog/2019 (2), val/emu/extra (1); the images of a class are the files directly inside its folder"
+    ) in said
