@@ -38,7 +38,8 @@ from hasten.files import write_atomic_bytes
 
 CACHE_NAME = "folders"  # the cache's subfolder: `rm -r ~/.cache/hasten/folders` clears every folder's cache
 FORMAT = 2  # raised when what a cache file holds changes: every older file then has another key (2: 16-bit and
-# float images brought to 8 bits by their range, preprocessing.eight_bit, where 1 held them clipped)
+# float images brought to 8 bits by their range, preprocessing.eight_bit, where 1 held them clipped; photos turned
+# upright by their EXIF orientation, preprocessing.upright)
 DISK_HEADROOM = 1 << 30  # bytes left free on the cache's disk after a cache is written, for everything else
 
 

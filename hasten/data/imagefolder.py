@@ -38,7 +38,7 @@ from hasten.data.datasets import ImageDataset
 from hasten.data.fitting import SQUASH, fit_pil, mixed_sizes_side
 from hasten.data.items import whole_batch
 from hasten.data.loader import Augment, ShardedEpochs, channel_stats
-from hasten.data.preprocessing import UNREADABLE, eight_bit, open_image
+from hasten.data.preprocessing import UNREADABLE, eight_bit, open_image, shown_size, upright
 from hasten.data.seeds import loader_generator
 from hasten.data.transforms import class_interleaved, first_per_class, flip_labels, noise_generator
 from hasten.errors import DataError
@@ -216,6 +216,7 @@ def decode(path: str, mode: str, size: tuple[int, int], resize: bool, fit: str =
     DataError naming the file."""
     try:
         with open_image(path) as image:
+            image = upright(image)  # as viewers show it (a phone's EXIF orientation)
             if image.size != size and not resize:
                 raise DataError(
                     f"{printable(path)}: {image.size[0]}x{image.size[1]} pixels, but the folder's first training image "
@@ -344,7 +345,7 @@ def _header(path: str) -> tuple[tuple[int, int], str]:
     not an image."""
     try:
         with open_image(path) as image:
-            return image.size, image.mode
+            return shown_size(image), image.mode
     except DataError:
         raise
     except UNREADABLE as exc:

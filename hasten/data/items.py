@@ -21,7 +21,7 @@ from PIL import Image
 from torch import Tensor
 
 from hasten.data.conform import Target
-from hasten.data.preprocessing import UNREADABLE, open_image
+from hasten.data.preprocessing import UNREADABLE, open_image, upright
 from hasten.data.seeds import loader_generator
 from hasten.errors import DataError, first_line, their_error
 from hasten.text import printable
@@ -38,7 +38,7 @@ def item_pixels(image: Any, where: str) -> Tensor:
     if isinstance(image, str | Path):
         try:
             with open_image(image) as opened:
-                where, image = printable(str(image)), numpy.array(plain_mode(opened))
+                where, image = printable(str(image)), numpy.array(plain_mode(upright(opened)))
         except UNREADABLE as error:
             raise DataError(f"{where}: cannot read {printable(str(image))} as an image ({first_line(error)})") from None
     if isinstance(image, Image.Image):

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 
 import numpy
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import Tensor
 
@@ -64,6 +64,33 @@ def open_image(path: str | Path) -> Iterator[Image.Image]:
             ) from None
     with image:
         yield image
+
+
+EXIF_ORIENTATION = 0x0112  # the tag a camera or phone records how its photo is to be turned with (1: as stored)
+TURNED = (5, 6, 7, 8)  # orientations that turn the image a quarter: its stored width is its height as shown
+
+
+def orientation(image: Image.Image) -> int:
+    """The image's EXIF orientation (1 where it has none or an invalid one): read from the header, no pixels."""
+    try:
+        value = image.getexif().get(EXIF_ORIENTATION, 1)
+    except Exception:  # noqa: BLE001 - EXIF a camera wrote badly: the image as stored
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def shown_size(image: Image.Image) -> tuple[int, int]:
+    """(width, height) as the image is shown, its EXIF orientation applied: what `upright` gives."""
+    width, height = image.size
+    return (height, width) if orientation(image) in TURNED else (width, height)
+
+
+def upright(image: Image.Image) -> Image.Image:
+    """`image` the way viewers show it: a phone's portrait photo is stored landscape with an EXIF orientation that
+    says to turn it, and without this a folder of photos trains on some of them sideways or mirrored."""
+    if orientation(image) == 1:
+        return image
+    return ImageOps.exif_transpose(image)
 
 
 def eight_bit(image: Image.Image) -> Image.Image:
@@ -197,7 +224,7 @@ class Preprocessing:
 
     def image(self, image: Image.Image) -> Tensor:
         """A Pillow image as the uint8 (C, H, W) tensor training would have seen (steps 1 and 2)."""
-        converted = eight_bit(image).convert(self.mode)
+        converted = eight_bit(upright(image)).convert(self.mode)
         if self.resize == "pillow":
             return torch.from_numpy(fit_pil(converted, self.height, self.width, self.fit))
         pixels = numpy.array(converted, dtype=numpy.uint8)  # a copy: torch wants a writable array

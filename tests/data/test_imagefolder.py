@@ -389,3 +389,24 @@ def test_images_in_folders_inside_class_folders_are_a_warning_naming_them(tmp_pa
         f"warning: data.root={tmp_path}: 2 folder(s) inside class folders hold 3 image(s) that are not read: "
         "train/dog/2019 (2), val/emu/extra (1); the images of a class are the files directly inside its folder"
     ) in said
+
+
+def test_a_photo_is_read_as_its_exif_orientation_shows_it(tmp_path: Path) -> None:
+    from hasten.data.imagefolder import _header, decode
+    from hasten.data.items import item_pixels
+    from hasten.data.preprocessing import Preprocessing
+
+    stored = numpy.zeros((4, 8), dtype=numpy.uint8)  # stored landscape, 8 wide and 4 high: a bright left column
+    stored[:, :2] = 255
+    image = Image.fromarray(stored)
+    exif = image.getexif()
+    exif[0x0112] = 6  # a phone's portrait photo: turn it a quarter clockwise to show it
+    image.save(tmp_path / "portrait.png", exif=exif)
+    shown = numpy.rot90(stored, k=-1)  # 4 wide and 8 high: the bright column now along the top
+    assert _header(str(tmp_path / "portrait.png"))[0] == (4, 8)  # (width, height) as shown
+    assert numpy.array_equal(decode(str(tmp_path / "portrait.png"), "L", (4, 8), False)[0], shown)
+    read = Preprocessing("L", 8, 4, (0.5,), (0.25,)).read(tmp_path / "portrait.png")  # predict's reading
+    assert numpy.array_equal(read[0].numpy(), shown)
+    assert numpy.array_equal(item_pixels(tmp_path / "portrait.png", "item")[0].numpy(), shown)  # a Dataset's path
+    image.save(tmp_path / "plain.png")  # no orientation: as stored
+    assert numpy.array_equal(decode(str(tmp_path / "plain.png"), "L", (8, 4), False)[0], stored)
