@@ -81,9 +81,14 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     recipe = recipe_of(ns)
     from hasten.experiments.sweep import sweep
 
-    _, files = sweep(recipe, ns.vary, ns.out, isolate=not ns.in_process, command=ns.command_line)
+    rows, files = sweep(recipe, ns.vary, ns.out, isolate=not ns.in_process, command=ns.command_line)
     print(files[0].read_text())
     print(f"written: {', '.join(str(f) for f in files)}")
+    failed = [row["name"] for row in rows if "error" in row]
+    if failed:  # as bench: a grid point without a result is not a finished sweep
+        raise HastenError(
+            f"sweep: {len(failed)} of {len(rows)} run(s) failed ({', '.join(failed)}); see sweep.md for why"
+        )
     return 0
 
 

@@ -209,6 +209,7 @@ def sweep(
             "",
             sweep_table(rows, keys),
             "",
+            *[f"- {row['name']} failed: {row['error']}" for row in rows if "error" in row],
             *[f"- {line}" for line in findings(rows, keys[0])],
             "",
         ]

@@ -80,3 +80,19 @@ def test_findings_name_the_peak_the_threshold_and_the_epoch_shape() -> None:
 def test_malformed_vary_is_a_recipe_error(bad: str, tiny_overrides: list[str], capsys) -> None:
     assert main(["sweep", *tiny_overrides, "--vary", bad, "--in-process"]) == 2
     assert "--vary" in capsys.readouterr().err
+
+
+def test_a_grid_point_that_fails_is_said_why_in_the_report_and_fails_the_command(
+    tiny_overrides: list[str], tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "failing"
+    small = ["data.synthetic_size=64", "train.batch_size=32", "train.epochs=1"]
+    # a user's model: the second point gives it a width its constructor cannot build with, so that run fails
+    model = ["model.name=import", "model.target=tests.run.test_user:TinyNet"]
+    args = ["sweep", *tiny_overrides, *small, *model, "--vary", "model.args.width=2,wide", "--out", str(out)]
+    assert main([*args, "--in-process"]) == 2
+    said = capsys.readouterr()
+    assert "error: sweep: 1 of 2 run(s) failed (width=wide); see sweep.md for why" in said.err
+    report = (out / "sweep.md").read_text()
+    assert "\n| 2 |" in report and "| wide | — | failed |" in report
+    assert "\n- width=wide failed: model.target=tests.run.test_user:TinyNet: calling TinyNet raised" in report
