@@ -388,8 +388,9 @@ def _outputs_move(model: nn.Module, images: torch.Tensor, num_classes: int) -> b
 def main_output(output: Any, num_classes: int, batch: int | None = None) -> torch.Tensor | None:
     """The class logits in what a model returned: a tensor as it is; of a mapping or an object with `logits` (Hugging
     Face's outputs), that; of a tuple or list (an auxiliary head's `(logits, aux)`, torchvision's GoogLeNet in
-    training, `(features, logits)`), the first tensor of shape (N, num_classes); a fully convolutional head's map of
-    (N, num_classes, 1, 1), flattened; for two classes, one output per image (`binary_column`) as the logits (0, z),
+    training, `(features, logits)`), the first tensor of shape (N, num_classes); logits with sides of 1 around them
+    (a fully convolutional head's map of (N, num_classes, 1, 1), a sequence of one (N, 1, num_classes)), flattened;
+    for two classes, one output per image (`binary_column`) as the logits (0, z),
     whose softmax gives class 1 sigmoid(z), as BCEWithLogitsLoss reads z. None when there is none."""
     if isinstance(output, torch.Tensor):
         column = binary_column(output, num_classes, batch)
@@ -425,8 +426,15 @@ def _zero_and(column: torch.Tensor) -> torch.Tensor:
 
 
 def _one_by_one(output: torch.Tensor, num_classes: int) -> bool:
-    """A fully convolutional head's class map of 1 x 1 (N, num_classes, 1, 1): its logits, not yet flattened."""
-    return output.dim() > 2 and output.shape[1] == num_classes and all(side == 1 for side in output.shape[2:])
+    """The logits with sides of 1 around them, not yet flattened: a fully convolutional head's class map of 1 x 1
+    (N, num_classes, 1, 1), a transformer's class token kept as a sequence of one (N, 1, num_classes), a last step
+    sliced as `out[:, -1:]`."""
+    sides = output.shape[1:]
+    return (
+        output.dim() > 2
+        and sum(side == num_classes for side in sides) == 1
+        and all(side in (1, num_classes) for side in sides)
+    )
 
 
 def describe_output(output: Any, num_classes: int, batch: int | None = None) -> str | None:
@@ -438,7 +446,9 @@ def describe_output(output: Any, num_classes: int, batch: int | None = None) -> 
                 f"its one output per image ({tuple(output.shape)}), for class 1 against class 0 as binary "
                 "classifiers end (a logit z is read as the logits (0, z), as BCEWithLogitsLoss reads it)"
             )
-        return f"its map of {tuple(output.shape)}, flattened" if _one_by_one(output, num_classes) else None
+        if not _one_by_one(output, num_classes):
+            return None
+        return f"its {'map' if output.dim() == 4 else 'output'} of {tuple(output.shape)}, flattened"
     main = main_output(output, num_classes)
     if main is None:
         return None

@@ -371,6 +371,10 @@ def test_a_fully_convolutional_head_gives_one_score_per_class_or_is_told_how(tmp
         RecipeError, match=r"returns \(2, 4, 12, 12\) for a batch of 2 images .*\(a map of class scores: pool it"
     ):
         check_model(nn.Sequential(nn.Conv2d(3, 4, 1)), (3, 12, 12), 4, torch.device("cpu"))
+    token = nn.Sequential(nn.Flatten(), nn.Linear(3 * 12 * 12, 4), nn.Unflatten(1, (1, 4)))  # a sequence of one
+    assert check_model(token, (3, 12, 12), 4, torch.device("cpu")) == (
+        "model Sequential: its class logits are its output of (2, 1, 4), flattened"
+    )
     quiet = [*QUIET, "precision=fp32", "optim.lr=0.01", "train.epochs=4", f"run.dir={tmp_path}"]
     net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 6, stride=6), nn.AdaptiveAvgPool2d(1))
     result = hasten.train(None, quiet, model=net, data=(quadrants(96, 0), quadrants(48, 1)))
