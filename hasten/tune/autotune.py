@@ -46,6 +46,7 @@ from hasten.errors import first_line
 from hasten.machine import ActivityMeter, Machine
 from hasten.models.copying import copy_model
 from hasten.progress import say, step_shown
+from hasten.tune import rules
 from hasten.tune.choices import Candidate, Probe
 from hasten.tune.probe_cache import (
     batch_cache_path,
@@ -62,6 +63,10 @@ from hasten.tune.probe_cache import (
 from hasten.tune.steadiness import Steadiness, bound_text, interleaved, steadied, time_limit
 
 ROUNDS = 4  # timed steps per candidate, interleaved: the minimum over them is kept
+# after the first timed round, a batch size whose predicted time to the result (rules.predicted_cost) is this many
+# times the least is timed no more: it cannot come within rules.MAX_BATCH_TIE of it, and on a CPU the largest batch's
+# steps are most of the timing (256 images: 80% of the rounds of 16, 64 and 256 for a GroupNorm CNN at 28 pixels)
+BATCH_OUTPACED = 2.0
 # after the first timed round, a candidate this many times slower than the fastest is timed no more: it cannot come
 # within TIE of it
 OUTPACED = 1.5
@@ -224,7 +229,8 @@ def time_batches(
 ) -> tuple[dict[int, float], Steadiness]:
     """Seconds of one training step of a copy of `model` in `option` at each batch size of `sizes` (the first
     images of `batch`, which holds at least the largest), interleaved over rounds, the minimum kept, and whether
-    they repeat (`steadied`: timed again when not); under several processes the ranks' times are summed, so every
+    they repeat (`steadied`: timed again when not); a size whose first timed step predicts BATCH_OUTPACED times the
+    least time to the result keeps that one timing. Under several processes the ranks' times are summed, so every
     rank sees the same. `model` is never touched. `run_images` bounds its time as `probe`'s."""
     images, labels = batch
     device = images.device
@@ -238,12 +244,16 @@ def time_batches(
     def limit(_: float) -> float:  # the fastest seconds per image of any size timed so far
         return time_limit(run_images, min(min(timings[size], default=math.inf) / size for size in sizes))
 
+    def not_outpaced(keys: list[int]) -> list[int]:  # those whose predicted time can still come within a tie
+        costs = {size: rules.predicted_cost(size, timings[size][0]) for size in keys}
+        return [size for size in keys if costs[size] <= BATCH_OUTPACED * min(costs.values())]
+
     for size in sizes:  # round 0 warms each size up (kernel selection, allocations)
         run_one(size)
     timings: dict[int, list[float]] = {size: [] for size in sizes}
     meter.start()
-    interleaved(run_one, sizes, ROUNDS, limit, timings)
-    steadiness = steadied(run_one, sizes, timings, limit, meter, meter.stop())
+    contenders = interleaved(run_one, sizes, ROUNDS, limit, timings, not_outpaced)
+    steadiness = steadied(run_one, contenders, timings, limit, meter, meter.stop())
     sums = all_reduce_sum([min(timings[size]) for size in sizes] + [min(steadiness.spread, 1e9), steadiness.busy],
                           device)  # fmt: skip
     world = world_size()

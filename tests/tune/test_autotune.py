@@ -17,7 +17,7 @@ import hasten
 from hasten import machine
 from hasten.errors import RecipeError
 from hasten.runfolder.checkpoint import checkpoints_in
-from hasten.tune import autotune, choices, probe_cache, steadiness
+from hasten.tune import autotune, choices, probe_cache, rules, steadiness
 from hasten.tune.choices import Candidate
 
 pytestmark = pytest.mark.machine  # every CPU's candidates, under every HASTEN_MACHINE profile (.ci/run)
@@ -147,6 +147,7 @@ def test_the_probe_is_bounded_by_the_run_it_serves(monkeypatch):
     assert autotune.probe(_net(), batch, 3, options, run_images=10**6, meter=IdleMeter()).choice == options[0]
     assert calls == options * (autotune.ROUNDS + 1)  # a long run: every round
     calls = _fake_timings(monkeypatch, seconds)
+    monkeypatch.setattr(autotune, "BATCH_OUTPACED", math.inf)  # (a step of 16 as long as one of 64 is outpaced)
     seconds_by_size, _ = autotune.time_batches(
         _net(), batch, 3, options[0], [16, 64], run_images=100, meter=IdleMeter()
     )
@@ -428,3 +429,30 @@ def test_batch_timings_that_did_not_repeat_are_not_cached(monkeypatch):
     assert measured.seconds == {16: 0.016, 64: 0.064} and "not kept" in where and "differed by up to 40%" in where
     autotune.cached_batch_times(_net(), batch, 3, option, [16, 64], AVX2)
     assert len(calls) == 2
+
+
+def test_a_batch_size_that_cannot_win_is_timed_once_and_the_others_every_round(monkeypatch):
+    """time_batches: after the first timed round, a size whose predicted time to the result (rules.predicted_cost)
+    is BATCH_OUTPACED times the least keeps that one timing (on a CPU the largest batch's steps were most of the
+    timing); the others go on, and the choice is the one timing them all every round gives."""
+    option = Candidate("fp32", False)
+    batch = (torch.randn(256, 2, 8, 8), torch.randint(0, 3, (256,)))
+    # seconds a step: 16 and 64 close (costs 5 x 0.010 and 2 x 0.030), 256 far behind (1.25 x 0.3 = 0.375)
+    step_seconds = {16: 0.010, 64: 0.030, 256: 0.300}
+    timed: list[int] = []
+
+    def fake(step, batch, device):
+        size = len(batch[1])
+        timed.append(size)
+        return step_seconds[size], 1.0
+
+    monkeypatch.setattr(autotune, "_timed_step", fake)
+    seconds, _ = autotune.time_batches(_net(), batch, 3, option, [16, 64, 256], run_images=10**7, meter=IdleMeter())
+    assert seconds == step_seconds  # the one timing of 256 still stands for it (the line through the sizes)
+    assert timed.count(256) == 2  # the warm-up and the first timed round
+    assert timed.count(16) == timed.count(64) == autotune.ROUNDS + 1
+    assert rules.choose_batch(rules.step_time_line(seconds, [16, 32, 64, 128, 256])) == 16
+    timed.clear()
+    step_seconds[256] = 0.080  # now 1.25 x 0.08 = 0.1, within 2x of 16's 0.05: timed every round
+    autotune.time_batches(_net(), batch, 3, option, [16, 64, 256], run_images=10**7, meter=IdleMeter())
+    assert timed.count(256) == timed.count(16) == autotune.ROUNDS + 1
