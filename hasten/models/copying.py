@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -54,19 +54,23 @@ def copy_model(model: M) -> M:
         return copy.deepcopy(model)
 
 
-def without_weight_norm(model: M) -> M:
-    """For an exported graph: a copy of `model` with each hook-based `torch.nn.utils.weight_norm` folded into a plain
-    weight (what it computes before every forward, done once: torch.export would otherwise see the weight assigned as
-    an attribute during the trace); `model` itself when it has none."""
+def folded_norms(model: M) -> M:
+    """For an exported graph: a copy of `model` with each hook-based `torch.nn.utils.weight_norm` and
+    `spectral_norm` folded into a plain weight (what it computes before every forward in evaluation, done once:
+    torch.export would otherwise see the weight assigned as an attribute during the trace); `model` itself when it
+    has none."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
     from torch.nn.utils.weight_norm import WeightNorm
 
-    def norms(net: nn.Module) -> list[tuple[nn.Module, str]]:
-        return [(m, hook.name) for m in net.modules() for hook in m._forward_pre_hooks.values()
-                if isinstance(hook, WeightNorm)]  # fmt: skip
+    removals = {WeightNorm: nn.utils.remove_weight_norm, SpectralNorm: nn.utils.remove_spectral_norm}
+
+    def norms(net: nn.Module) -> list[tuple[nn.Module, str, Any]]:
+        return [(m, hook.name, removals[type(hook)]) for m in net.modules() for hook in m._forward_pre_hooks.values()
+                if type(hook) in removals]  # fmt: skip
 
     if not norms(model):
         return model
     folded = copy_model(model)
-    for module, name in norms(folded):
-        nn.utils.remove_weight_norm(module, name)
+    for module, name, remove in norms(folded):
+        remove(module, name)
     return folded

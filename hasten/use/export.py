@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from hasten.errors import CheckpointError, HastenError
 from hasten.files import write_atomic_bytes
-from hasten.models.copying import without_weight_norm
+from hasten.models.copying import folded_norms
 from hasten.recipe.trust import Trust
 from hasten.runfolder.folder import check_output
 from hasten.techniques.tta import black_fill, tta_logits
@@ -168,7 +168,7 @@ def export_onnx(
     except ImportError:
         raise HastenError("ONNX export needs onnx, onnxscript and onnxruntime: pip install 'hasten[onnx]'") from None
     path, weights, facts = weights_and_facts(source, trust)
-    net = without_weight_norm(network(facts, weights, str(path), trust=trust, model=model))
+    net = folded_norms(network(facts, weights, str(path), trust=trust, model=model))
     graph = PixelsToLogits(net, facts).eval()
     floats = facts.preprocessing is not None and facts.preprocessing.units == "own"  # the graph takes what trained
     example = torch.zeros((2, *facts.image_shape), dtype=torch.float32 if floats else torch.uint8)

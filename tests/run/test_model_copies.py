@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import hasten
-from hasten.models.copying import copy_model, leaf_attributes, without_weight_norm
+from hasten.models.copying import copy_model, folded_norms, leaf_attributes
 from tests.run.test_user import quadrants
 
 weight_norm = nn.utils.weight_norm  # the hook-based form (torch.nn.utils.parametrizations.weight_norm copies fine)
@@ -67,12 +67,14 @@ def test_copy_model_copies_what_deepcopy_refuses_and_leaves_the_original_as_it_w
         copy.deepcopy(net)  # inside, deepcopy itself works
 
 
-def test_a_hook_based_weight_norm_model_trains_with_every_copy_the_default_makes(tmp_path):
+@pytest.mark.parametrize("model", ["WeightNormNet", "SpectralNormNet"])
+def test_a_hook_based_weight_norm_model_trains_with_every_copy_the_default_makes(tmp_path, model):
+    model = globals()[model]  # (defined below this test)
     data = (quadrants(96, 0), quadrants(48, 1))
     overrides = ["run.progress=false", "run.tensorboard=false", "train.threads=1", "train.epochs=8",
                  "optim.lr=auto", "tricks.ema=0.9", f"run.dir={tmp_path}"]  # fmt: skip
     # the probe (batch size, and precision and layout where the machine gives a choice), the LR range test, EMA
-    result = hasten.train(None, overrides, model=WeightNormNet, data=data)
+    result = hasten.train(None, overrides, model=model, data=data)
     assert result["test_accuracy"] >= 0.75  # four quadrants: learnt
     images, labels = data[1]
     predicted = torch.tensor([p.index for p in result.predict(images)])
@@ -87,16 +89,27 @@ def test_a_hook_based_weight_norm_model_trains_with_every_copy_the_default_makes
     assert float((torch.from_numpy(logits).argmax(1) == torch.from_numpy(labels)).float().mean()) == pytest.approx(
         result["test_accuracy"]
     )
-    loaded = hasten.load(tmp_path, model=WeightNormNet)
+    loaded = hasten.load(tmp_path, model=model)
     assert [p.index for p in loaded.predict(images)] == predicted.tolist()
 
 
-def test_without_weight_norm_folds_into_a_copy_and_leaves_other_models_alone():
+class SpectralNormNet(WeightNormNet):  # GAN discriminators' habit, hook-based as before torch 2
+    def __init__(self, num_classes: int = 4, in_channels: int = 3):
+        super().__init__(num_classes, in_channels)
+        self.conv = nn.utils.spectral_norm(nn.Conv2d(in_channels, 8, 3, padding=1))
+
+
+def test_folded_norms_folds_into_a_copy_and_leaves_other_models_alone():
     net = WeightNormNet()
-    folded = without_weight_norm(net)
+    folded = folded_norms(net)
     x = torch.randn(2, 3, 12, 12)
     torch.testing.assert_close(folded(x), net(x))
     assert isinstance(folded.conv.weight, nn.Parameter) and "weight_g" not in dict(folded.conv.named_parameters())
     assert "weight_g" in dict(net.conv.named_parameters())  # the original keeps its weight norm
+    spectral = SpectralNormNet().eval()
+    folded = folded_norms(spectral)
+    torch.testing.assert_close(folded(x), spectral(x))  # evaluation's weight: no power iteration
+    assert isinstance(folded.conv.weight, nn.Parameter) and "weight_orig" in dict(spectral.conv.named_parameters())
+    assert not folded.conv._forward_pre_hooks and not folded.head._forward_pre_hooks
     plain = KeepsActivation()
-    assert without_weight_norm(plain) is plain
+    assert folded_norms(plain) is plain
