@@ -125,7 +125,11 @@ def as_images(images: Any, where: str) -> Tensor:
         pixels = array.numpy()  # numpy's min and max: torch has none for uint16, uint32, uint64
         if len(array) and (int(pixels.min()) < 0 or int(pixels.max()) > 255):
             low, high = int(pixels.min()), int(pixels.max())
-            raise DataError(f"{where}: integer images must hold pixels 0..255, got {low}..{high}")
+            raise DataError(
+                f"{where}: integer images must hold pixels 0..255, got {low}..{high}; give images of a wider range "
+                "(16-bit scans, sensor counts) as floats, e.g. images.astype('float32'): floats are normalised by "
+                "their own statistics, whatever their scale"
+            )
         array = array.to(torch.uint8)
     return _channels_first(array, where).contiguous()
 

@@ -568,8 +568,10 @@ def test_complex_images_are_refused_naming_the_dtype():
         own_data((dataset, test))
     # 16-bit integer pixels are read (torch has no min or max for uint16), and held to 0..255 as other integers
     assert own_data(((images.astype(np.uint16), labels), test)).train_images.dtype == torch.uint8
-    with pytest.raises(DataError, match=r"pixels 0..255, got 0..4095"):
-        own_data(((np.full_like(images, 4095, dtype=np.uint16) * (labels[:, None, None, None] > 0), labels), test))
+    wide = np.full_like(images, 4095, dtype=np.uint16) * (labels[:, None, None, None] > 0)
+    with pytest.raises(DataError, match=r"pixels 0..255, got 0..4095; give images of a wider range .* as floats"):
+        own_data(((wide, labels), test))
+    assert own_data(((wide.astype(np.float32), labels), test)).num_classes == 4  # as advised: streamed floats
 
 
 class Raises(Items):
