@@ -314,8 +314,28 @@ def output_kind(
     finally:
         model.train(was_training)
     kind, warning = _read_kind(model, outs, columns, noise, num_classes)
-    random = _random_in_evaluation(model, outs[1], again)
-    return kind, "; ".join(w for w in (warning, random) if w) or None
+    said = (warning, _random_in_evaluation(model, outs[1], again), _unregistered_tensors(model))
+    return kind, "; ".join(w for w in said if w) or None
+
+
+def _unregistered_tensors(model: nn.Module) -> str | None:
+    """The warning for tensors a model keeps as plain attributes with requires_grad=True (`self.scale =
+    torch.ones(1, requires_grad=True)` where nn.Parameter was meant): the optimizer gets the model's parameters
+    only, so they are never trained, and they do not move with the model to a device."""
+    found = [
+        f"{name}{f' in {type(module).__name__}' if module is not model else ''}"
+        for module in model.modules()
+        for name, value in vars(module).items()
+        if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)
+        and value.requires_grad and value.grad_fn is None
+    ]  # fmt: skip
+    if not found:
+        return None
+    return (
+        f"model {type(model).__name__} keeps tensors that require a gradient outside its parameters "
+        f"({', '.join(found[:5])}{', ...' if len(found) > 5 else ''}): the optimizer is given the model's parameters, "
+        "so these are never trained; make each an nn.Parameter (or register it as a buffer if it is not to learn)"
+    )
 
 
 def _random_in_evaluation(model: nn.Module, first: torch.Tensor, again: torch.Tensor) -> str | None:

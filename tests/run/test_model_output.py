@@ -107,6 +107,28 @@ def test_a_model_random_in_evaluation_mode_is_warned_and_one_whose_dropout_follo
     assert any("from one call to the next in evaluation mode" in text for text in result["warnings"])
 
 
+class PlainTensorScale(Logits):  # torch.ones(1, requires_grad=True) where nn.Parameter was meant: never trained
+    def __init__(self, num_classes: int = 4, in_channels: int = 3):
+        super().__init__(num_classes, in_channels)
+        self.scale = torch.ones(1, requires_grad=True)
+        self.offsets = torch.zeros(num_classes)  # a constant: no gradient wanted, nothing to say
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * self.scale + self.offsets
+
+
+def test_a_tensor_that_requires_grad_outside_the_parameters_is_warned(tmp_path):
+    kind, warning = output_kind(PlainTensorScale(), (3, 12, 12), torch.device("cpu"), 4)
+    assert kind == "logits" and warning is not None
+    assert "keeps tensors that require a gradient outside its parameters (scale): " in warning
+    assert "make each an nn.Parameter" in warning and "offsets" not in warning
+    nested = nn.Sequential(PlainTensorScale())
+    assert "(scale in PlainTensorScale)" in output_kind(nested, (3, 12, 12), torch.device("cpu"), 4)[1]
+    result = hasten.train(None, [*QUIET, f"run.dir={tmp_path}"], model=PlainTensorScale,
+                          data=(quadrants(64, 0), quadrants(32, 1)))  # fmt: skip
+    assert any("outside its parameters (scale)" in text for text in result["warnings"])
+
+
 def test_the_log_is_read_once_however_often_it_is_asked_for():
     net = Softmaxed()
     x = torch.randn(5, 3, 12, 12)
