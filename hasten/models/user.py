@@ -304,18 +304,43 @@ def output_kind(
     try:
         with torch.no_grad():
             batches = (torch.zeros(2, *image_shape, device=device), noise, noise * 100)
-            raw = [model(b) for b in batches]
+            raw = [model(b.clone()) for b in batches]  # clones: a model may change its input in place (x -= 0.5)
             outs = [main_output(out, num_classes, len(b)).float() for out, b in zip(raw, batches, strict=True)]
             columns = [binary_column(out, num_classes, len(b)) if isinstance(out, torch.Tensor) else None
                        for out, b in zip(raw, batches, strict=True)]  # fmt: skip
-            again = main_output(model(noise), num_classes, len(noise)).float()
+            again = main_output(model(noise.clone()), num_classes, len(noise)).float()
     except Exception:  # noqa: BLE001 - zeros went through (check_model); a model that refuses noise is left as it is
         return "logits", None
     finally:
         model.train(was_training)
     kind, warning = _read_kind(model, outs, columns, noise, num_classes)
-    said = (warning, _random_in_evaluation(model, outs[1], again), _unregistered_tensors(model))
+    said = (warning, _random_in_evaluation(model, outs[1], again), _unregistered_tensors(model),
+            _unregistered_modules(model))  # fmt: skip
     return kind, "; ".join(w for w in said if w) or None
+
+
+MODULE_INTERNALS = frozenset(vars(nn.Module()))  # the attributes every nn.Module has from torch itself
+
+
+def _unregistered_modules(model: nn.Module) -> str | None:
+    """The warning for layers a model keeps in a plain list, tuple or dict (`self.layers = [nn.Linear(...), ...]`
+    where nn.ModuleList was meant): their parameters are not the model's, so they are never trained, saved,
+    exported or moved to a device with it."""
+    found = []
+    for module in model.modules():
+        for name, value in vars(module).items():
+            if name in MODULE_INTERNALS:  # torch's own registries (_modules, _parameters, hooks)
+                continue
+            items = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else ()
+            if any(isinstance(item, nn.Module) and any(True for _ in item.parameters()) for item in items):
+                found.append(f"{name}{f' in {type(module).__name__}' if module is not model else ''}")
+    if not found:
+        return None
+    return (
+        f"model {type(model).__name__} keeps layers in a Python list, tuple or dict ({', '.join(found[:5])}"
+        f"{', ...' if len(found) > 5 else ''}): their parameters are not the model's, so "
+        "they are never trained, saved or exported; hold them in nn.ModuleList or nn.ModuleDict"
+    )
 
 
 def _unregistered_tensors(model: nn.Module) -> str | None:

@@ -86,6 +86,12 @@ class DropoutAlwaysOn(Logits):  # a forum classic: F.dropout's default is traini
         return self.head(torch.nn.functional.dropout(self.features(x), 0.5))
 
 
+class ChangesItsInput(Logits):  # normalises in place: the same images twice are not the same input twice
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.sub_(0.5)
+        return super().forward(x)
+
+
 class DropoutFollowsEval(Logits):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.nn.functional.dropout(self.features(x), 0.5, training=self.training))
@@ -100,6 +106,7 @@ def test_a_model_random_in_evaluation_mode_is_warned_and_one_whose_dropout_follo
         assert "F.dropout(x, p) without training=self.training" in warning
         assert output_kind(DropoutFollowsEval(), (3, 12, 12), torch.device("cpu"), 4) == ("logits", None)
         assert output_kind(nn.Sequential(Logits(), nn.Dropout(0.5)), (3, 12, 12), torch.device("cpu"), 4)[1] is None
+        assert output_kind(ChangesItsInput(), (3, 12, 12), torch.device("cpu"), 4) == ("logits", None)
     both = output_kind(nn.Sequential(DropoutAlwaysOn(num_classes=2), nn.Sigmoid()), (3, 12, 12), torch.device("cpu"), 2)
     assert "sigmoid at its end" in both[1] and "from one call to the next" in both[1]  # each warning said
     result = hasten.train(None, [*QUIET, f"run.dir={tmp_path}"], model=DropoutAlwaysOn,
@@ -188,3 +195,27 @@ def test_a_sigmoid_model_is_warned_and_a_loss_of_the_users_takes_the_probabiliti
                           loss=on_probabilities)  # fmt: skip
     assert yaml.safe_load((result.run_dir / "recipe.yaml").read_text())["model"]["output"] == "logits"
     assert len(given) >= 8 and all(given)  # every step's loss saw the model's probabilities
+
+
+class ListedLayers(nn.Module):
+    """Layers in a plain list where nn.ModuleList was meant: their parameters are not the model's."""
+
+    def __init__(self, num_classes: int = 4, in_channels: int = 3):
+        super().__init__()
+        self.blocks = [nn.Conv2d(in_channels, in_channels, 3, padding=1) for _ in range(2)]
+        self.activations = [nn.ReLU()]  # a layer without parameters in a list loses nothing: nothing to say
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(in_channels * 12 * 12, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = self.activations[0](block(x))
+        return self.head(x)
+
+
+def test_layers_in_a_plain_list_are_warned_and_a_module_list_is_not():
+    warning = output_kind(ListedLayers(), (3, 12, 12), torch.device("cpu"), 4)[1]
+    assert warning is not None and "keeps layers in a Python list, tuple or dict (blocks): " in warning
+    assert "hold them in nn.ModuleList or nn.ModuleDict" in warning and "activations" not in warning
+    registered = ListedLayers()
+    registered.blocks = nn.ModuleList(registered.blocks)
+    assert output_kind(registered, (3, 12, 12), torch.device("cpu"), 4) == ("logits", None)
