@@ -63,8 +63,13 @@ class TrainStep:
         on_batch: Sequence[BatchHook] = (),
         clip_grad_norm: float | None = None,
         loss: Callable[[Tensor, Tensor], Tensor] = soft_cross_entropy,  # (logits, soft targets) -> mean loss
+        local: bool = False,
     ):
+        """`local`: a step of this process alone (the start-up probe's timing steps on a copy of the model): no
+        agreement across ranks, whose all-reduce would tie the ranks' step counts together where each decides
+        on its own clock how many steps to time."""
         self.model, self.optimizer, self.precision, self.num_classes = model, optimizer, precision, num_classes
+        self.local = local
         self.loss = loss if loss is soft_cross_entropy else UserLoss(loss)  # a loss of the user's is checked
         self.on_batch, self.clip_grad_norm = on_batch, clip_grad_norm or None  # 0: off
         self.device = next(model.parameters()).device
@@ -95,7 +100,8 @@ class TrainStep:
             correct = correct + right if index else right
             seen += len(labels)
         asked = stop() if callable(stop) else stop  # read after the backward: a signal during it counts now
-        nonfinite, stop = agree([not finite, asked], self.device)  # one all-reduce with several processes
+        # one all-reduce with several processes (none for a local step)
+        nonfinite, stop = (not finite, asked) if self.local else agree([not finite, asked], self.device)
         if nonfinite:
             self.optimizer.zero_grad(set_to_none=True)
         return StepResult(total, loss_sum, correct, seen, loss, nonfinite, stop)

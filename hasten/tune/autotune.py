@@ -101,7 +101,8 @@ def _step_on_copy(model: nn.Module, option: Candidate, device: torch.device, num
     trainable = [{"params": [p for p in copy_.parameters() if p.requires_grad]}]
     optimizer = torch.optim.SGD(precision.optimizer_groups(trainable), lr=0.0, momentum=0.9)  # fp16-master: masters
     kwargs = {"loss": loss_fn} if loss_fn is not None else {}
-    return TrainStep(copy_, optimizer, precision, num_classes, **kwargs)
+    # local: each rank times as many steps as its own clock allows; the ranks meet once, to sum their timings
+    return TrainStep(copy_, optimizer, precision, num_classes, local=True, **kwargs)
 
 
 def probe(

@@ -322,3 +322,49 @@ def test_a_signal_to_one_rank_stops_all_and_resume_is_exact(tmp_path, uninterrup
         "written mid-epoch by 2 process(es) and this run has 1: resume it with --devices 2" in capsys.readouterr().err
     )
     assert not (tmp_path / "one" / "checkpoints").exists() and not (tmp_path / "one" / "recipe.yaml").exists()
+
+
+PROBE_RANKS = """
+import os, sys
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hasten.tune import autotune
+from hasten.tune.choices import Candidate
+
+
+def main(rank, init, out):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    batch = (torch.randn(64, 2, 8, 8), torch.randint(0, 3, (64,)))
+    # rank 0 is given a long run (every round), rank 1 a run of one image (it stops after two timed rounds): each
+    # times as many steps as its own clock allows, and the ranks meet once, to sum what they timed
+    images = 10**9 if rank == 0 else 1
+    options = [Candidate("fp32", False), Candidate("fp32", True)]
+    choice = autotune.probe(model, (batch[0][:32], batch[1][:32]), 3, options, run_images=images).choice
+    seconds, _ = autotune.time_batches(model, batch, 3, options[0], [16, 64], run_images=images)
+    with open(os.path.join(out, f"rank-{rank}.txt"), "w") as f:
+        f.write(f"{choice} {sorted(seconds)}")
+    dist.barrier()  # both done before either tears its group down
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    torch.multiprocessing.spawn(main, args=(sys.argv[1], sys.argv[2]), nprocs=2)
+"""
+
+
+def test_the_ranks_probe_on_their_own_clocks_and_meet_once(tmp_path):
+    """Each rank's start-up probe times as many steps as its own clock allows (rounds cut by the run's length,
+    candidates left out after a first round); a step that agreed across ranks (an all-reduce a step) tied their
+    step counts together, and ranks that timed different numbers of steps ended the job in a collective mismatch."""
+    script = tmp_path / "probe_ranks.py"
+    script.write_text(PROBE_RANKS)
+    done = subprocess.run([sys.executable, str(script), f"file://{tmp_path / 'rendezvous'}", str(tmp_path)],
+                          capture_output=True, text=True, timeout=TIMEOUT, cwd=Path(__file__).parents[2])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [(tmp_path / f"rank-{rank}.txt").read_text() for rank in (0, 1)]
+    assert said[0] == said[1] and said[0].endswith(" [16, 64]")  # the same choice on both
