@@ -12,6 +12,7 @@ import yaml
 from torch import nn
 
 import hasten
+from hasten.errors import HastenError
 from hasten.models.user import output_kind, read_output
 from tests.run.test_user import CLASSES, QUIET, quadrants
 
@@ -112,6 +113,10 @@ def test_a_model_random_in_evaluation_mode_is_warned_and_one_whose_dropout_follo
     result = hasten.train(None, [*QUIET, f"run.dir={tmp_path}"], model=DropoutAlwaysOn,
                           data=(quadrants(64, 0), quadrants(32, 1)))  # fmt: skip
     assert any("from one call to the next in evaluation mode" in text for text in result["warnings"])
+    with pytest.raises(HastenError, match=r"PyTorch's own logits differ by .* from one call to the next on the same "
+                       r"images: something random stays on in evaluation"):  # fmt: skip
+        result.export(tmp_path / "m.onnx")  # its check against onnxruntime cannot agree, and says why
+    assert (tmp_path / "m.onnx.mismatch").is_file() and not (tmp_path / "m.onnx").exists()
 
 
 class PlainTensorScale(Logits):  # torch.ones(1, requires_grad=True) where nn.Parameter was meant: never trained
