@@ -308,74 +308,87 @@ def output_kind(
             outs = [main_output(out, num_classes, len(b)).float() for out, b in zip(raw, batches, strict=True)]
             columns = [binary_column(out, num_classes, len(b)) if isinstance(out, torch.Tensor) else None
                        for out, b in zip(raw, batches, strict=True)]  # fmt: skip
-            again = main_output(model(noise.clone()), num_classes, len(noise)).float()
     except Exception:  # noqa: BLE001 - zeros went through (check_model); a model that refuses noise is left as it is
         return "logits", None
     finally:
         model.train(was_training)
-    kind, warning = _read_kind(model, outs, columns, noise, num_classes)
-    said = (warning, _random_in_evaluation(model, outs[1], again), _unregistered_tensors(model),
-            _unregistered_modules(model))  # fmt: skip
-    return kind, "; ".join(w for w in said if w) or None
+    return _read_kind(model, outs, columns, noise, num_classes)
 
 
 MODULE_INTERNALS = frozenset(vars(nn.Module()))  # the attributes every nn.Module has from torch itself
 
 
-def _unregistered_modules(model: nn.Module) -> str | None:
-    """The warning for layers a model keeps in a plain list, tuple or dict (`self.layers = [nn.Linear(...), ...]`
-    where nn.ModuleList was meant): their parameters are not the model's, so they are never trained, saved,
-    exported or moved to a device with it."""
-    found = []
-    for module in model.modules():
-        for name, value in vars(module).items():
-            if name in MODULE_INTERNALS:  # torch's own registries (_modules, _parameters, hooks)
-                continue
-            items = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else ()
-            if any(isinstance(item, nn.Module) and any(True for _ in item.parameters()) for item in items):
-                found.append(f"{name}{f' in {type(module).__name__}' if module is not model else ''}")
-    if not found:
-        return None
-    return (
-        f"model {type(model).__name__} keeps layers in a Python list, tuple or dict ({', '.join(found[:5])}"
-        f"{', ...' if len(found) > 5 else ''}): their parameters are not the model's, so "
-        "they are never trained, saved or exported; hold them in nn.ModuleList or nn.ModuleDict"
-    )
+def habit_warnings(
+    model: nn.Module, image_shape: tuple[int, ...], device: torch.device, num_classes: int
+) -> tuple[str, ...]:
+    """Warnings for habits that leave part of a model untrained or its results unrepeatable, whatever
+    model.output says: outputs that differ between two calls on the same images in evaluation mode (a dropout left
+    on: `F.dropout(x, p)` without `training=self.training`, whose default is training=True), so its evaluation,
+    `predict` and `export` each see another random net; tensors kept as plain attributes with requires_grad=True
+    (`self.scale = torch.ones(1, requires_grad=True)` where nn.Parameter was meant), which the optimizer, given the
+    model's parameters, never trains; and layers kept in a plain list, tuple or dict (`self.layers =
+    [nn.Linear(...)]` where nn.ModuleList was meant), whose parameters are not the model's, so they are never
+    trained, saved or exported. Each image batch is a clone (a model may change its input in place)."""
+    said = []
+    difference, scale = _evaluation_difference(model, image_shape, device, num_classes)
+    if difference > 1e-3 * (1 + scale):
+        said.append(
+            f"model {type(model).__name__} gives different outputs for the same images from one call to the next in "
+            f"evaluation mode (up to {difference:.3g} apart): something random stays on there, such as "
+            "F.dropout(x, p) without training=self.training (its default is training=True; nn.Dropout follows "
+            "model.eval()), so its test accuracy, predictions and export vary from run to run; make it follow "
+            "self.training"
+        )
+    if tensors := _attributes_where(model, lambda value: isinstance(value, torch.Tensor)
+                                    and not isinstance(value, nn.Parameter) and value.requires_grad
+                                    and value.grad_fn is None):  # fmt: skip
+        said.append(
+            f"model {type(model).__name__} keeps tensors that require a gradient outside its parameters ({tensors}): "
+            "the optimizer is given the model's parameters, so these are never trained; make each an nn.Parameter "
+            "(or register it as a buffer if it is not to learn)"
+        )
+    if layers := _attributes_where(model, _holds_layers):
+        said.append(
+            f"model {type(model).__name__} keeps layers in a Python list, tuple or dict ({layers}): their parameters "
+            "are not the model's, so they are never trained, saved or exported; hold them in nn.ModuleList or "
+            "nn.ModuleDict"
+        )
+    return tuple(said)
 
 
-def _unregistered_tensors(model: nn.Module) -> str | None:
-    """The warning for tensors a model keeps as plain attributes with requires_grad=True (`self.scale =
-    torch.ones(1, requires_grad=True)` where nn.Parameter was meant): the optimizer gets the model's parameters
-    only, so they are never trained, and they do not move with the model to a device."""
-    found = [
-        f"{name}{f' in {type(module).__name__}' if module is not model else ''}"
-        for module in model.modules()
-        for name, value in vars(module).items()
-        if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)
-        and value.requires_grad and value.grad_fn is None
-    ]  # fmt: skip
-    if not found:
-        return None
-    return (
-        f"model {type(model).__name__} keeps tensors that require a gradient outside its parameters "
-        f"({', '.join(found[:5])}{', ...' if len(found) > 5 else ''}): the optimizer is given the model's parameters, "
-        "so these are never trained; make each an nn.Parameter (or register it as a buffer if it is not to learn)"
-    )
+def _evaluation_difference(
+    model: nn.Module, image_shape: tuple[int, ...], device: torch.device, num_classes: int
+) -> tuple[float, float]:
+    """The largest difference between the model's logits for the same noise in two calls in evaluation mode, and
+    the largest logit: (0, 0) where the model cannot be read so."""
+    noise = torch.randn(8, *image_shape, generator=torch.Generator().manual_seed(0)).to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            first, again = (main_output(model(noise.clone()), num_classes, len(noise)) for _ in range(2))
+            if not isinstance(first, torch.Tensor) or not isinstance(again, torch.Tensor):
+                return 0.0, 0.0
+            return float((first.float() - again.float()).abs().max()), float(first.float().abs().max())
+    except Exception:  # noqa: BLE001 - zeros went through (check_model); a model that refuses noise is left as it is
+        return 0.0, 0.0
+    finally:
+        model.train(was_training)
 
 
-def _random_in_evaluation(model: nn.Module, first: torch.Tensor, again: torch.Tensor) -> str | None:
-    """The warning for a model whose outputs in evaluation mode differ between two calls on the same images: a
-    dropout left on (`F.dropout(x, p)` without `training=self.training`: its default is training=True), so its
-    evaluation, `predict` and `export` each see another random net."""
-    difference = float((first - again).abs().max())
-    if difference <= 1e-3 * (1 + float(first.abs().max())):
-        return None
-    return (
-        f"model {type(model).__name__} gives different outputs for the same images from one call to the next in "
-        f"evaluation mode (up to {difference:.3g} apart): something random stays on there, such as F.dropout(x, p) "
-        "without training=self.training (its default is training=True; nn.Dropout follows model.eval()), so its "
-        "test accuracy, predictions and export vary from run to run; make it follow self.training"
-    )
+def _holds_layers(value: Any) -> bool:
+    """A plain list, tuple or dict holding a module with parameters."""
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else ()
+    return any(isinstance(item, nn.Module) and any(True for _ in item.parameters()) for item in items)
+
+
+def _attributes_where(model: nn.Module, holds: Any) -> str:
+    """The plain attributes of `model`'s modules (not torch's own registries) whose value `holds`, named (with
+    their module's class below the top), the first five and '...': empty when there are none."""
+    found = [f"{name}{f' in {type(module).__name__}' if module is not model else ''}"
+             for module in model.modules() for name, value in vars(module).items()
+             if name not in MODULE_INTERNALS and holds(value)]  # fmt: skip
+    return ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
 
 
 def _read_kind(

@@ -28,7 +28,7 @@ from hasten.errors import CheckpointError, RecipeError
 from hasten.machine import Machine
 from hasten.machine import current as current_machine
 from hasten.models.copying import copy_model
-from hasten.models.user import check_model, output_kind, read_output
+from hasten.models.user import check_model, habit_warnings, output_kind, read_output
 from hasten.progress import say
 from hasten.recipe.schema import PRECISION_MODES, Recipe, dotted, replaced
 from hasten.recipe.trust import USER_SOURCES
@@ -215,12 +215,13 @@ def resolve_output(
 ) -> tuple[Recipe, list[str], tuple[str, ...]]:
     """`model.output: auto` decided for the user's model (hasten/models/user.py's output_kind, run on `trial`, a
     copy of it on the device): probabilities where it ends in a softmax, or in a sigmoid on two classes' one output
-    (unless the user's own loss takes them as they are), else logits; with the warning a sigmoid's outputs get.
-    Returns the recipe, the lines to say and the warnings."""
+    (unless the user's own loss takes them as they are), else logits; with the warning a sigmoid's outputs get, and
+    the habits' (user.habit_warnings) whatever model.output says. Returns the recipe, the lines to say, the warnings."""
+    habits = habit_warnings(trial, image_shape, device, num_classes)  # whatever model.output says
     if recipe.model.output != "auto":
-        return recipe, [], ()
+        return recipe, [], habits
     kind, warning = output_kind(trial, image_shape, device, num_classes)
-    warnings, name = (warning,) if warning else (), type(trial).__name__
+    warnings, name = (*habits, *([warning] if warning else ())), type(trial).__name__
     if kind == "logits":
         return replaced(recipe, {"model.output": "logits"}), [], warnings
     ends = "a sigmoid" if kind == "sigmoid" else "a softmax"

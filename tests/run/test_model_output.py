@@ -13,7 +13,9 @@ from torch import nn
 
 import hasten
 from hasten.errors import HastenError
-from hasten.models.user import output_kind, read_output
+from hasten.models.user import habit_warnings, output_kind, read_output
+from hasten.recipe.schema import load_recipe
+from hasten.run.resolve import resolve_output
 from tests.run.test_user import CLASSES, QUIET, quadrants
 
 
@@ -101,18 +103,23 @@ class DropoutFollowsEval(Logits):
 def test_a_model_random_in_evaluation_mode_is_warned_and_one_whose_dropout_follows_eval_is_not(tmp_path):
     for seed in range(3):
         torch.manual_seed(seed)
-        kind, warning = output_kind(DropoutAlwaysOn(), (3, 12, 12), torch.device("cpu"), 4)
-        assert kind == "logits" and warning is not None
+        assert output_kind(DropoutAlwaysOn(), (3, 12, 12), torch.device("cpu"), 4) == ("logits", None)  # the kind
+        (warning,) = habit_warnings(DropoutAlwaysOn(), (3, 12, 12), torch.device("cpu"), 4)
         assert "different outputs for the same images from one call to the next in evaluation mode" in warning
         assert "F.dropout(x, p) without training=self.training" in warning
-        assert output_kind(DropoutFollowsEval(), (3, 12, 12), torch.device("cpu"), 4) == ("logits", None)
-        assert output_kind(nn.Sequential(Logits(), nn.Dropout(0.5)), (3, 12, 12), torch.device("cpu"), 4)[1] is None
+        assert habit_warnings(DropoutFollowsEval(), (3, 12, 12), torch.device("cpu"), 4) == ()
+        assert habit_warnings(nn.Sequential(Logits(), nn.Dropout(0.5)), (3, 12, 12), torch.device("cpu"), 4) == ()
+        assert habit_warnings(ChangesItsInput(), (3, 12, 12), torch.device("cpu"), 4) == ()
         assert output_kind(ChangesItsInput(), (3, 12, 12), torch.device("cpu"), 4) == ("logits", None)
-    both = output_kind(nn.Sequential(DropoutAlwaysOn(num_classes=2), nn.Sigmoid()), (3, 12, 12), torch.device("cpu"), 2)
-    assert "sigmoid at its end" in both[1] and "from one call to the next" in both[1]  # each warning said
     result = hasten.train(None, [*QUIET, f"run.dir={tmp_path}"], model=DropoutAlwaysOn,
                           data=(quadrants(64, 0), quadrants(32, 1)))  # fmt: skip
     assert any("from one call to the next in evaluation mode" in text for text in result["warnings"])
+    both = nn.Sequential(DropoutAlwaysOn(num_classes=2), nn.Sigmoid())
+    for output in ("auto", "logits"):  # the habit is warned whatever model.output says; the sigmoid where it is read
+        recipe = load_recipe("default", [f"model.output={output}"])
+        said = resolve_output(recipe, both, (3, 12, 12), torch.device("cpu"), False, 2)[2]
+        assert any("from one call to the next" in text for text in said)  # each warning said
+        assert any("sigmoid at its end" in text for text in said) == (output == "auto")
     with pytest.raises(HastenError, match=r"PyTorch's own logits differ by .* from one call to the next on the same "
                        r"images: something random stays on in evaluation"):  # fmt: skip
         result.export(tmp_path / "m.onnx")  # its check against onnxruntime cannot agree, and says why
@@ -130,13 +137,13 @@ class PlainTensorScale(Logits):  # torch.ones(1, requires_grad=True) where nn.Pa
 
 
 def test_a_tensor_that_requires_grad_outside_the_parameters_is_warned(tmp_path):
-    kind, warning = output_kind(PlainTensorScale(), (3, 12, 12), torch.device("cpu"), 4)
-    assert kind == "logits" and warning is not None
+    assert output_kind(PlainTensorScale(), (3, 12, 12), torch.device("cpu"), 4) == ("logits", None)
+    (warning,) = habit_warnings(PlainTensorScale(), (3, 12, 12), torch.device("cpu"), 4)
     assert "keeps tensors that require a gradient outside its parameters (scale): " in warning
     assert "make each an nn.Parameter" in warning and "offsets" not in warning
     nested = nn.Sequential(PlainTensorScale())
-    assert "(scale in PlainTensorScale)" in output_kind(nested, (3, 12, 12), torch.device("cpu"), 4)[1]
-    result = hasten.train(None, [*QUIET, f"run.dir={tmp_path}"], model=PlainTensorScale,
+    assert "(scale in PlainTensorScale)" in habit_warnings(nested, (3, 12, 12), torch.device("cpu"), 4)[0]
+    result = hasten.train(None, [*QUIET, "model.output=logits", f"run.dir={tmp_path}"], model=PlainTensorScale,
                           data=(quadrants(64, 0), quadrants(32, 1)))  # fmt: skip
     assert any("outside its parameters (scale)" in text for text in result["warnings"])
 
@@ -218,9 +225,9 @@ class ListedLayers(nn.Module):
 
 
 def test_layers_in_a_plain_list_are_warned_and_a_module_list_is_not():
-    warning = output_kind(ListedLayers(), (3, 12, 12), torch.device("cpu"), 4)[1]
-    assert warning is not None and "keeps layers in a Python list, tuple or dict (blocks): " in warning
+    (warning,) = habit_warnings(ListedLayers(), (3, 12, 12), torch.device("cpu"), 4)
+    assert "keeps layers in a Python list, tuple or dict (blocks): " in warning
     assert "hold them in nn.ModuleList or nn.ModuleDict" in warning and "activations" not in warning
     registered = ListedLayers()
     registered.blocks = nn.ModuleList(registered.blocks)
-    assert output_kind(registered, (3, 12, 12), torch.device("cpu"), 4) == ("logits", None)
+    assert habit_warnings(registered, (3, 12, 12), torch.device("cpu"), 4) == ()
