@@ -100,7 +100,7 @@ def eight_bit(image: Image.Image) -> Image.Image:
     versions and 32-bit integer TIFFs) are divided by 257 (65,535 -> 255), clipped to 0..255; float pixels ("F") are
     multiplied by 255 where all of the image lies in 0..1, else taken as 0..255 and clipped. Other modes are left
     as they are."""
-    if image.mode != "I" and not image.mode.startswith("I;16") and image.mode != "F":
+    if image.mode not in ("I", "F") and not image.mode.startswith("I;16"):
         return image
     values = numpy.asarray(image, dtype=numpy.float64)
     if image.mode == "F":
