@@ -23,6 +23,7 @@ import io
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,11 @@ class PixelsToLogits(nn.Module):
         return tta_logits(self.model, x, self.tta_flip, self.tta_translate, self.fill).float()
 
 
+# torch.export warns that nn.RNN/LSTM/GRU's `_flat_weights` (its parameters' list, re-assigned by the module itself)
+# "were assigned during export": nothing the user can or should change, and the export is checked against PyTorch;
+# a message naming any other attribute still shows
+RNN_WEIGHTS_NOTICE = r"The tensor attributes (\S+\._flat_weights\[\d+\](, )?)+ were assigned during export"
+
 def _onnx_proto(graph: nn.Module, example: Tensor) -> Any:
     """The ONNX ModelProto of `graph` with a dynamic batch axis: torch.export-based exporter first, the
     TorchScript one where it cannot trace the model."""
@@ -142,8 +148,10 @@ def _onnx_proto(graph: nn.Module, example: Tensor) -> Any:
     names = dict(input_names=["pixels"], output_names=["logits"])
     try:
         batch = torch.export.Dim("batch", min=1)
-        program = torch.onnx.export(graph, (example,), dynamo=True, dynamic_shapes=({0: batch},), verbose=False,
-                                    **names)  # fmt: skip
+        with warnings.catch_warnings():  # torch's own recurrent layers' weights, not the user's code
+            warnings.filterwarnings("ignore", message=RNN_WEIGHTS_NOTICE, category=UserWarning)
+            program = torch.onnx.export(graph, (example,), dynamo=True, dynamic_shapes=({0: batch},), verbose=False,
+                                        **names)  # fmt: skip
         return program.model_proto
     except Exception as error:  # the exporter raises many types; the fallback below reports its own failure
         print(f"torch.export-based ONNX export failed ({type(error).__name__}); trying the TorchScript exporter",
