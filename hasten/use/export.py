@@ -140,6 +140,7 @@ class PixelsToLogits(nn.Module):
 # a message naming any other attribute still shows
 RNN_WEIGHTS_NOTICE = r"The tensor attributes (\S+\._flat_weights\[\d+\](, )?)+ were assigned during export"
 
+
 def _onnx_proto(graph: nn.Module, example: Tensor) -> Any:
     """The ONNX ModelProto of `graph` with a dynamic batch axis: torch.export-based exporter first, the
     TorchScript one where it cannot trace the model."""
