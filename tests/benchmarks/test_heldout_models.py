@@ -15,7 +15,7 @@ from hasten.models.user import check_model, shape_args
 from hasten.recipe.trust import call_target
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-FILES = ("heldout_models", "heldout_families")
+FILES = ("heldout_models", "heldout_families", "more_families")
 
 
 def named() -> list[tuple[str, str]]:
