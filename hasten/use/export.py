@@ -206,14 +206,14 @@ def export_onnx(
             f"{out.name}.unverified"
         ) from None
     got = torch.from_numpy(session.run(None, {"pixels": probe.numpy()})[0])
-    difference = float((got - expected).abs().max())
-    if difference > ONNX_TOLERANCE * max(1.0, float(expected.abs().max())):
+    difference, limit = float((got - expected).abs().max()), ONNX_TOLERANCE * max(1.0, float(expected.abs().max()))
+    if difference > limit:
         os.replace(out, out.with_name(out.name + ".mismatch"))
         with torch.no_grad():
             again = float((graph(probe) - expected).abs().max())
         why = (f" (PyTorch's own logits differ by {again:.3g} from one call to the next on the same images: something "
                "random stays on in evaluation, such as F.dropout(x, p) without training=self.training)"
-               if again > ONNX_TOLERANCE * max(1.0, float(expected.abs().max())) else "")  # fmt: skip
+               if again > limit else "")  # fmt: skip
         raise HastenError(
             f"{out}: onnxruntime's logits differ from PyTorch's by {difference:.3g} (tolerance {ONNX_TOLERANCE:g} "
             f"relative){why}; kept as {out.name}.mismatch for inspection"
