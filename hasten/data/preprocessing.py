@@ -250,21 +250,40 @@ class Preprocessing:
         if isinstance(images, (str, Path, Image.Image)):
             images = [images]
         items = []
-        for item in images:
+        for n, item in enumerate(images):
             if isinstance(item, (str, Path)):
                 items.append(self.read(item))
             elif isinstance(item, Image.Image):
                 items.append(self.image(item))
             else:
-                items.append(self._array(item)[0])
+                pixels = self._array(item)
+                if len(pixels) != 1:
+                    raise DataError(f"images[{n}]: {tuple(torch.as_tensor(item).shape)} is {len(pixels)} images, "
+                                    "where a list holds one image per item")  # fmt: skip
+                items.append(pixels[0])
         if not items:
             raise DataError("no images to predict on")
         return torch.stack(items)
 
     def _array(self, array: Tensor | numpy.ndarray) -> Tensor:
         """uint8 pixels in the layouts training takes: (N, C, H, W) or (N, H, W, C), one image (C, H, W) or
-        (H, W, C), and for grey images (N, H, W) or one (H, W)."""
+        (H, W, C), and for grey images (N, H, W) or one (H, W). A grey model given (H, W, C) with C a colour image's
+        channel count (2 to 4) and W not its width is refused: one colour image and C-pixel-wide grey images read
+        alike, and taking it for either would answer something the user did not ask."""
         tensor = torch.as_tensor(array)
+        given = tuple(tensor.shape)
+        if (
+            tensor.dim() == 3
+            and self.channels == 1
+            and given[0] != 1
+            and given[-1] in (2, 3, 4)
+            and given[-1] != self.width
+        ):
+            raise DataError(
+                f"images: {given} reads as one image of {given[0]} x {given[1]} pixels in {given[2]} channels, or "
+                f"as {given[0]} grey images of {given[1]} x {given[2]} pixels; this model takes grey images (mode L, "
+                f"{self.height} x {self.width}): give one image as (H, W), several as (N, H, W) or (N, 1, H, W)"
+            )
         if tensor.dim() == 2 and self.channels == 1:  # one grey image
             tensor = tensor[None, None]
         elif tensor.dim() == 3 and tensor.shape[0] != self.channels and tensor.shape[-1] == self.channels:
@@ -277,9 +296,14 @@ class Preprocessing:
             tensor = tensor.permute(0, 3, 1, 2)  # channels last
         floats = tensor.is_floating_point()
         if not (tensor.dtype == torch.uint8 or floats) or tensor.dim() != 4 or tensor.shape[1] != self.channels:
+            c = self.channels
+            shapes = (
+                "(N, H, W), (N, 1, H, W) or one image (H, W)"
+                if c == 1
+                else f"(N, {c}, H, W), (N, H, W, {c}) or one image ({c}, H, W) or (H, W, {c})"
+            )
             raise DataError(
-                f"images: expected uint8 (N, {self.channels}, H, W) pixels (mode {self.mode}) or file paths, got "
-                f"{tensor.dtype} {tuple(tensor.shape)}"
+                f"images: expected uint8 pixels {shapes} (mode {self.mode}) or file paths, got {tensor.dtype} {given}"
             )
         if tuple(tensor.shape[2:]) != (self.height, self.width):
             if floats:  # resizing rounds to uint8 pixels, which float images are not

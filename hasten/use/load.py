@@ -368,10 +368,14 @@ class Predicts:
 
     def predict(self, images: Any, top_k: int = 1) -> list[Prediction]:
         """Class names and probabilities of the top `top_k` classes of each image, converted as training did."""
-        items = [images] if isinstance(images, (str, Path)) else images
+        if isinstance(images, (Tensor, numpy.ndarray)):  # a batch, or one image: its number of axes says which
+            probs = self.probabilities(images)
+            items: list[Any] = [None] * len(probs)
+        else:  # one file or Pillow image, or a sequence of them (read once: a generator too)
+            items = [images] if isinstance(images, (str, Path, Image.Image)) else list(images)
+            probs = self.probabilities(items)
         # each image's name as shown (a file name's control characters escaped, hasten.text.printable)
         names = [printable(str(i)) if isinstance(i, (str, Path)) else f"#{n}" for n, i in enumerate(items)]
-        probs = self.probabilities(images)
         k = max(1, min(top_k, len(self.classes)))
         values, indices = probs.topk(k, dim=1)
         return [

@@ -1,0 +1,75 @@
+"""What predict and evaluate take from a user's Python (hasten/use/load.py's `Predicts`, hasten/data/preprocessing.py):
+one image or a batch, in each layout training takes, and the input they refuse, each refusal naming what is wrong.
+A stand-in model whose logits are an image's first pixels serves: no training needed to see which image went where."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch import Tensor
+
+from hasten.data.preprocessing import Preprocessing
+from hasten.errors import DataError
+from hasten.use.load import Predicts
+
+CLASSES = [f"c{i}" for i in range(10)]
+
+
+class FirstPixels(Predicts):
+    """Logits: the first ten values of each normalised image, so each image's top class is where its brightest
+    early pixel is."""
+
+    def __init__(self, mode: str):
+        channels = {"L": 1, "RGB": 3}[mode]
+        self.classes = CLASSES
+        self.preprocessing = Preprocessing(mode, 8, 8, (0.5,) * channels, (0.25,) * channels)
+
+    def logits_of(self, pixels: Tensor) -> Tensor:
+        return self.preprocessing.normalise(pixels).flatten(1)[:, : len(self.classes)]
+
+
+def grey_images(count: int = 4) -> np.ndarray:
+    """(N, 8, 8) uint8, image i brightest at its pixel i (so its class is c{i})."""
+    images = np.full((count, 8, 8), 10, np.uint8)
+    for i in range(count):
+        images[i, 0, i] = 250
+    return images
+
+
+def labels_of(predictions) -> list[str]:
+    return [p.label for p in predictions]
+
+
+def test_one_grey_image_without_a_batch_axis_gives_one_prediction_in_each_layout():
+    model, images = FirstPixels("L"), grey_images()
+    expected = labels_of(model.predict(images[1:2]))
+    assert expected == ["c1"]
+    for one in (images[1], images[1][..., None], images[1][None], torch.from_numpy(images[1])):
+        predicted = model.predict(one)
+        assert labels_of(predicted) == expected and predicted[0].source == "#0", one.shape
+    assert labels_of(model.predict(Image.fromarray(images[1]))) == expected  # a Pillow image alone
+    assert model.probabilities(images[1]).shape == (1, len(CLASSES))
+    assert labels_of(model.predict(images)) == ["c0", "c1", "c2", "c3"]  # a batch stays a batch
+
+
+def test_one_colour_image_without_a_batch_axis_gives_one_prediction_channels_first_or_last():
+    model = FirstPixels("RGB")
+    colour = np.repeat(grey_images()[..., None], 3, -1)  # (N, H, W, 3)
+    expected = labels_of(model.predict(colour[2:3]))
+    assert expected == ["c2"]
+    assert labels_of(model.predict(colour[2])) == expected  # (H, W, 3)
+    assert labels_of(model.predict(colour[2].transpose(2, 0, 1))) == expected  # (3, H, W)
+    assert labels_of(model.predict(Image.fromarray(colour[2]))) == expected
+
+
+def test_a_shape_that_reads_two_ways_or_none_is_refused_naming_it():
+    grey, colour = FirstPixels("L"), FirstPixels("RGB")
+    one_colour = np.repeat(grey_images()[0][..., None], 3, -1)  # (8, 8, 3): one RGB image, or 8 images 8 x 3
+    with pytest.raises(DataError, match=r"images: \(8, 8, 3\) reads as one image .* or as 8 grey images"):
+        grey.predict(one_colour)
+    with pytest.raises(DataError, match=r"expected uint8 pixels \(N, 3, H, W\).* got torch.uint8 \(8, 8\)"):
+        colour.predict(grey_images()[0])
+    with pytest.raises(DataError, match=r"images\[1\]: \(2, 8, 8\) is 2 images, where a list holds one image"):
+        grey.predict([grey_images()[0], grey_images(2)])
