@@ -69,13 +69,21 @@ def is_image_list(value: object) -> bool:
 
 def is_pair(value: object) -> bool:
     """An `(images, labels)` pair: a 2-sequence whose first item is an array of 3 or more axes, or a list of single
-    images (a list of arrays of 2 or 3 axes, or of PIL images: labels, 1-axis, are never one)."""
+    images (a list of arrays of 2 or 3 axes, or of PIL images: labels, 1-axis, are never one), and whose second
+    is labels. A second item that holds images (an array of 3 or more axes, a PIL image) is no labels: `(train,
+    test)` of pairs whose labels are one-hot or (N, 1) would read as a list of two single images otherwise."""
     return (
         isinstance(value, (tuple, list))
         and len(value) == 2
         and ((_is_array(value[0]) and value[0].ndim >= 3) or is_image_list(value[0]))
-        and (_is_array(value[1]) or isinstance(value[1], (list, tuple)))
+        and (_is_array(value[1]) or (isinstance(value[1], (list, tuple)) and not _holds_images(value[1])))
     )
+
+
+def _holds_images(values: list | tuple) -> bool:
+    """Whether a sequence given where labels go holds images: an array of 3 or more axes (images; one-hot rows
+    have 1, a labels column 2), or a PIL image."""
+    return any(isinstance(v, Image.Image) or (_is_array(v) and v.ndim >= 3) for v in values)
 
 
 def is_dataset(value: object) -> bool:

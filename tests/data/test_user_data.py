@@ -1,0 +1,25 @@
+"""The user's data as hasten.train takes it (hasten/data/user.py, hasten/data/items.py): which form a data argument
+is read as, and items a Dataset gives, read without training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hasten.data.user import own_data
+
+
+def digits(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(N, 8, 8) uint8 noise and labels 0..9, each class present."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (count, 8, 8), dtype=np.uint8), np.arange(count) % 10
+
+
+@pytest.mark.parametrize("encode", [lambda y: np.eye(10)[y], lambda y: y[:, None]], ids=["one-hot", "column"])
+def test_train_and_test_pairs_with_one_hot_or_column_labels_are_two_parts_not_two_images(encode):
+    (train, train_labels), (test, test_labels) = digits(40), digits(20, 1)
+    data = own_data(((train, encode(train_labels)), (test, encode(test_labels))))
+    assert data.train_images.shape == (40, 1, 8, 8) and data.test_images.shape == (20, 1, 8, 8)
+    assert torch.equal(data.train_labels, torch.from_numpy(train_labels))
+    assert torch.equal(data.test_labels, torch.from_numpy(test_labels))
