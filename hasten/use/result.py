@@ -18,11 +18,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy
 import torch
 from torch import nn
 
 from hasten.errors import DataError
 from hasten.models.copying import copy_model
+
+
+def class_names(labels: Any) -> list[str] | None:
+    """Labels given as class names (strings, as training takes them), else None (numbers, or nothing to read)."""
+    if isinstance(labels, torch.Tensor):
+        return None
+    try:
+        values = numpy.asarray(labels, dtype=object).reshape(-1)
+    except (TypeError, ValueError):
+        return None
+    if not len(values) or not all(isinstance(value, str) for value in values):
+        return None
+    return [str(value) for value in values]
 
 
 class Trained(dict):
@@ -66,25 +80,29 @@ class Trained(dict):
         return self.model.probabilities(images)
 
     def evaluate(self, data: Any = None, top_k: int = 5) -> dict[str, Any]:
-        """Accuracy of the trained model: with `data` an (images, labels) pair (uint8 images as training took
-        them, integer labels), on that data, as the run evaluates (its test-time augmentation); without, on the
-        run's own test data, as `hasten evaluate` does (which a run trained on Python objects cannot reread:
-        give it `data`)."""
+        """Accuracy of the trained model: with `data` an (images, labels) pair (uint8 images, and labels, as
+        training took them: class indices, whole-number floats, one-hot rows or class names), on that data, as the
+        run evaluates (its test-time augmentation); without, on the run's own test data, as `hasten evaluate` does
+        (which a run trained on Python objects cannot reread: give it `data`)."""
         if data is None:
             from hasten.use.evaluate import evaluate
 
             return evaluate(self.run_dir, top_k=top_k)
         if not (isinstance(data, tuple | list) and len(data) == 2):
             raise DataError("evaluate: data must be an (images, labels) pair, or nothing for the run's own test data")
-        images, labels = data
-        labels = torch.as_tensor(labels)
-        if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dim() != 1:
-            raise DataError(
-                f"evaluate: labels must be a 1-D array of integers, got {labels.dtype} {tuple(labels.shape)}"
-            )
+        from hasten.data.user import as_labels
+
+        images, given = data
+        names = class_names(given)
+        if names is not None:  # class names, as training takes them: their indices among the run's classes
+            index = {name: i for i, name in enumerate(self.classes)}
+            if unknown := sorted({name for name in names if name not in index}):
+                raise DataError(f"evaluate: label {unknown[0]!r} is not one of the class names {self.classes} "
+                                f"({len(unknown)} such)")  # fmt: skip
+            given = [index[name] for name in names]
         probabilities = self.probabilities(images)
-        if len(probabilities) != len(labels):
-            raise DataError(f"evaluate: {len(probabilities)} images but {len(labels)} labels")
+        # as training reads labels: whole-number floats, one-hot rows, each a class index of this model
+        labels = as_labels(given, len(probabilities), "evaluate: labels", len(self.classes))
         correct = probabilities.argmax(1) == labels
         k = min(top_k, probabilities.shape[1])
         in_top = (probabilities.topk(k, dim=1).indices == labels[:, None]).any(1)

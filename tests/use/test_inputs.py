@@ -13,6 +13,7 @@ from torch import Tensor
 from hasten.data.preprocessing import Preprocessing
 from hasten.errors import DataError
 from hasten.use.load import Predicts
+from hasten.use.result import Trained
 
 CLASSES = [f"c{i}" for i in range(10)]
 
@@ -73,3 +74,29 @@ def test_a_shape_that_reads_two_ways_or_none_is_refused_naming_it():
         colour.predict(grey_images()[0])
     with pytest.raises(DataError, match=r"images\[1\]: \(2, 8, 8\) is 2 images, where a list holds one image"):
         grey.predict([grey_images()[0], grey_images(2)])
+
+
+def stand_in_result(mode: str = "L") -> Trained:
+    """What hasten.train returns, its model the stand-in (loaded already: no run folder is read)."""
+    result = Trained({"run_dir": "unread"})
+    result._loaded = FirstPixels(mode)
+    return result
+
+
+def test_evaluate_takes_labels_as_training_does_and_refuses_a_label_no_class_has():
+    result, images = stand_in_result(), grey_images()
+    indices = np.arange(4)
+    expected = result.evaluate((images, indices))
+    assert expected["accuracy"] == 1.0 and expected["images"] == 4
+    for labels in (indices.astype(np.float64), np.eye(10)[indices], [f"c{i}" for i in indices],
+                   np.array([f"c{i}" for i in indices])):  # fmt: skip
+        assert result.evaluate((images, labels)) == expected
+    for wrong, found in ((indices - 1, r"found -1 at index 0"), (indices + 7, r"found 10 at index 3")):
+        with pytest.raises(DataError, match=r"evaluate: labels: labels outside \[0, 10\).*" + found):
+            result.evaluate((images, wrong))
+    with pytest.raises(DataError, match=r"evaluate: label 'dog' is not one of the class names"):
+        result.evaluate((images, ["c0", "c1", "dog", "c3"]))
+    with pytest.raises(DataError, match=r"evaluate: labels: labels must be class indices.* 2.5 at index 1"):
+        result.evaluate((images, [0, 2.5, 2, 3]))
+    with pytest.raises(DataError, match=r"evaluate: labels: 4 images but 3 labels"):
+        result.evaluate((images, indices[:3]))
