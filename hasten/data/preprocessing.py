@@ -305,6 +305,8 @@ class Preprocessing:
             raise DataError(
                 f"images: expected uint8 pixels {shapes} (mode {self.mode}) or file paths, got {tensor.dtype} {given}"
             )
+        if floats:
+            check_finite(tensor, "images", "predicting")
         if tuple(tensor.shape[2:]) != (self.height, self.width):
             if floats:  # resizing rounds to uint8 pixels, which float images are not
                 raise DataError(
@@ -327,6 +329,20 @@ class Preprocessing:
         mean = torch.tensor(self.mean, device=images.device).view(1, -1, 1, 1)
         std = torch.tensor(self.std, device=images.device).view(1, -1, 1, 1)
         return images.float().div(255).sub_(mean).div_(std)  # div: a new tensor, so floats given are left as they are
+
+
+def check_finite(pixels: Tensor, where: str, use: str) -> None:
+    """DataError naming `where` when float pixels (N, ...) hold NaN or infinity, which would surface as a diverged
+    loss in training and as a prediction of probability NaN; `use`: what they are to be replaced before."""
+    finite = torch.isfinite(pixels)
+    if not bool(finite.all()):
+        bad = ~finite
+        kinds = [name for name, hit in (("NaN", torch.isnan(pixels).any()), ("inf", torch.isinf(pixels).any())) if hit]
+        first = int(bad.reshape(len(pixels), -1).any(1).nonzero()[0]) if pixels.dim() > 1 and len(pixels) else 0
+        raise DataError(
+            f"{where}: {int(bad.sum()):,} pixel value(s) are {' and '.join(kinds)} (first in image {first}); "
+            f"replace them (e.g. numpy.nan_to_num) before {use}"
+        )
 
 
 def units_of(value_range: tuple[float, float] | None) -> str:

@@ -42,6 +42,7 @@ from hasten.data.conform import Target, decide_target
 from hasten.data.datasets import ImageDataset
 from hasten.data.fitting import SQUASH
 from hasten.data.items import ItemFacts, StreamSplit, TensorItems, item_pixels, read_passes
+from hasten.data.preprocessing import check_finite
 from hasten.data.transforms import resize_images, set_channels
 from hasten.errors import DataError, their_error
 from hasten.progress import say
@@ -125,7 +126,7 @@ def as_images(images: Any, where: str) -> Tensor:
         raise DataError(f"{where}: images are {str(array.dtype).removeprefix('torch.')} (complex numbers); give "
                         "real pixels, uint8 0..255 or floats (e.g. their magnitude, .abs())")  # fmt: skip
     if array.dtype.is_floating_point:
-        _check_finite(array, where)
+        check_finite(array, where, "training")
         return _channels_first(array, where).float().contiguous()
     if array.dtype == torch.bool:
         raise DataError(f"{where}: images are bool; give uint8 pixels 0..255 or floats")
@@ -190,19 +191,6 @@ def check_label_range(labels: Tensor, where: str, num_classes: int | None) -> No
     bounds = f"[0, {num_classes}) (the {num_classes} class names)" if num_classes is not None else "[0, classes)"
     raise DataError(f"{where}: labels outside {bounds}: found {int(labels[first])} at index {first} "
                     f"({int(bad.sum()):,} such label(s))")  # fmt: skip
-
-
-def _check_finite(pixels: Tensor, where: str) -> None:
-    """DataError naming `where` when float pixels hold NaN or infinity (they would surface as a diverged loss)."""
-    finite = torch.isfinite(pixels)
-    if not bool(finite.all()):
-        bad = ~finite
-        kinds = [name for name, hit in (("NaN", torch.isnan(pixels).any()), ("inf", torch.isinf(pixels).any())) if hit]
-        first = int(bad.reshape(len(pixels), -1).any(1).nonzero()[0]) if pixels.dim() > 1 and len(pixels) else 0
-        raise DataError(
-            f"{where}: {int(bad.sum()):,} pixel value(s) are {' and '.join(kinds)} (first in image {first}); "
-            "replace them (e.g. numpy.nan_to_num) before training"
-        )
 
 
 @dataclasses.dataclass

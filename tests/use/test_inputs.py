@@ -100,3 +100,16 @@ def test_evaluate_takes_labels_as_training_does_and_refuses_a_label_no_class_has
         result.evaluate((images, [0, 2.5, 2, 3]))
     with pytest.raises(DataError, match=r"evaluate: labels: 4 images but 3 labels"):
         result.evaluate((images, indices[:3]))
+
+
+def test_images_holding_nan_or_inf_are_refused_as_training_refuses_them():
+    model = FirstPixels("L")
+    images = grey_images().astype(np.float32)
+    images[2, 3, 3] = np.nan
+    with pytest.raises(DataError, match=r"images: 1 pixel value\(s\) are NaN \(first in image 2\); replace them"):
+        model.predict(images)
+    images[2, 3, 3], images[1, 0, 0] = 0, np.inf
+    with pytest.raises(DataError, match=r"are inf \(first in image 1\)"):
+        model.probabilities(images)
+    with pytest.raises(DataError, match=r"are NaN"):
+        model.predict([np.full((8, 8), np.nan, np.float32)])
