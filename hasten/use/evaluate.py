@@ -38,7 +38,7 @@ from hasten.recipe.trust import Trust, embedded_recipe
 from hasten.run.evaluation import Measured, evaluate_loader
 from hasten.runfolder.checkpoint import disk_full_message
 from hasten.runfolder.folder import RunFolderError, check_output, is_run_folder
-from hasten.use.load import RunFacts, checkpoint_of, evaluated_state_dict, facts_from_checkpoint, network
+from hasten.use.load import RunFacts, checked_top_k, checkpoint_of, evaluated_state_dict, facts_from_checkpoint, network
 
 # what evaluate may change: the data, and how it runs; the model and its training are the checkpoint's
 ALLOWED_OVERRIDES = ("data.", "train.eval_batch_size=", "train.threads=", "device=", "model.target=")
@@ -176,6 +176,7 @@ def evaluate(
     from hasten.engine.precision import make_precision
     from hasten.run.build import dataset
 
+    top_k = checked_top_k(top_k)
     path, state = checkpoint_of(source)
     trust = Trust(code=trust_code, named=named_targets(overrides))
     facts = facts_from_checkpoint(path, state, trust)

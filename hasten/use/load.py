@@ -331,6 +331,15 @@ class Prediction:
                 "top": [{"class": c, "probability": p} for c, p in self.top]}  # fmt: skip
 
 
+def checked_top_k(top_k: Any) -> int:
+    """`top_k` as the count of classes to list: a whole number of 1 or more (more than the model's classes lists
+    them all); a HastenError naming it otherwise, where topk raised a TypeError or 0 and below read as 1."""
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, numpy.integer)) or top_k < 1:
+        raise HastenError(f"top_k: {top_k!r} ({type(top_k).__name__}) is not a count of classes; give a whole number "
+                          "of 1 or more")  # fmt: skip
+    return int(top_k)
+
+
 class Predicts:
     """`predict` and `probabilities` for anything that maps uint8 pixels to logits (`logits_of`)."""
 
@@ -368,6 +377,7 @@ class Predicts:
 
     def predict(self, images: Any, top_k: int = 1) -> list[Prediction]:
         """Class names and probabilities of the top `top_k` classes of each image, converted as training did."""
+        k = min(checked_top_k(top_k), len(self.classes))  # checked before any image is read
         if isinstance(images, (Tensor, numpy.ndarray)):  # a batch, or one image: its number of axes says which
             probs = self.probabilities(images)
             items: list[Any] = [None] * len(probs)
@@ -376,7 +386,6 @@ class Predicts:
             probs = self.probabilities(items)
         # each image's name as shown (a file name's control characters escaped, hasten.text.printable)
         names = [printable(str(i)) if isinstance(i, (str, Path)) else f"#{n}" for n, i in enumerate(items)]
-        k = max(1, min(top_k, len(self.classes)))
         values, indices = probs.topk(k, dim=1)
         return [
             Prediction(name, self.classes[int(idx[0])], int(idx[0]), float(val[0]),

@@ -24,6 +24,7 @@ from torch import nn
 
 from hasten.errors import DataError
 from hasten.models.copying import copy_model
+from hasten.use.load import checked_top_k
 
 
 def class_names(labels: Any) -> list[str] | None:
@@ -84,6 +85,7 @@ class Trained(dict):
         training took them: class indices, whole-number floats, one-hot rows or class names), on that data, as the
         run evaluates (its test-time augmentation); without, on the run's own test data, as `hasten evaluate` does
         (which a run trained on Python objects cannot reread: give it `data`)."""
+        top_k = checked_top_k(top_k)
         if data is None:
             from hasten.use.evaluate import evaluate
 

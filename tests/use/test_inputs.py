@@ -4,6 +4,8 @@ A stand-in model whose logits are an image's first pixels serves: no training ne
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ from PIL import Image
 from torch import Tensor
 
 from hasten.data.preprocessing import Preprocessing
-from hasten.errors import DataError
+from hasten.errors import DataError, HastenError
 from hasten.use.load import Predicts
 from hasten.use.result import Trained
 
@@ -113,3 +115,19 @@ def test_images_holding_nan_or_inf_are_refused_as_training_refuses_them():
         model.probabilities(images)
     with pytest.raises(DataError, match=r"are NaN"):
         model.predict([np.full((8, 8), np.nan, np.float32)])
+
+
+@pytest.mark.parametrize("top_k", [0, -1, 2.5, "3", None, True])
+def test_a_top_k_that_is_not_a_count_of_classes_is_refused_naming_it(top_k):
+    result = stand_in_result()
+    for call in (lambda: result.predict(grey_images(), top_k=top_k),
+                 lambda: result.evaluate((grey_images(), np.arange(4)), top_k=top_k)):  # fmt: skip
+        with pytest.raises(HastenError, match=rf"top_k: {re.escape(repr(top_k))} .*give a whole number of 1 or more"):
+            call()
+
+
+def test_top_k_lists_that_many_classes_and_at_most_all():
+    result = stand_in_result()
+    assert [len(p.top) for p in result.predict(grey_images(2), top_k=np.int64(3))] == [3, 3]
+    assert len(result.predict(grey_images(1), top_k=20)[0].top) == len(CLASSES)
+    assert "top10_accuracy" in result.evaluate((grey_images(), np.arange(4)), top_k=20)
