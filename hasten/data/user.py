@@ -306,6 +306,22 @@ def named_labels(train: Any, test: Any, names: list[str] | None) -> tuple[Any, A
     return train, test, names
 
 
+def shape_of(pair: bool) -> str:
+    """The form of a 3-item data argument, as its errors name it."""
+    return "(images, labels, class_names)" if pair else "(train, test, class_names)"
+
+
+def distinct_names(names: Sequence[str], where: str) -> None:
+    """DataError naming `where` and the first name given twice: label i is names[i], and two classes of one name
+    would each be shown as the other."""
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            raise DataError(f"{where}: {name!r} is given twice (at {names.index(name)} and {i}); each class needs "
+                            "a name of its own")  # fmt: skip
+        seen.add(name)
+
+
 def split_parts(data: Any) -> tuple[Any, Any | None, list[str] | None]:
     """(train part, evaluation part or None, class names or None) from the user's data argument."""
     data = unwrap_loader(data)
@@ -315,9 +331,10 @@ def split_parts(data: Any) -> tuple[Any, Any | None, list[str] | None]:
         names = data[2] if len(data) == 3 else None
         pair = is_pair(tuple(data[:2]))  # (images, labels, class_names): one part, named, not (train, test, names)
         if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names)):
-            shape = "(images, labels, class_names)" if pair else "(train, test, class_names)"
-            raise DataError(f"data: the third item of {shape} must be a list of class names")
+            raise DataError(f"data: the third item of {shape_of(pair)} must be a list of class names")
         names = list(names) if names is not None else None
+        if names is not None:
+            distinct_names(names, f"data: the class names of {shape_of(pair)}")
         return (tuple(data[:2]), None, names) if pair else (data[0], data[1], names)
     raise DataError(
         f"data: expected an (images, labels) pair, (images, labels, class_names), a Dataset of (image, label), an "
@@ -437,6 +454,8 @@ def own_data(
     `size`, `rgb` and `fit` are data.size, data.rgb and data.resize: every image is brought to the shape they and
     the images' own sizes decide (hasten/data/conform.py), said in the result's `notes`."""
     train_value, test_value, names = split_parts(data)
+    if classes:
+        distinct_names(list(classes), "data.classes")
     train_value, test_value, names = named_labels(
         train_value, test_value, names or (list(classes) if classes else None)
     )

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hasten.data.user import own_data
+from hasten.errors import DataError
 
 
 def digits(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -23,3 +24,16 @@ def test_train_and_test_pairs_with_one_hot_or_column_labels_are_two_parts_not_tw
     assert data.train_images.shape == (40, 1, 8, 8) and data.test_images.shape == (20, 1, 8, 8)
     assert torch.equal(data.train_labels, torch.from_numpy(train_labels))
     assert torch.equal(data.test_labels, torch.from_numpy(test_labels))
+
+
+def test_class_names_given_twice_are_refused_naming_the_name():
+    images, labels = digits(20)
+    names = [f"c{i}" for i in range(10)]
+    names[7] = "c2"
+    with pytest.raises(DataError, match=r"data: the class names of \(images, labels, class_names\): 'c2' is given "
+                       r"twice \(at 2 and 7\)"):  # fmt: skip
+        own_data((images, labels, names), val_fraction=0.5)
+    with pytest.raises(DataError, match=r"\(train, test, class_names\): 'c2' is given twice"):
+        own_data(((images, labels), digits(10, 1), names))
+    with pytest.raises(DataError, match=r"data.classes: 'c2' is given twice"):
+        own_data((images, labels), classes=names, val_fraction=0.5)
