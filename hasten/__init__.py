@@ -29,6 +29,7 @@ def train(
     from hasten.recipe.schema import Recipe, load_recipe
     from hasten.run.build import train as _train
 
+    _check_arguments(recipe, overrides, Recipe)
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, overrides)  # type: ignore[arg-type]
     elif overrides:
@@ -39,6 +40,33 @@ def train(
 
     summary = _train(recipe, model=model, data=data, loss=loss)  # type: ignore[arg-type]
     return Trained(summary, model) if summary.get("run_dir") else summary
+
+
+def _check_arguments(recipe: object, overrides: object, recipe_type: type) -> None:
+    """RecipeError naming `recipe` or `overrides` when it is not of a kind train takes, where a dict failed deep in
+    the loading and one string of overrides was read character by character."""
+    from pathlib import Path
+
+    from hasten.errors import RecipeError
+
+    if recipe is not None and not isinstance(recipe, (recipe_type, str, Path)):
+        raise RecipeError(
+            f"recipe: a Recipe, a YAML file's path or a shipped recipe's name (None: the default recipe), got "
+            f"{type(recipe).__name__}; give settings as overrides, ['train.epochs=1', ...]"
+        )
+    if overrides is None:
+        return
+    if isinstance(overrides, str):
+        raise RecipeError(
+            f"overrides: a list of 'key=value' strings, got one string ({overrides[:60]!r}); give a list, e.g. "
+            "['train.epochs=1', 'run.dir=runs/x'] (text.split() splits one at its spaces)"
+        )
+    if not isinstance(overrides, (list, tuple)):
+        raise RecipeError(f"overrides: a list of 'key=value' strings, e.g. ['train.epochs=1'], got "
+                          f"{type(overrides).__name__}")  # fmt: skip
+    if bad := [item for item in overrides if not isinstance(item, str)]:
+        raise RecipeError(f"overrides: a list of 'key=value' strings, e.g. ['train.epochs=1'], got {bad[0]!r} "
+                          f"({type(bad[0]).__name__}) among them")  # fmt: skip
 
 
 def load(path: object, device: str = "cpu", *, trust_code: bool = False, model: object = None) -> object:

@@ -12,8 +12,9 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+import hasten
 from hasten.data.preprocessing import Preprocessing
-from hasten.errors import DataError, HastenError
+from hasten.errors import DataError, HastenError, RecipeError
 from hasten.use.load import Predicts
 from hasten.use.result import Trained
 
@@ -131,3 +132,17 @@ def test_top_k_lists_that_many_classes_and_at_most_all():
     assert [len(p.top) for p in result.predict(grey_images(2), top_k=np.int64(3))] == [3, 3]
     assert len(result.predict(grey_images(1), top_k=20)[0].top) == len(CLASSES)
     assert "top10_accuracy" in result.evaluate((grey_images(), np.arange(4)), top_k=20)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overrides", "said"),
+    [
+        (None, "train.epochs=1 run.dir=x", r"overrides: a list of 'key=value' strings, got one string \('train"),
+        (None, {"train.epochs": 1}, r"overrides: a list of 'key=value' strings.*got dict"),
+        (None, ["train.epochs=1", 2], r"overrides: .*got 2 \(int\) among them"),
+        ({"train": {"epochs": 1}}, [], r"recipe: a Recipe, a YAML file's path or a shipped recipe's name .*got dict"),
+    ],
+)
+def test_train_refuses_a_recipe_or_overrides_of_another_kind_naming_the_argument(recipe, overrides, said):
+    with pytest.raises(RecipeError, match=said):
+        hasten.train(recipe, overrides, data=(grey_images(), np.arange(4)))
