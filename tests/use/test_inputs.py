@@ -146,3 +146,14 @@ def test_top_k_lists_that_many_classes_and_at_most_all():
 def test_train_refuses_a_recipe_or_overrides_of_another_kind_naming_the_argument(recipe, overrides, said):
     with pytest.raises(RecipeError, match=said):
         hasten.train(recipe, overrides, data=(grey_images(), np.arange(4)))
+
+
+@pytest.mark.parametrize(
+    ("device", "said"),
+    [("gpu0", r"device: 'gpu0' is not auto, cpu, cuda, cuda:N or mps"), (3, r"device: 3 is not auto")]
+    + [("cuda", r"device: cuda asked for, but this machine has no CUDA device")] * (not torch.cuda.is_available())
+    + [("cuda:99", r"device: cuda:99: this machine has \d+ CUDA device")] * torch.cuda.is_available(),
+)
+def test_load_refuses_a_device_as_training_does_before_reading_the_source(device, said, tmp_path):
+    with pytest.raises(RecipeError, match=said):
+        hasten.load(tmp_path / "no-such-run", device=device)
