@@ -34,7 +34,10 @@ def item_pixels(image: Any, where: str) -> Tensor:
     """One streamed image as (C, H, W): tensors are C x H x W (torchvision's layout); PIL images and numpy arrays
     are H x W or H x W x C; a file path is read with Pillow. A palette or other coded Pillow mode is converted to the
     colours it stands for (RGB, RGBA where it has transparency; 1-bit to grey). uint8 stays uint8 (normalised like
-    the in-memory path); other types become float32."""
+    the in-memory path); other types become float32. An image that is None or no pixels is a DataError naming
+    `where`."""
+    if image is None:
+        raise DataError(f"{where}: image is None; give a PIL image, an array or tensor, or an image file's path")
     if isinstance(image, str | Path):
         try:
             with open_image(image) as opened:
@@ -51,6 +54,9 @@ def item_pixels(image: Any, where: str) -> Tensor:
             array = numpy.asarray(image)
         except Exception as error:  # a type numpy cannot read: say which item
             raise DataError(f"{where}: cannot read the image ({type(image).__name__}): {error}") from None
+        if array.dtype.kind not in "biufc":  # objects, strings: nothing numpy holds as pixels
+            raise DataError(f"{where}: the image is a {type(image).__name__} ({array.dtype}), not pixels; give a PIL "
+                            "image, an array or tensor, or an image file's path")  # fmt: skip
         pixels = torch.from_numpy(numpy.array(array))  # a copy: PIL's arrays are read-only
         pixels = pixels[None] if pixels.ndim == 2 else pixels.permute(2, 0, 1) if pixels.ndim == 3 else pixels
     if pixels.dtype.is_complex:

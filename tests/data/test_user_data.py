@@ -37,3 +37,23 @@ def test_class_names_given_twice_are_refused_naming_the_name():
         own_data(((images, labels), digits(10, 1), names))
     with pytest.raises(DataError, match=r"data.classes: 'c2' is given twice"):
         own_data((images, labels), classes=names, val_fraction=0.5)
+
+
+class Items(torch.utils.data.Dataset):
+    """A user's Dataset: item i is make(i)."""
+
+    def __init__(self, make, count: int = 20):
+        self.make, self.count = make, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int):
+        return self.make(index)
+
+
+def test_an_item_whose_image_is_none_or_no_pixels_is_refused_naming_the_item():
+    with pytest.raises(DataError, match=r"data: train \(Items\)\[0\]: image is None"):
+        own_data((Items(lambda i: (None, i % 10)), Items(lambda i: (None, i % 10))))
+    with pytest.raises(DataError, match=r"data: train \(Items\)\[0\]: the image is a dict \(object\), not pixels"):
+        own_data((Items(lambda i: ({"pixels": 1}, i % 10)), Items(lambda i: (None, i % 10))))
