@@ -31,13 +31,16 @@ PLAIN_MODES = ("L", "LA", "RGB", "RGBA", "I", "I;16", "F")
 
 
 def item_pixels(image: Any, where: str) -> Tensor:
-    """One streamed image as (C, H, W): tensors are C x H x W (torchvision's layout); PIL images and numpy arrays
-    are H x W or H x W x C; a file path is read with Pillow. A palette or other coded Pillow mode is converted to the
+    """One streamed image as (C, H, W): PIL images (and files, read with Pillow) are H x W or H x W x C; arrays and
+    tensors H x W, or of 3 axes in either layout, told apart as an array of images is (hasten/data/user.py): the
+    channel axis is the smaller of the first and the last, the first on a tie, so a numpy C x H x W or a tensor
+    H x W x C is not read with its channels as rows. A palette or other coded Pillow mode is converted to the
     colours it stands for (RGB, RGBA where it has transparency; 1-bit to grey). uint8 stays uint8 (normalised like
     the in-memory path); other types become float32. An image that is None or no pixels is a DataError naming
     `where`."""
     if image is None:
         raise DataError(f"{where}: image is None; give a PIL image, an array or tensor, or an image file's path")
+    pillow = isinstance(image, (str, Path, Image.Image))  # its array is H x W x C, however small the image
     if isinstance(image, str | Path):
         try:
             with open_image(image) as opened:
@@ -48,7 +51,6 @@ def item_pixels(image: Any, where: str) -> Tensor:
         image = plain_mode(image)
     if isinstance(image, Tensor):
         pixels = image.detach().cpu()
-        pixels = pixels[None] if pixels.ndim == 2 else pixels
     else:
         try:
             array = numpy.asarray(image)
@@ -58,12 +60,15 @@ def item_pixels(image: Any, where: str) -> Tensor:
             raise DataError(f"{where}: the image is a {type(image).__name__} ({array.dtype}), not pixels; give a PIL "
                             "image, an array or tensor, or an image file's path")  # fmt: skip
         pixels = torch.from_numpy(numpy.array(array))  # a copy: PIL's arrays are read-only
-        pixels = pixels[None] if pixels.ndim == 2 else pixels.permute(2, 0, 1) if pixels.ndim == 3 else pixels
+    if pixels.ndim == 2:
+        pixels = pixels[None]
+    elif pixels.ndim == 3 and (pillow or pixels.shape[2] < pixels.shape[0]):
+        pixels = pixels.permute(2, 0, 1)  # channels last
     if pixels.dtype.is_complex:
         raise DataError(f"{where}: the image is {str(pixels.dtype).removeprefix('torch.')} (complex numbers); "
                         "give real pixels, uint8 0..255 or floats (e.g. their magnitude, .abs())")  # fmt: skip
     if pixels.ndim != 3:
-        raise DataError(f"{where}: an image must be H x W, H x W x C (arrays, PIL) or C x H x W (tensors), got "
+        raise DataError(f"{where}: an image must be H x W, H x W x C or C x H x W, got "
                         f"{tuple(pixels.shape)}")  # fmt: skip
     if pixels.dtype.is_floating_point and not bool(torch.isfinite(pixels).all()):
         raise DataError(f"{where}: the image holds NaN or inf pixel values; replace them before training")

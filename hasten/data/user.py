@@ -8,8 +8,9 @@ Forms of one part (a training or an evaluation split):
 - an `(images, labels)` pair whose images are a list of single images, each as a Dataset's item below (PIL images,
   arrays, tensors), of one size or several: brought to one shape (hasten/data/conform.py), then held in memory as
   one uint8 tensor (float images: streamed, as above).
-- any `torch.utils.data.Dataset` whose items are `(image, label)`: the image a PIL image or numpy array
-  (H x W or H x W x C) or a tensor (C x H x W, torchvision's layout), uint8 or float. It is streamed: DataLoader
+- any `torch.utils.data.Dataset` whose items are `(image, label)`: the image a PIL image, or a numpy array or
+  tensor H x W, H x W x C or C x H x W (the channel axis the smaller of the first and the last, as above), uint8
+  or float. It is streamed: DataLoader
   workers fetch whole batches of the rank's shard of each epoch's order (`ImageFolderLoader`, which takes any
   batch source), so it never has to fit in memory. Its images may differ in size and channels: each is brought to
   the run's shape as it is read.

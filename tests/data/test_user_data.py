@@ -57,3 +57,21 @@ def test_an_item_whose_image_is_none_or_no_pixels_is_refused_naming_the_item():
         own_data((Items(lambda i: (None, i % 10)), Items(lambda i: (None, i % 10))))
     with pytest.raises(DataError, match=r"data: train \(Items\)\[0\]: the image is a dict \(object\), not pixels"):
         own_data((Items(lambda i: ({"pixels": 1}, i % 10)), Items(lambda i: (None, i % 10))))
+
+
+def test_dataset_and_list_images_take_the_layout_rule_of_arrays_channels_first_or_last():
+    images, labels = digits(20)
+    colour = np.repeat(images[..., None], 3, -1)
+    colour[..., 0] //= 2  # the channels differ, so a swap of axes shows
+    expected = own_data((colour, labels), val_fraction=0.5).train_images  # the array path: N x H x W x C
+    for layout, make in {
+        "numpy C x H x W": lambda i: np.ascontiguousarray(colour[i].transpose(2, 0, 1)),
+        "tensor H x W x C": lambda i: torch.from_numpy(colour[i]),
+        "numpy H x W x C": lambda i: colour[i],
+        "tensor C x H x W": lambda i: torch.from_numpy(colour[i]).permute(2, 0, 1),
+    }.items():
+        listed = own_data(([make(i) for i in range(20)], labels), val_fraction=0.5)
+        assert torch.equal(listed.train_images, expected), layout
+        streamed = own_data(Items(lambda i, make=make: (make(i), int(labels[i]))), val_fraction=0.5)
+        pixels, _ = streamed.train.batches()[list(range(len(streamed.train.indices)))]
+        assert torch.equal(pixels, expected), layout
