@@ -153,7 +153,9 @@ def run() -> NoReturn:
     the interpreter's teardown of torch alone takes seconds (3-6 s measured on a busy 2-core machine) after a
     run's last line; so exit handlers run, output is flushed, and the process ends without the teardown."""
     from hasten.clock import command_started
+    from hasten.threads import set_wait
 
+    set_wait()  # before anything loads torch, whose OpenMP reads it once (hasten/threads.py)
     end(main(started=command_started()))  # the process's start (or the launching command's): imports count
 
 

@@ -31,6 +31,7 @@ from hasten.data.sources import cache_folder
 from hasten.engine.distributed import world_size
 from hasten.files import write_atomic_text
 from hasten.machine import Machine
+from hasten.threads import waiting
 from hasten.tune.choices import Candidate, Probe
 from hasten.tune.steadiness import Steadiness
 from hasten.version import __version__
@@ -61,7 +62,8 @@ def _cpu_identity() -> dict[str, str]:
 def machine_identity(device: torch.device, machine: Machine) -> dict[str, Any]:
     """What the probe's timings depend on of the machine: the hardware they were taken on (the GPU's name,
     capability and CUDA version, or the CPU's model and instruction-set flags), the facts decided from (`machine`:
-    its kernel set, cores, accelerator, and the HASTEN_MACHINE profile, if any), and torch's intra-op threads."""
+    its kernel set, cores, accelerator, and the HASTEN_MACHINE profile, if any), and torch's intra-op threads and
+    how they wait (hasten/threads.py: sleeping at once or spinning first times a step differently)."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         capability = list(torch.cuda.get_device_capability(index))
@@ -69,7 +71,7 @@ def machine_identity(device: torch.device, machine: Machine) -> dict[str, Any]:
     else:
         hardware = _cpu_identity()
     return {"device": device.type, "hardware": hardware, "described": machine.identity(),
-            "threads": torch.get_num_threads()}  # fmt: skip
+            "threads": torch.get_num_threads(), "threads_wait": waiting()}  # fmt: skip
 
 
 def model_digest(model: nn.Module) -> str:
