@@ -6,22 +6,23 @@
 On a CPU, torch's intra-op threads (GNU OpenMP) meet at a barrier after every parallel region. Where
 OMP_WAIT_POLICY is unset, a thread that arrives first spins for GOMP_SPINCOUNT=300,000 iterations (about 3 ms) before
 it sleeps; while another process holds a core, the thread it waits for is not running, and the spinner takes the core
-that thread needs. The `hasten` command has its threads sleep at once (OMP_WAIT_POLICY=PASSIVE, hasten/machine.py
-`openmp_wait`) unless the environment sets the wait itself. This benchmark runs the same `hasten train` commands in two
-arms, alternated in one sitting:
+that thread needs. Threads that sleep at once (OMP_WAIT_POLICY=PASSIVE) do not, but pay a wake-up at every barrier
+on an idle machine. This benchmark runs the same `hasten train` commands in four arms, alternated in one sitting:
 
 - spin: GOMP_SPINCOUNT=300000 in the environment (libgomp's own default, which hasten then leaves as it is: what a
   plain PyTorch script gets);
-- hasten: the environment without OMP_WAIT_POLICY and GOMP_SPINCOUNT (what `hasten train` decides);
-- brief: OMP_WAIT_POLICY=PASSIVE with GOMP_SPINCOUNT=10000 (a spin of about 0.1 ms, then sleep: the middle way);
+- passive: OMP_WAIT_POLICY=PASSIVE (a waiting thread sleeps at once);
+- brief: OMP_WAIT_POLICY=PASSIVE with GOMP_SPINCOUNT=10000 (a spin of about 0.1 ms, then sleep: a middle way);
+- hasten: the environment without OMP_WAIT_POLICY and GOMP_SPINCOUNT (what `hasten train` decides: passive where
+  other processes kept half a core or more busy as it started, else the default);
 
 each with `--busy` competing processes (a Python loop each, started before the run and ended after it: 0 is the idle
 machine). Workloads: `small`, the default recipe on scikit-learn's digits at batch 32 for 3 epochs; `folder`, the
 default recipe on a drawn folder of 300 + 100 grey 28 px glyphs at batch 32 for 6 epochs (the size of a user's first
 folder); `headline`, fashion-fast for one epoch. Per run: training milliseconds per optimizer step and the wall
-seconds from the command (summary.json), test accuracy. Medians and min-max over the repeats; the ratios are taken
-round by round (each arm over hasten). Writes results.json (machine, versions, load averages) under --out and the report
-to --report.
+seconds from the command (summary.json), test accuracy. The busy loops start before the run, so `hasten` sees
+them as it starts. Medians and min-max over the repeats; the ratios are taken round by round (each arm over
+hasten). Writes results.json (machine, versions, load averages) under --out and the report to --report.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from hasten.experiments.interleave import rotated
@@ -43,8 +45,9 @@ from hasten.runfolder.log import environment, write_atomic
 
 ARMS = {
     "spin": {"GOMP_SPINCOUNT": "300000"},  # libgomp's default: spin about 3 ms, then sleep
-    "hasten": {},  # what the `hasten` command sets (hasten/threads.py)
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},  # sleep at once
     "brief": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"},  # spin about 0.1 ms, then sleep
+    "hasten": {},  # what the `hasten` command decides (hasten/threads.py)
 }
 WORKLOADS = {
     "small": ["data.name=digits", "train.epochs=3", "train.batch_size=32"],
@@ -79,6 +82,7 @@ def run(workload: list[str], arm: dict[str, str], busy: int, folder: Path, run_d
     command = [sys.executable, "-m", "hasten", "train", *(word.format(folder=folder) for word in workload)]
     command += [f"run.dir={run_dir}", "run.progress=false", "seed=0"]
     loops = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(busy)]
+    time.sleep(0.5 if loops else 0)  # the loops spinning before the command starts (and looks)
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True)
     finally:
@@ -154,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(
         "# Training beside a busy process: threads that spin against threads that sleep\n\n"
-        f"Machine: {machine.cpu} ({machine.kernels} kernels), {machine.cores} cores. Load average before {load_before[0]:.2f}, after {load_after[0]:.2f}. "
+        f"Machine: {machine.cpu} ({machine.kernels} kernels), {machine.cores} cores. "
+        f"Load average before {load_before[0]:.2f}, after {load_after[0]:.2f}. "
         f"{args.repeats} rounds, arms alternated.\n\n"
         f"    python benchmarks/contention.py --repeats {args.repeats} --busy {args.busy} "
         f"--workloads {args.workloads}\n\n"

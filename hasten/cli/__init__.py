@@ -148,6 +148,9 @@ def _resource_failure(error: BaseException, who: str) -> int:
     raise error
 
 
+TRAINING = ("train", "lr-find", "batch-size", "bench", "sweep", "transfer", "gan")  # commands whose steps are timed
+
+
 def run() -> NoReturn:
     """The `hasten` command's process: `main`, then exit at once. Everything is written and closed by then, and
     the interpreter's teardown of torch alone takes seconds (3-6 s measured on a busy 2-core machine) after a
@@ -155,7 +158,8 @@ def run() -> NoReturn:
     from hasten.clock import command_started
     from hasten.threads import set_wait
 
-    set_wait()  # before anything loads torch, whose OpenMP reads it once (hasten/threads.py)
+    words = sys.argv[1:]  # the commands that train look at the machine before torch loads (hasten/threads.py)
+    set_wait(look=bool(words) and words[0] in TRAINING and not {"-h", "--help"} & set(words))
     end(main(started=command_started()))  # the process's start (or the launching command's): imports count
 
 

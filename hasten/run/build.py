@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hasten import threads
 from hasten.clock import Clock
 from hasten.data import ImageDataset, load_dataset
 from hasten.data.imagefolder import (
@@ -85,7 +86,6 @@ from hasten.runfolder.folder import (
     refuse_taken,
 )
 from hasten.runfolder.log import RunLog
-from hasten.threads import PASSIVE, waiting
 from hasten.tune import rules
 
 
@@ -396,7 +396,7 @@ def train(
                     if parts.machine is not None:  # the facts its machine rules read (hasten/machine.py)
                         summary["machine"] = parts.machine.record()
                     summary["cpu_allocator"] = parts.cpu_allocator  # glibc's mallopt settings taken; None: none
-                    summary["threads_wait"] = waiting()  # how the CPU threads wait (hasten/threads.py); {}: spin first
+                    summary["threads_wait"] = threads.record()  # how the CPU threads wait, and why (hasten/threads.py)
                     # for evaluate and predict: the class names, the preprocessing (data.resize's fit among it)
                     summary |= dataset_summary(parts.data, parts.train_loader, parts.test_loader, recipe.data.resize)
                     summary["evaluated_on"] = evaluated_on(recipe)
@@ -546,12 +546,9 @@ def start_run(
         if parts.cpu_allocator:
             said = ", ".join(f"{name} {value >> 20} MiB" for name, value in parts.cpu_allocator.items())
             say(f"CPU allocator (glibc mallopt): {said}: a step's tensors reuse the heap's pages, not fresh ones")
-        wait = waiting()
-        if parts.device.type == "cpu" and wait == PASSIVE:  # a CPU run: its threads' wait, as the command set it
-            say(
-                "CPU threads sleep when they wait (OMP_WAIT_POLICY=PASSIVE): a core another process holds does "
-                "not stall every step"
-            )
+        said = threads.DECIDED.describe() if threads.DECIDED is not None else None
+        if parts.device.type == "cpu" and said:  # a CPU run whose command chose its threads' wait: why
+            say(said)
         chosen = parts.extendable  # train.epochs=auto chose the epochs (capped at its most, where short)
         note = short_run_note(recipe, run_steps, budget, chosen) if checkpoint is None else None
         if note:
