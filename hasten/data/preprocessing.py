@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -211,7 +212,10 @@ class Preprocessing:
         """A batch (uint8 pixels, or floats as the user gives them) in the units training's images were in:
         pixels / 255 as float where those were floats in [0, 1]; DataError for pixels where the user's code
         made them (normalised floats: no pixel maps to them)."""
-        if images.is_floating_point() or self.units == "pixels":
+        if images.is_floating_point():
+            self.warn_scale(images)
+            return images
+        if self.units == "pixels":
             return images
         if self.fraction:
             return images.float().div_(255)
@@ -221,6 +225,33 @@ class Preprocessing:
             "(normalised, or on a scale other than 0..1 and 0..255): image files and uint8 pixels cannot be brought "
             "to them; give float images (N, C, H, W) made the same way"
         )
+
+    def warn_scale(self, images: Tensor) -> None:
+        """Print scale_warning's line, if any (loud: answers for images on the wrong scale look like answers)."""
+        said = self.scale_warning(images)
+        if said:
+            print(f"warning: {said}", file=sys.stderr)
+
+    def scale_warning(self, images: Tensor) -> str | None:
+        """What is wrong with float images given on another scale than training's, or None: floats in [0, 1] to a
+        model trained on pixels 0..255 (every image then looks black to it), floats past 1.5 (pixels) to one trained
+        on fractions in [0, 1], and floats beyond twice the span of the user's own training range."""
+        if not images.numel():
+            return None
+        low, high = float(images.min()), float(images.max())
+        if self.units == "pixels" and high <= 1.0 and high > 0:
+            return (f"images are floats in {low:.3g}..{high:.3g}, but this model trained on pixels 0..255: multiply "
+                    "them by 255 (or give uint8 pixels), or every image reads as nearly black")  # fmt: skip
+        if self.units == "fraction" and high > 1.5:
+            return (f"images are floats up to {high:.3g}, but this model trained on floats in [0, 1]: divide pixels "
+                    "by 255 (or give them as uint8, which are divided for you)")  # fmt: skip
+        if self.units == "own" and self.value_range is not None:
+            lo, hi = self.value_range
+            span = max(hi - lo, 1e-6)
+            if high > hi + span or low < lo - span:
+                return (f"images hold values {low:.3g}..{high:.3g}, far outside the {lo:.3g}..{hi:.3g} the model "
+                        "trained on: make them as the training images were made")  # fmt: skip
+        return None
 
     def image(self, image: Image.Image) -> Tensor:
         """A Pillow image as the uint8 (C, H, W) tensor training would have seen (steps 1 and 2)."""

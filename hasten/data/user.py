@@ -497,6 +497,8 @@ def own_data(
     if len(_labels(train)) == 0 or len(_labels(test)) == 0:
         raise DataError(_empty_split(len(_labels(train)) == 0, held_out=not rest, val_fraction=val_fraction))
     largest = max(int(_labels(train).max()), int(_labels(test).max()))  # each part checked against the names
+    if names is None:
+        check_sparse_labels(_labels(train), _labels(test))
     names = names or [str(i) for i in range(largest + 1)]
     if isinstance(train, tuple) and isinstance(test, tuple):
         if train[0].shape[1:] != test[0].shape[1:]:
@@ -513,6 +515,27 @@ def own_data(
         raise DataError(first)
     return StreamedData(name, train_split, test_split, names, tuple(first[0].shape[1:]), "pillow" if resized else None,
                         tuple(notes))  # fmt: skip
+
+
+SPARSE_CLASSES = 1000  # labels without names implying more classes than this, ...
+SPARSE_SHARE = 10  # ... and this many times the labels in use: ids, not class indices
+
+
+def check_sparse_labels(train: Tensor, test: Tensor) -> None:
+    """DataError naming the largest label when labels given without class names imply over SPARSE_CLASSES classes
+    (label k makes k + 1) and SPARSE_SHARE times as many as appear: ids (a stray 50,000,000, product codes) read as
+    class indices would build a model with a head that size, or one too large to build, blamed on the model."""
+    both = torch.cat([train, test])
+    implied, used = int(both.max()) + 1, int(torch.unique(both).numel())
+    if implied > SPARSE_CLASSES and implied > SPARSE_SHARE * used:
+        where = "train" if int(train.max()) + 1 == implied else "test"
+        part = train if where == "train" else test
+        index = int((part == implied - 1).nonzero()[0])
+        raise DataError(
+            f"data: {where} label {implied - 1:,} (at index {index:,}) makes {implied:,} classes, of which {used:,} "
+            "have images: labels are class indices 0..K-1; map them first (numpy.unique(labels, "
+            "return_inverse=True)) or give the class names"
+        )
 
 
 def _empty_split(training: bool, *, held_out: bool, val_fraction: float | None) -> str:

@@ -229,11 +229,14 @@ def export(
     overwrite: bool = False,
     trust_code: bool = False,
     model: Any = None,
+    overwrite_flag: str = "--overwrite",
 ) -> tuple[Path, str]:
     """Export in `fmt` (safetensors or onnx; None: from `out`'s suffix); returns the path and a line saying what
     was written. `out` must end in the format's suffix, must not be a run folder's own file, and must not exist
     unless `overwrite`; a `model.target` the source names is imported only with `trust_code`. `model`: the user's
-    own network for a run trained on a model object (an nn.Module, or the class or function that makes it)."""
+    own network for a run trained on a model object (an nn.Module, or the class or function that makes it).
+    `overwrite_flag`: the switch a refusal names ("--overwrite" on the command line, "overwrite=True" from Python);
+    a leading ~ in `out` is the user's home folder."""
     suffix = Path(out).suffix.lower()
     by_suffix = {ending: name for name, ending in FORMATS.items()}
     if fmt is not None and fmt not in FORMATS:
@@ -245,7 +248,8 @@ def export(
             f"export: {out}: the file to write must end in {wanted} (got {suffix or 'no suffix'}), so what it holds "
             "is clear from its name"
         )
-    check_output(out, overwrite, "export:")
+    out = Path(out).expanduser()  # "~/m.onnx" from Python, as a shell would have it: never a folder named ~
+    check_output(out, overwrite, "export:", overwrite_flag)
     trust = Trust(code=trust_code)
     if fmt == "onnx":
         path, difference = export_onnx(source, out, trust, model)

@@ -181,7 +181,7 @@ def read_summary(path: Path) -> SummaryRecord | None:
         raise CheckpointError(f"{path}: {schema_problems(error)}; move it away to use the checkpoint alone") from None
 
 
-def _summary_beside(checkpoint: Path) -> SummaryRecord | None:
+def summary_beside(checkpoint: Path) -> SummaryRecord | None:
     """summary.json of the run folder a checkpoint sits in (RUN/checkpoints/step-N.pt), checked; or None."""
     if checkpoint.parent.name != "checkpoints":
         return None
@@ -210,7 +210,7 @@ def facts_from_checkpoint(path: Path, state: dict[str, Any], trust: Trust | None
     """The run's facts: from summary.json beside the checkpoint when it has them, else from the recipe's data
     (read under the trust boundary: a data.target it names is imported only as `trust` allows)."""
     recipe = validate(state["recipe"], f"the recipe in {path}")
-    summary = _summary_beside(path)
+    summary = summary_beside(path)
     accuracy = recorded_accuracy(path, state)
     recorded_name = (summary.dataset or {}).get("name") if summary is not None else None
     # not another's data (evaluate on data.name=...): the run's own, or what was given to hasten.train as a Python
@@ -511,6 +511,7 @@ class OnnxPredictor(Predicts):
         if pre.units == "own":  # the graph takes float images as the user's code made them (pixels are refused)
             pixels = pre.in_units(pixels).float()
         elif pixels.is_floating_point():  # the graph takes uint8 pixels: floats in the training images' units
+            pre.warn_scale(pixels)
             pixels = (pixels * (255 if pre.fraction else 1)).round().clamp(0, 255).to(torch.uint8)
         try:
             logits = torch.from_numpy(self.session.run(None, {self.input_name: pixels.numpy()})[0])

@@ -118,4 +118,6 @@ class Trained(dict):
         """Write the trained model with its preprocessing and classes (hasten export): .safetensors or .onnx."""
         from hasten.use.export import export
 
-        return export(self.run_dir, out, fmt, overwrite=overwrite, model=self._network)[0]
+        return export(
+            self.run_dir, out, fmt, overwrite=overwrite, model=self._network, overwrite_flag="overwrite=True"
+        )[0]

@@ -75,3 +75,17 @@ def test_dataset_and_list_images_take_the_layout_rule_of_arrays_channels_first_o
         streamed = own_data(Items(lambda i, make=make: (make(i), int(labels[i]))), val_fraction=0.5)
         pixels, _ = streamed.train.batches()[list(range(len(streamed.train.indices)))]
         assert torch.equal(pixels, expected), layout
+
+
+def test_a_stray_huge_label_is_named_not_blamed_on_the_model():
+    """One label of 50,000,000 among 0..9 made a model of 50,000,001 classes, refused as too large a model."""
+    from hasten.data.user import check_sparse_labels
+
+    labels = torch.arange(200) % 10
+    labels[5] = 50_000_000
+    with pytest.raises(DataError, match=r"train label 50,000,000 \(at index 5\) makes 50,000,001 classes, of which 11"):
+        check_sparse_labels(labels, torch.arange(20) % 10)
+    check_sparse_labels(torch.arange(2000) % 1500, torch.arange(10))  # 1,500 classes, all in use: fine
+    sparse = torch.tensor([0, 1, 2, 1999])
+    with pytest.raises(DataError, match=r"test label 1,999"):
+        check_sparse_labels(torch.tensor([0, 1, 2]), sparse)

@@ -220,3 +220,26 @@ def test_a_batch_of_one_with_batch_norm_is_refused_before_the_probe_times_it(tmp
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "train.batch_size: 1 image a batch, but the model has batch norm" in err and "probe" not in err
+
+
+class _NaNOut(torch.nn.Module):
+    """A model whose logits are NaN from the first batch (a bug in its forward, not the LR)."""
+
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.head = torch.nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.head(x.flatten(1)) * float("nan")
+
+
+def test_a_loss_that_is_nan_before_any_update_does_not_blame_the_lr_nor_name_a_checkpoint(tmp_path):
+    """It pointed to "the last good checkpoint" in a folder that had none (and was removed) and advised a lower
+    optim.lr, which had not acted yet."""
+    import hasten
+
+    images, labels = torch.randint(0, 256, (64, 8, 8), dtype=torch.uint8), torch.arange(64) % 4
+    overrides = [f"run.dir={tmp_path / 'run'}", "train.epochs=1", "train.threads=1", "data.val_fraction=0.25"]
+    with pytest.raises(HastenError, match="before any update, so not the LR") as error:
+        hasten.train(None, overrides, model=_NaNOut, data=(images, labels))
+    assert "last good checkpoint" not in str(error.value) and "lower optim.lr" not in str(error.value)

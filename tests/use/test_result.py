@@ -192,3 +192,31 @@ def test_a_recurrent_model_exports_without_torchs_notice_about_its_own_weights(t
     session = onnxruntime.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
     logits = session.run(None, {"pixels": np.ascontiguousarray(test[0].transpose(0, 3, 1, 2))})[0]
     assert np.array_equal(logits.argmax(1), result.probabilities(test[0]).argmax(1).numpy())
+
+
+def test_export_from_python_names_the_python_switch_and_reads_a_home_folder(trained, tmp_path, monkeypatch):
+    """The refusal of an existing file said `pass --overwrite`, a command-line flag, to a Python caller; and
+    "~/m.safetensors" made a folder named ~ in the current folder."""
+    from hasten.errors import HastenError
+
+    result, _ = trained
+    out = result.export(tmp_path / "m.safetensors")
+    with pytest.raises(HastenError, match=r"pass overwrite=True to replace it"):
+        result.export(out)
+    assert result.export(out, overwrite=True) == out
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    written = result.export("~/m.safetensors")
+    assert written == tmp_path / "home" / "m.safetensors" and written.is_file() and not (tmp_path / "~").exists()
+
+
+def test_float_images_on_another_scale_than_trainings_are_warned_of(trained, capsys):
+    """Trained on uint8 pixels, given floats in 0..1: every image read as nearly black and got one class, without a
+    word. Now a warning says which scale the model wants; pixels on its own scale say nothing."""
+    result, (images, _) = trained
+    capsys.readouterr()
+    result.predict(images[:4].astype(np.float32) / 255)
+    err = capsys.readouterr().err
+    assert "warning: images are floats in" in err and "multiply them by 255" in err
+    result.predict(images[:4].astype(np.float32))
+    assert "warning" not in capsys.readouterr().err
