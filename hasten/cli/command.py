@@ -133,21 +133,27 @@ def show(summary: dict[str, Any], as_table: bool, table: Any) -> None:
 
 
 PLOT_SIGNATURE = b"atplotlib"  # in the first bytes of every PNG, PDF and SVG matplotlib writes (its Software tag)
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # the formats whose files carry that tag
 
 
 def plot_path(given: str | None, default: Any) -> Any:
-    """Where a command draws its plot: `--plot PATH` or the default in the run folder; never one of a run's own
-    files, nor an existing file that is not a plot drawn before (recognised by its contents, matplotlib's tag,
-    not by its name: a text file called fake.png is the user's), nor a link."""
+    """Where a command draws its plot: `--plot PATH` or the default in the run folder, `.png` added to a name
+    without a suffix (as matplotlib would: the file checked is the file written); never one of a run's own files,
+    nor an existing file that is not a plot drawn before (recognised by its contents, matplotlib's tag, not by its
+    name: a text file called fake.png is the user's), nor a link, nor a format other than PLOT_SUFFIXES."""
     from pathlib import Path
 
-    from hasten.runfolder.folder import check_output
+    from hasten.runfolder.folder import RunFolderError, check_output
 
     path = Path(given) if given else Path(default)
-    check_output(path, overwrite=True, what="--plot")  # never a run's own file, nor a folder
+    if path.is_dir():
+        raise RunFolderError(f"--plot {path} is a folder; give the file to draw, e.g. {path / Path(default).name}")
+    if not path.suffix:
+        path = path.with_name(path.name + ".png")
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise RunFolderError(f"--plot {path}: draws {', '.join(PLOT_SUFFIXES)} files; give a path ending in one")
+    check_output(path, overwrite=True, what="--plot")  # never a run's own file
     if (path.exists() or path.is_symlink()) and (path.is_symlink() or not drawn_before(path)):
-        from hasten.runfolder.folder import RunFolderError
-
         raise RunFolderError(
             f"--plot {path} exists and is not a plot hasten drew (it would be replaced): give another path"
         )

@@ -4,6 +4,7 @@ over every step), `hasten lr-find` (an LR range test) and `hasten batch-size` (t
 from __future__ import annotations
 
 import argparse
+import math
 
 from hasten.cli.command import RECIPE_ARGUMENTS, Command, arg, console, plot_path, recipe_of
 from hasten.errors import HastenError
@@ -15,10 +16,11 @@ def cmd_schedule(ns: argparse.Namespace) -> int:
     from hasten.run.extension import FACTOR, FIT, FIT_EPOCHS, check_epoch, holds_peak, late_from
     from hasten.run.resolve import run_dir
 
+    plot = plot_path(ns.plot, run_dir(recipe) / "schedule.png")  # refused before `auto` is decided, not after
     result = schedule_trace(recipe)
     recipe = result.recipe  # as resolved: `auto` decided as `hasten train` decides it
     title = f"{recipe.name}: {recipe.schedule.name} schedule, {recipe.train.epochs} epochs"
-    path = plot_schedule(result, plot_path(ns.plot, run_dir(recipe) / "schedule.png"), title)
+    path = plot_schedule(result, plot, title)
     print(f"{result.total_steps} optimizer steps ({result.steps_per_epoch} per epoch), warmup {result.warmup_steps}")
     print(f"LR: peak {max(result.lrs):.4g}, first step {result.lrs[0]:.4g}, last step {result.lrs[-2]:.4g}")
     print(f"momentum/beta1: {min(result.momenta):.3g} to {max(result.momenta):.3g}")
@@ -110,10 +112,10 @@ MAX_LR_FIND_STEPS = 10_000  # a range test's steps; more sizes a list by the arg
 
 def cmd_lr_find(ns: argparse.Namespace) -> int:
     recipe = recipe_of(ns)
-    if not 0 < ns.start < ns.end or not 5 <= ns.steps <= MAX_LR_FIND_STEPS:
+    if not 0 < ns.start < ns.end < math.inf or not 5 <= ns.steps <= MAX_LR_FIND_STEPS:
         raise HastenError(
-            f"lr-find: need 0 < --start < --end and --steps from 5 to {MAX_LR_FIND_STEPS:,} (a range test is a few "
-            f"hundred steps; got --start {ns.start:g} --end {ns.end:g} --steps {ns.steps:,})"
+            f"lr-find: need 0 < --start < --end (finite) and --steps from 5 to {MAX_LR_FIND_STEPS:,} (a range test is "
+            f"a few hundred steps; got --start {ns.start:g} --end {ns.end:g} --steps {ns.steps:,})"
         )
     import torch
 
@@ -122,12 +124,13 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
     from hasten.run.resolve import run_dir
     from hasten.tune.lr_find import AUTO_RULE, auto_lr, lr_find, plot_lr_find
 
+    plot = plot_path(ns.plot, run_dir(recipe) / "lr-find.png")  # refused before the test's steps, not after
     parts = build(recipe)
     result = lr_find(parts, ns.start, ns.end, ns.steps)
     recipe, scale = parts.recipe, lr_scale(parts.recipe)
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
         return 0  # rank 0 reports; every rank has the same result
-    path = plot_lr_find(result, plot_path(ns.plot, run_dir(recipe) / "lr-find.png"), f"{recipe.name}: LR range test")
+    path = plot_lr_find(result, plot, f"{recipe.name}: LR range test")
     peak = auto_lr(result)
     base = f" per {recipe.optim.base_batch} examples" if recipe.optim.base_batch else ""
     print(f"peak LR for this recipe's {recipe.schedule.name} schedule: {peak:.4g} ({AUTO_RULE}, the rule of "
@@ -139,7 +142,7 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
     if result.steepest_lr is not None:
         print(f"steepest descent of the smoothed loss: {result.steepest_lr:.4g}")
     base = f" (per {recipe.optim.base_batch} examples, scaled to the batch)" if recipe.optim.base_batch else ""
-    print(f"to use it: optim.lr={per_base:.4g}{base}")
+    print(f"to use fastai's suggestion instead: optim.lr={per_base:.4g}{base}")
     print(f"plot: {path}")
     return 0
 

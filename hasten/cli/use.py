@@ -70,8 +70,15 @@ def cmd_evaluate(ns: argparse.Namespace) -> int:
             escape(f"  {name}"), *(f"{r['per_class_accuracy'][name]:.4f}" for r in result["results"].values())
         )
     Console().print(table)
-    recorded = result["recorded_test_accuracy"]
-    print(f"accuracy {result['accuracy']!r}" + (f" (summary.json: {recorded!r})" if recorded is not None else ""))
+    recorded, last = result["recorded_test_accuracy"], result.get("summary_test_accuracy")
+    if recorded is not None and (last is None or recorded == last):
+        said = f" (summary.json: {recorded!r})"
+    elif recorded is not None:  # an older checkpoint than the run's last (the newest unreadable, or one named)
+        said = (f" (metrics.csv for this checkpoint: {recorded!r}; summary.json's {last!r} is the run's last "
+                "weights', which these are not)")  # fmt: skip
+    else:
+        said = ""
+    print(f"accuracy {result['accuracy']!r}{said}")
     print(f"written: {', '.join(result['files'])}")
     return 0
 

@@ -217,14 +217,15 @@ class Search:
 
 
 def search_batch_size(
-    fits: Callable[[int], bool], start: int = 1, limit: int | None = None, tolerance: float = 0.0
+    fits: Callable[[int], bool], start: int = 1, limit: int | None = None, tolerance: float = 0.0, smallest: int = 1
 ) -> Search:
     """The largest batch size for which `fits` is true: doubling from `start`, then bisection.
 
     Doubling stops at the first size that does not fit (or at `limit`, tried last); bisection then narrows the
     gap between the largest fit and the smallest failure until it is at most max(1, tolerance x the fit), so
     `tolerance=0` is exact. Assumes that a size fits when a larger one does. Errors other than not fitting
-    propagate out of `fits` unchanged. Raises NothingFits when even size 1 does not fit.
+    propagate out of `fits` unchanged. Raises NothingFits when even size `smallest` does not fit (2 for a step
+    that cannot train on one image: batch norm over a 1 x 1 feature map).
     """
     tried: list[tuple[int, bool]] = []
 
@@ -233,12 +234,12 @@ def search_batch_size(
         tried.append((size, ok))
         return ok
 
-    size = max(1, start if limit is None else min(start, limit))
+    size = max(smallest, start if limit is None else min(start, limit))
     hi: int | None = None  # the smallest size known not to fit
     while not attempt(size):  # `start` too large: halve until something fits
-        if size == 1:
-            raise NothingFits("even a batch of 1 does not fit")
-        hi, size = size, size // 2
+        if size <= smallest:
+            raise NothingFits(f"even a batch of {smallest} does not fit")
+        hi, size = size, max(smallest, size // 2)
     lo = size  # the largest size known to fit
     if hi is None:  # double until something does not fit
         while True:

@@ -51,6 +51,7 @@ from hasten.tune import rules
 RULES = ("linear", "sqrt", "accumulate")
 PREDICTION_MARGIN = 1.25  # CPU: skip sizes predicted to need more than this x the budget
 TOLERANCE = 1 / 32  # bisection stops within ~3% of the largest size that fits
+SMALLEST = 2  # the search's least batch: batch norm cannot train on one image where the last feature map is 1 x 1
 
 
 @dataclass
@@ -181,12 +182,12 @@ def find_batch_size(
     step_cap = max(MIN_AUTO_BATCH, images // (min_steps * world)) if min_steps else None  # as training does
     limit = min(parts.train_loader.shard_size, step_cap or parts.train_loader.shard_size)
     try:
-        search = search_batch_size(fits, start=2, limit=limit, tolerance=TOLERANCE)
+        search = search_batch_size(fits, start=2, limit=limit, tolerance=TOLERANCE, smallest=SMALLEST)
     except NothingFits:
-        used = fits.measured.get(1)
+        used = fits.measured.get(SMALLEST)
         where = f"the budget of {format_bytes(budget)}" if budget is not None else f"the memory of {parts.device}"
         needs = f" (it needs {format_bytes(used)})" if used is not None else ""
-        raise NothingFits(f"even a batch of 1 does not fit in {where}{needs}") from None
+        raise NothingFits(f"even a batch of {SMALLEST} does not fit in {where}{needs}") from None
     largest = agree_on_min(search.batch_size)
     batch, steps, overrides = advise(recipe, largest, rule)
     after = validate(apply_overrides(recipe.model_dump(mode="json"), overrides))

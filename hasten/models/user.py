@@ -215,6 +215,41 @@ def _shape_hint(model: nn.Module, error: BaseException, image_shape: tuple[int, 
     return ""
 
 
+LARGER_SIDES = (4, 8, 16, 32, 64, 128, 256)  # the sides tried when hasten's own model fails on the data's images
+
+
+def check_image_size(model: nn.Module, image_shape: tuple[int, ...], num_classes: int, name: str) -> None:
+    """Before training: hasten's own model `name` (`model.name`) maps 2 images of `image_shape` to its logits, on
+    the CPU in eval mode (no statistics changed); a RecipeError otherwise, naming the images' size and the least
+    of LARGER_SIDES that works as `data.size` where the images are too small for its downsampling (a 2 x 2 image
+    halved to nothing), else what its forward raised."""
+    was_training = model.training
+    model.eval()
+    try:
+        if _works(model, image_shape, num_classes, torch.device("cpu")):
+            return
+        channels, height, width = image_shape
+        larger = (s for s in LARGER_SIDES if s > min(height, width))
+        side = next((s for s in larger if _works(model, (channels, s, s), num_classes, torch.device("cpu"))), None)
+        if side is not None:
+            raise RecipeError(
+                f"model.name={name}: images of {height} x {width} pixels are too small for it (its layers shrink them "
+                f"to nothing); data.size={side} or more works, or give a model of your own (model.name=import)"
+            )
+        try:
+            with torch.no_grad():
+                model(torch.zeros(2, *image_shape))
+        except Exception as error:  # noqa: BLE001 - said with the images it was given
+            raise RecipeError(
+                f"model.name={name}: given a batch of 2 images of shape {tuple(image_shape)} (C, H, W), its forward "
+                f"raised {type(error).__name__}: {error}"
+            ) from None
+        raise RecipeError(f"model.name={name}: its output for a batch of 2 images of shape {tuple(image_shape)} is "
+                          f"not (2, {num_classes}) logits")  # fmt: skip
+    finally:
+        model.train(was_training)
+
+
 def check_model(model: nn.Module, image_shape: tuple[int, ...], num_classes: int, device: torch.device) -> str | None:
     """Before training: the model maps a batch of 2 images of `image_shape` to (2, num_classes) floating-point
     logits; a RecipeError naming what it returned (or raised, and where in the user's code) otherwise. Runs in eval

@@ -34,6 +34,9 @@ from hasten.progress import say
 from hasten.recipe.schema import unsafe_folder
 
 LOCK_NAME = ".hasten.lock"
+# left in the --out folder of bench, sweep and transfer: the results there are a hasten command's, for a later one
+# to replace (owned_output); a folder without it that holds anything is the user's
+RESULTS_MARK = ".hasten-results"
 # what a run leaves in its folder (hasten/runfolder/log.py, checkpoints, weights, plots): another run's results
 RUN_FILES = (
     "recipe.yaml",
@@ -379,7 +382,8 @@ def check_output(path: str | Path, overwrite: bool, what: str, flag: str = "--ov
                 )
             break
     if path.is_dir():
-        raise RunFolderError(f"{what} {path} is a folder; give the file to write, e.g. {path / 'model'}")
+        example = path / f"model{path.suffix}"  # export's dir.safetensors/ -> dir.safetensors/model.safetensors
+        raise RunFolderError(f"{what} {path} is a folder; give the file to write, e.g. {example}")
     if path.exists() and not overwrite:
         raise RunFolderError(f"{what} {path} exists; pass {flag} to replace it, or give another name")
     return path
@@ -407,9 +411,26 @@ def owned_output(folder: str | Path, overwrite: bool, command: str) -> Iterator[
     reason = unsafe_folder(folder)
     if reason:
         raise RunFolderError(f"{command}: --out {folder} is {reason}; give a folder of its own")
+    if folder.exists() and not folder.is_dir():
+        raise RunFolderError(f"{command}: --out {folder} is a file; give a folder for the results")
     with RunLock(folder):
         claim_output_folder(folder, overwrite, command)
-        yield folder
+        mark = folder / RESULTS_MARK
+        theirs = [] if mark.exists() else sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME)
+        if theirs and not overwrite:
+            shown = ", ".join(theirs[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
+            raise RunFolderError(
+                f"{command}: --out {folder} holds files no hasten command wrote there ({shown}), which its results "
+                "could replace: give a new or empty folder, or pass run.overwrite=true to write into it anyway"
+            )
+        fresh = not mark.exists()
+        mark.write_text(f"results of hasten {command}: a later command may replace them\n", encoding="utf-8")
+        try:
+            yield folder
+        except BaseException:
+            if fresh and {p.name for p in folder.iterdir()} <= {LOCK_NAME, RESULTS_MARK}:  # refused, nothing written
+                mark.unlink(missing_ok=True)  # so the folder the lock made is removed with it
+            raise
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -25,6 +25,7 @@ import io
 import json
 import os
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,15 @@ from hasten.recipe.trust import Trust, embedded_recipe
 from hasten.run.evaluation import Measured, evaluate_loader
 from hasten.runfolder.checkpoint import disk_full_message
 from hasten.runfolder.folder import RunFolderError, check_output, is_run_folder
-from hasten.use.load import RunFacts, checked_top_k, checkpoint_of, evaluated_state_dict, facts_from_checkpoint, network
+from hasten.use.load import (
+    RunFacts,
+    checked_top_k,
+    checkpoint_of,
+    evaluated_state_dict,
+    facts_from_checkpoint,
+    network,
+    summary_beside,
+)
 
 # what evaluate may change: the data, and how it runs; the model and its training are the checkpoint's
 ALLOWED_OVERRIDES = ("data.", "train.eval_batch_size=", "train.threads=", "device=", "model.target=")
@@ -160,6 +169,27 @@ def _write_confusion(confusion: Tensor, classes: list[str], folder: Path, title:
     return [folder / "confusion.csv", folder / "confusion.png"]
 
 
+def class_match(data: list[str], run: list[str]) -> str:
+    """How the data's labels meet the run's classes: label i is scored as the run's class i. "by name" where the
+    names agree (or the data's are only the numbers 0..K-1, a registered set's or arrays' own), else what differs,
+    said as the warning it is: a class renamed or one the run did not have scores its images as another's."""
+    if data == run or data == [str(i) for i in range(len(data))]:
+        return "by name"
+    pairs = [f"{d} as {r}" for d, r in zip(data, run, strict=True) if d != r]
+    shown = ", ".join(pairs[:5]) + (f" and {len(pairs) - 5} more" if len(pairs) > 5 else "")
+    order = "in another order " if sorted(data) == sorted(run) else ""
+    return (
+        f"the data's class names are not the run's {order}and labels are scored by position: {shown}; name the "
+        "data's classes as the run's (summary.json's classes) for an accuracy that means something"
+    )
+
+
+def _summary_accuracy(checkpoint: Path) -> float | None:
+    """summary.json's test_accuracy of the run folder `checkpoint` sits in: its last weights' (None: none)."""
+    summary = summary_beside(checkpoint)
+    return summary.test_accuracy if summary is not None else None
+
+
 def evaluate(
     source: str | Path,
     overrides: Sequence[str] = (),
@@ -193,6 +223,9 @@ def evaluate(
             f"data.name={recipe.data.name}: {len(data.classes)} classes of {tuple(data.image_shape)} images, but "
             f"{path} was trained on {len(facts.classes)} classes of {tuple(facts.image_shape)} images"
         )
+    matched = class_match(list(data.classes), list(facts.classes))
+    if matched != "by name":
+        print(f"warning: {matched}", file=sys.stderr)  # loud: an accuracy over mismatched names is no accuracy
     precision = make_precision(recipe.precision, device, recipe.loss_scale.init, recipe.loss_scale.growth_interval)
     model = network(facts, evaluated_state_dict(state), str(path), prepare=precision.prepare, trust=trust).to(device)
     if recipe.train.channels_last:
@@ -219,9 +252,11 @@ def evaluate(
         "run_tta_translate": facts.tta_translate,
         "run_setting": headline,  # the result computed as the run evaluated
         "accuracy": results[headline]["accuracy"],  # the run's setting: summary.json's test_accuracy on its data
-        "recorded_test_accuracy": facts.test_accuracy if own_data else None,
+        "recorded_test_accuracy": facts.test_accuracy if own_data else None,  # metrics.csv's, for these weights
+        "summary_test_accuracy": _summary_accuracy(path) if own_data else None,  # the run's last weights'
         "classes": facts.classes,
         "data_classes": list(data.classes),
+        "classes_matched": matched,  # "by name", or the warning that they were scored by position
         "results": {name: {k: v for k, v in r.items() if k != "confusion"} for name, r in results.items()},
         "confusion": results[headline]["confusion"].tolist(),
         "files": [str(f) for f in files],

@@ -91,9 +91,25 @@ def test_batch_size_command_finds_a_size_within_the_budget(tiny_overrides, capsy
     assert "largest batch that fits in 6.0 MiB" in out.err
 
 
-def test_batch_size_command_says_when_not_even_one_fits(tiny_overrides, capsys):
+def test_batch_size_command_says_when_not_even_the_smallest_batch_fits(tiny_overrides, capsys):
     assert main(["batch-size", "fashion-fast", *tiny_overrides, "--memory-budget", "1KiB"]) == 2
-    assert "even a batch of 1 does not fit in the budget of 1.0 KiB (it needs" in capsys.readouterr().err
+    assert "even a batch of 2 does not fit in the budget of 1.0 KiB (it needs" in capsys.readouterr().err
+
+
+def test_batch_size_command_never_tries_one_image_a_batch_norm_cannot_train_on(tmp_path, capsys):
+    """The default ResNet on 8 x 8 digits ends in a 1 x 1 feature map, where batch norm cannot train on one image:
+    a budget that not even 2 images fit is said (exit 2), where the search tried 1 and ended in torch's ValueError."""
+    argv = ["batch-size", "data.name=digits", "train.threads=1", f"run.dir={tmp_path / 'run'}"]
+    assert main([*argv, "--memory-budget", "1KiB"]) == 2
+    err = capsys.readouterr().err
+    assert "even a batch of 2 does not fit in the budget of 1.0 KiB" in err and "Traceback" not in err
+
+
+def test_the_search_stops_at_its_smallest_batch():
+    tried = []
+    with pytest.raises(NothingFits, match="even a batch of 2"):
+        search_batch_size(lambda size: tried.append(size) or False, start=16, smallest=2)
+    assert tried == [16, 8, 4, 2]
 
 
 def _agree_worker(rank: int, port: int, results) -> None:

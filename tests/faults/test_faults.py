@@ -37,7 +37,7 @@ from hasten.run.build import build, trainer_for
 from hasten.run.plan import Plan
 from hasten.run.trainer import Trainer
 from hasten.runfolder.checkpoint import checkpoints_in, load_checkpoint, read_weights, save_checkpoint
-from hasten.runfolder.folder import LOCK_NAME
+from hasten.runfolder.folder import LOCK_NAME, RESULTS_MARK
 from hasten.runfolder.log import RunLog
 from tests.tiny import TINY_GAN_OVERRIDES, TINY_OVERRIDES
 
@@ -787,6 +787,28 @@ def evaluate_into_a_runs_own_files(c: Ctx) -> None:
     assert (theirs / "confusion.csv").read_text() == "the user's own table" and digests(run) == before
 
 
+def experiments_into_a_folder_of_the_users(c: Ctx) -> None:
+    """bench and sweep replaced a user's report.md, sweep.md or results.json in --out without a word; a folder with
+    anything in it that no hasten command wrote is refused (run.overwrite=true writes into it), and a results folder
+    a command wrote is the next one's to replace. An --out that is a file is named as --out."""
+    mine = c.tmp / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes")
+    for command in (["sweep", *TINY, "--vary", "model.width=2,4", "--in-process", "--out", str(mine)],
+                    ["bench", *TINY, "--repeats", "1", "--no-naive", "--in-process", "--out", str(mine)]):  # fmt: skip
+        code, err = c.hasten(*command)
+        expect_refusal(code, err, f"{command[0]}: --out {mine} holds files no hasten command wrote there (report.md)")
+    assert (mine / "report.md").read_text() == "my notes" and not (mine / RESULTS_MARK).exists()
+    afile = c.tmp / "afile.txt"
+    afile.write_text("x")
+    code, err = c.hasten("bench", *TINY, "--repeats", "1", "--no-naive", "--out", str(afile))
+    expect_refusal(code, err, f"bench: --out {afile} is a file")
+    ours = c.tmp / "ours"
+    bench = ["bench", *TINY, "--repeats", "1", "--no-naive", "--no-warmup", "--in-process", "--out", str(ours)]
+    assert c.hasten(*bench)[0] == 0 and (ours / RESULTS_MARK).is_file()
+    assert c.hasten(*bench)[0] == 0  # its own results: replaced
+
+
 def experiments_into_a_runs_folder(c: Ctx) -> None:
     run = c.copy_of_finished()
     before = digests(run)
@@ -866,6 +888,7 @@ OVERWRITE: list[Callable[[Ctx], None]] = [
     export_over_an_existing_file,
     evaluate_into_a_runs_own_files,
     experiments_into_a_runs_folder,
+    experiments_into_a_folder_of_the_users,
     stale_lock_taken_over_by_exactly_one_of_many,
     lock_naming_an_impossible_pid,
     lock_file_that_points_at_the_users_file,
@@ -1520,7 +1543,71 @@ def onnx_exports_that_do_not_fit(c: Ctx) -> None:
     expect_refusal(code, err, "external.onnx", "other files it names")
 
 
+def images_too_small_for_hastens_own_model(c: Ctx) -> None:
+    """The ResNet on 2 x 2 digits or a folder of 1 x 1 images ended in torch's "Output size is too small" (exit 1)
+    in train, schedule, lr-find and batch-size; now each says the size is too small and a data.size that works."""
+    for command in ("train", "schedule", "lr-find", "batch-size"):  # the default recipe's ResNet: refused at once
+        code, err = c.hasten(
+            command, "data.name=digits", "data.size=2", "train.threads=1", f"run.dir={c.tmp / command}"
+        )
+        expect_refusal(code, err, "model.name=resnet: images of 2 x 2 pixels are too small", "data.size=")
+        assert not (c.tmp / command).exists()
+    root = c.tmp / "dots"
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(3):
+                Image.new("L", (1, 1), 40 + 100 * i).save(root / split / cls / f"{i}.png")
+    code, err = c.hasten(
+        "train", "data.name=imagefolder", f"data.root={root}", "data.workers=0", f"run.dir={c.tmp / 'r'}"
+    )
+    expect_refusal(code, err, "images of 1 x 1 pixels are too small", "data.size=")
+    assert not (c.tmp / "r").exists()
+
+
+def evaluate_past_a_corrupt_newest_checkpoint(c: Ctx) -> None:
+    """The newest checkpoint damaged: evaluate skips it for the one before, and says the accuracy it shows beside
+    its own is that checkpoint's from metrics.csv, not summary.json's (which came from the weights skipped)."""
+    run = c.copy_of_finished()
+    newest, older = checkpoints_in(run / "checkpoints")[:2]
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    summary = json.loads((run / "summary.json").read_text())
+    summary["test_accuracy"] = last = 0.123  # the last weights' accuracy, told apart from any epoch's of this run
+    (run / "summary.json").write_text(json.dumps(summary))
+    code, out, err = output_of(c, "evaluate", str(run))
+    assert code == 0, err
+    assert newest.name in err and "corrupt" in err
+    evaluation = json.loads((run / "evaluation" / "evaluation.json").read_text())
+    assert Path(evaluation["source"]).name == older.name and evaluation["summary_test_accuracy"] == last
+    recorded = evaluation["recorded_test_accuracy"]
+    assert recorded is not None and recorded != last
+    assert f"(metrics.csv for this checkpoint: {recorded!r}; summary.json's {last!r}" in out
+    assert "(summary.json:" not in out
+
+
+def evaluate_on_a_folder_whose_classes_are_named_otherwise(c: Ctx) -> None:
+    """Other data's labels are scored by position: a folder whose class names are not the run's gave an accuracy
+    (0.0 for one renamed folder) without a word; now it warns, naming the pairs, and evaluation.json records it."""
+    root = image_folder(c.tmp / "renamed", {f"k{i}": 2 for i in range(10)})  # the run's classes are "0".."9"
+    code, out, err = output_of(c, "evaluate", str(c.finished), "data.name=imagefolder", f"data.root={root}",
+                               "data.workers=0", "--out", str(c.tmp / "ev"))  # fmt: skip
+    assert code == 0, err
+    assert "warning: the data's class names are not the run's and labels are scored by position: k0 as 0" in err
+    evaluation = json.loads((c.tmp / "ev" / "evaluation.json").read_text())
+    assert "scored by position" in evaluation["classes_matched"]
+    same = image_folder(c.tmp / "same", {str(i): 2 for i in range(10)})
+    code, out, err = output_of(c, "evaluate", str(c.finished), "data.name=imagefolder", f"data.root={same}",
+                               "data.workers=0", "--out", str(c.tmp / "ev2"))  # fmt: skip
+    assert code == 0 and "scored by position" not in err, err
+    assert json.loads((c.tmp / "ev2" / "evaluation.json").read_text())["classes_matched"] == "by name"
+
+
 TRACEBACKS: list[Callable[[Ctx], None]] = [
+    evaluate_on_a_folder_whose_classes_are_named_otherwise,
+    evaluate_past_a_corrupt_newest_checkpoint,
+    images_too_small_for_hastens_own_model,
     last_batch_of_one_image,
     own_arrays_with_a_last_batch_of_one,
     non_utf8_class_folder_names,

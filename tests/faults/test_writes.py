@@ -105,6 +105,21 @@ def test_plot_replaces_a_plot_it_drew_never_another_file(tiny_overrides, tmp_pat
     assert main([*schedule, "--plot", str(drawn)]) == 0  # a plot drawn before is replaced
 
 
+def test_plot_named_without_a_suffix_is_checked_as_the_png_it_writes(tiny_overrides, tmp_path, capsys):
+    """`--plot mine` draws mine.png (matplotlib adds the suffix): a user's mine.png is what must be kept, and the
+    path printed is the file written; a format whose files hasten cannot recognise, or a folder, is refused."""
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"\x89PNG a user's own picture")
+    schedule = ["schedule", *tiny_overrides, f"run.dir={tmp_path / 'run'}"]
+    _refused([*schedule, "--plot", str(tmp_path / "mine")], capsys, "mine.png", "not a plot")
+    assert mine.read_bytes() == b"\x89PNG a user's own picture"
+    assert main([*schedule, "--plot", str(tmp_path / "out")]) == 0
+    assert f"plot: {tmp_path / 'out.png'}" in capsys.readouterr().out and (tmp_path / "out.png").is_file()
+    assert not (tmp_path / "out").exists()
+    _refused([*schedule, "--plot", str(tmp_path / "out.jpg")], capsys, "out.jpg", ".png, .pdf, .svg")
+    _refused([*schedule, "--plot", str(tmp_path)], capsys, "is a folder", "schedule.png")
+
+
 def test_class_names_that_look_like_markup_print_as_they_are(tmp_path, capsys):
     """Names from files are text, never terminal markup: class folders named like rich's tags ([red]a, [bold]b)
     print as they are in predict's and evaluate's tables (they were read as styles and vanished; a name holding a
@@ -192,3 +207,11 @@ def test_resume_auto_starts_afresh_where_a_killed_run_saved_no_checkpoint(tiny_o
     done.mkdir()
     (done / "summary.json").write_text("{}\n")
     assert main(["train", *tiny_overrides, f"run.dir={done}", "resume=auto"]) == 2
+
+
+def test_export_into_a_folder_is_refused_with_a_file_name_that_export_takes(run, tmp_path, capsys):
+    """The example named a file without a suffix (dir.safetensors/model), which export then refused in turn."""
+    folder = tmp_path / "dir.safetensors"
+    folder.mkdir()
+    err = _refused(["export", str(run), str(folder)], capsys, "is a folder")
+    assert str(folder / "model.safetensors") in err

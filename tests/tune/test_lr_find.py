@@ -134,3 +134,10 @@ def test_cli_lr_find_and_schedule_write_their_plots(tiny_overrides, tmp_path, ca
 def test_cli_lr_find_rejects_a_reversed_sweep(tiny_overrides, capsys):
     assert main(["lr-find", *tiny_overrides, "--start", "1", "--end", "0.1"]) == 2
     assert "--start" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("end", ["inf", "nan"])
+def test_cli_lr_find_rejects_an_end_that_is_no_number(tiny_overrides, capsys, end):
+    """`--end inf` ran the sweep and suggested optim.lr=inf."""
+    assert main(["lr-find", *tiny_overrides, "--end", end]) == 2
+    assert "(finite)" in capsys.readouterr().err
