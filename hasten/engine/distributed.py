@@ -28,6 +28,7 @@ from hasten.errors import RecipeError
 from hasten.machine import ENV, Machine, auto_device, process_backend, threads_per_process
 from hasten.machine import current as current_machine
 from hasten.progress import say
+from hasten.recipe.root import DEVICE
 
 # how long a collective may wait for a missing peer before the job fails instead of hanging
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=int(os.environ.get("HASTEN_DIST_TIMEOUT_MIN", "10")))
@@ -70,6 +71,15 @@ def _say_once(note: str) -> bool:
         return False
     _said.add(note)
     return True
+
+
+def checked_device(device: str | torch.device) -> torch.device:
+    """A device given outside a recipe (`hasten.load`'s), checked as a recipe's `device` is: RecipeError naming it
+    when it is no device name, or one this machine lacks (with the devices it has); "auto" as training decides it."""
+    name = str(device) if isinstance(device, (str, torch.device)) else None
+    if name is None or not DEVICE.fullmatch(name):
+        raise RecipeError(f"device: {device!r} is not auto, cpu, cuda, cuda:N or mps")
+    return resolve_device(name)
 
 
 def resolve_device(name: str, machine: Machine | None = None) -> torch.device:

@@ -44,7 +44,7 @@ from hasten.machine import apply_cpu_allocator, cpu_allocator
 from hasten.machine import current as current_machine
 from hasten.models import build_model, meta_parameter_count
 from hasten.models.pretrained import save_weights  # Freeze registers here
-from hasten.models.user import own_model
+from hasten.models.user import check_image_size, own_model
 from hasten.progress import say
 from hasten.recipe.schema import Recipe, apply_overrides, to_yaml, validate
 from hasten.recipe.sections import replaced
@@ -203,6 +203,8 @@ def build(
     else:  # the recipe's: a built-in model or model.target's
         check_model_size(recipe, tuple(data.image_shape), len(data.classes), device)
         model = build_model(recipe.model, data.image_shape, len(data.classes))
+        if recipe.model.name not in USER_SOURCES:  # hasten's own: do the images not shrink to nothing in it?
+            check_image_size(model, tuple(data.image_shape), len(data.classes), recipe.model.name)
     clock.mark("model")
     # Building any torch.optim optimizer imports torch._dynamo (1.5-3.5 s on a CPU). The run's optimizer pays it,
     # or else the probe's first optimizer does: imported here, it is counted as the import it is, and the probe's

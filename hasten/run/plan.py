@@ -21,6 +21,7 @@ from hasten.engine.loss import soft_cross_entropy
 from hasten.errors import HastenError
 from hasten.recipe.schema import Recipe, dotted
 from hasten.run.extension import Extension
+from hasten.runfolder.checkpoint import checkpoints_in
 from hasten.techniques import Technique
 
 
@@ -119,6 +120,18 @@ class NonFiniteLoss(HastenError):
     """The loss became inf/NaN with `train.on_nan=raise`; the last good checkpoint is kept."""
 
     exit_code = 1
+
+
+# what a NonFiniteLoss advises: for a loss that is not finite before any update (the LR has not acted, so the model
+# or the data made it), and for a divergence found at an epoch's end
+NOT_THE_LR = ("before any update, so not the LR: the model's output or the loss on this batch is not finite (check the "
+              "model's forward and the images)")  # fmt: skip
+AGAIN = "lower optim.lr, or set train.on_nan=skip to go on regardless"
+
+
+def kept_note(saving: Saving | None) -> str:
+    """Where the last good checkpoint is, for a message; "" when none was written yet."""
+    return f"; the last good checkpoint is in {saving.folder}" if saving and checkpoints_in(saving.folder) else ""
 
 
 @dataclass

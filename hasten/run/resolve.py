@@ -28,7 +28,7 @@ from hasten.errors import CheckpointError, RecipeError
 from hasten.machine import Machine
 from hasten.machine import current as current_machine
 from hasten.models.copying import copy_model
-from hasten.models.user import check_image_size, check_model, habit_warnings, output_kind, read_output
+from hasten.models.user import check_model, habit_warnings, output_kind, read_output
 from hasten.progress import say
 from hasten.recipe.schema import PRECISION_MODES, Recipe, dotted, replaced
 from hasten.recipe.trust import USER_SOURCES
@@ -159,8 +159,6 @@ def resolve(
     recipe, notes = resolve_for_data(recipe, data, world)
     recipe, more, placed = resolve_placement(recipe, data, device)
     notes += more
-    if given_model is None and recipe.model.name not in USER_SOURCES:  # hasten's own: images it can take?
-        check_image_size(model, data.image_shape, len(data.classes), recipe.model.name)
     if user_objects(recipe, given_model, given_data):  # fail before anything is timed or trained
         trial = copy_model(model).to(device)  # the checks' copy: lazy modules shaped, nothing of the run's moved
         if said := check_model(trial, data.image_shape, len(data.classes), device):

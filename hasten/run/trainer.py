@@ -60,11 +60,11 @@ from hasten.progress import EpochProgress, say
 from hasten.run import verdicts
 from hasten.run.evaluation import Measurement, check_batches, constant_outputs, lag_warning, measure
 from hasten.run.extension import replanned, stuck
-from hasten.run.plan import Collapsed, Hooks, Interrupted, NonFiniteLoss, Plan, Saving
+from hasten.run.plan import AGAIN, NOT_THE_LR, Collapsed, Hooks, Interrupted, NonFiniteLoss, Plan, Saving, kept_note
 from hasten.run.signals import asked_to_stop, handling_stop_signals
 from hasten.run.state import State, rank_state, restore, time_to_fraction_of_best, wall_time_to_accuracy
 from hasten.run.verdicts import COLLAPSED_TRAIN_LOSS, at_chance_warning, collapsed_outputs, late_warning, no_gradient
-from hasten.runfolder.checkpoint import checkpoints_in, prune, save_checkpoint, set_rng_state
+from hasten.runfolder.checkpoint import prune, save_checkpoint, set_rng_state
 from hasten.runfolder.log import RunLog
 from hasten.techniques.tta import views
 from hasten.version import __version__
@@ -248,21 +248,9 @@ class Trainer:
             self.state.nonfinite_steps += 1
             return
         value = f"became {loss.item()}" if not torch.isfinite(loss) else "became non-finite on another rank"
-        if self.state.step == 0:  # no update yet: the LR cannot be what made it
-            advice = ("before any update, so not the LR: the model's output or the loss on this batch is not finite "
-                      "(check the model's forward and the images)")  # fmt: skip
-        else:
-            advice = "lower optim.lr, or set train.on_nan=skip to skip such steps"
-        raise NonFiniteLoss(
-            f"the training loss {value} at step {self.state.step + 1} (epoch {self.state.epoch + 1}, "
-            f"batch {self.state.batch}){self._kept()}; {advice}"
-        )
-
-    def _kept(self) -> str:
-        """Where the last good checkpoint is, for a message; "" when none was written yet."""
-        if self.saving is None or not checkpoints_in(self.saving.folder):
-            return ""
-        return f"; the last good checkpoint is in {self.saving.folder}"
+        advice = NOT_THE_LR if self.state.step == 0 else "lower optim.lr, or set train.on_nan=skip to skip such steps"
+        raise NonFiniteLoss(f"the training loss {value} at step {self.state.step + 1} (epoch {self.state.epoch + 1}, "
+                            f"batch {self.state.batch}){kept_note(self.saving)}; {advice}")  # fmt: skip
 
     @torch.no_grad()
     def evaluate(self, live: bool = False) -> tuple[float, float]:
@@ -355,7 +343,7 @@ class Trainer:
     def _diverged(self, text: str) -> None:
         """Non-finite statistics or test loss: a divergence, stopped with `train.on_nan=raise`, else a warning."""
         if self.plan.on_nan == "raise":
-            raise NonFiniteLoss(f"{text}{self._kept()}; lower optim.lr, or set train.on_nan=skip to go on regardless")
+            raise NonFiniteLoss(f"{text}{kept_note(self.saving)}; {AGAIN}")
         self.warn(text)
 
     def check_health(self, row: dict[str, float]) -> None:

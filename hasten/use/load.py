@@ -45,7 +45,8 @@ from hasten.data.preprocessing import (
     preprocessing_for,
     resizer_of,
 )
-from hasten.errors import CheckpointError, DataError, HastenError, RecipeError, schema_problems
+from hasten.engine.distributed import checked_device
+from hasten.errors import CheckpointError, DataError, HastenError, schema_problems
 from hasten.recipe.schema import Recipe, validate
 from hasten.recipe.trust import USER_SOURCES, Trust, embedded_recipe
 from hasten.runfolder.checkpoint import latest_usable, load_checkpoint, load_model_weights, training_checkpoint
@@ -552,18 +553,6 @@ def safetensors_facts(path: Path) -> tuple[dict[str, Tensor], RunFacts]:
     return weights, facts
 
 
-def device_of(device: str | torch.device) -> torch.device:
-    """The device `hasten.load` puts the model on, checked as a recipe's `device` is (RecipeError naming it when it
-    is no device name, or one this machine lacks, with the devices it has); "auto" as training decides it."""
-    from hasten.engine.distributed import resolve_device
-    from hasten.recipe.root import DEVICE
-
-    name = str(device) if isinstance(device, (str, torch.device)) else None
-    if name is None or not DEVICE.fullmatch(name):
-        raise RecipeError(f"device: {device!r} is not auto, cpu, cuda, cuda:N or mps")
-    return resolve_device(name)
-
-
 def load(
     source: str | Path, device: str | torch.device = "cpu", *, trust_code: bool = False, model: Any = None
 ) -> Predictor | OnnxPredictor:
@@ -577,7 +566,7 @@ def load(
     names is not imported unless `trust_code=True`; or pass your model yourself, `model=` an nn.Module, the
     class or function that makes it (called as in training), or its import path ("pkg.nets:Net").
     """
-    device = device_of(device)  # before anything is read: a device this machine lacks costs nothing
+    device = checked_device(device)  # before anything is read: a device this machine lacks costs nothing
     path = Path(source)
     trust = Trust(code=trust_code)
     if path.suffix == ".onnx" and path.is_file():
