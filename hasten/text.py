@@ -35,3 +35,8 @@ def printable(text: str, keep: str = "") -> str:
     if text.isprintable():  # (no control character: the common case, at once)
         return text
     return "".join(_escaped(c) if _control(c) and c not in keep else c for c in text)
+
+
+def listed(items: list[str], shown: int = 4) -> str:
+    """The first `shown` of `items`, comma-separated, and how many more there are."""
+    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")

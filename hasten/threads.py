@@ -66,9 +66,7 @@ def wait_settings(environ: Mapping[str, str], others_cpus: float | None) -> dict
     """The variables to add to `environ` before torch loads: PASSIVE where other processes kept at least BUSY_CORES
     busy (`others_cpus`; None: not measured, nothing set), none ({}) otherwise or where `environ` already sets any
     of WAIT_KEYS (to anything but blank)."""
-    if any(environ.get(key, "").strip() for key in WAIT_KEYS):
-        return {}
-    if others_cpus is None or others_cpus < BUSY_CORES:
+    if waiting(environ) or others_cpus is None or others_cpus < BUSY_CORES:
         return {}
     return dict(PASSIVE)
 
@@ -88,7 +86,7 @@ def set_wait(environ: MutableMapping[str, str] | None = None, look: bool = True)
     will read it); `look`: watch the machine first (the commands that train), else set nothing."""
     global DECIDED
     environ = os.environ if environ is None else environ
-    if any(environ.get(key, "").strip() for key in WAIT_KEYS) or not look:
+    if waiting(environ) or not look:
         DECIDED = Decision({})
         return DECIDED
     seen = others_busy()

@@ -9,6 +9,7 @@ from torch import nn
 from hasten.engine.fan_in import FAN_IN_REFERENCE, scaled_weights
 from hasten.engine.layer_scale import layer_scales, start_value
 from hasten.recipe.schema import Recipe, replaced
+from hasten.text import listed
 from hasten.tune import rules
 
 
@@ -17,11 +18,6 @@ def resolve_lr_shares(recipe: Recipe, model: nn.Module) -> tuple[Recipe, list[st
     recipe, fan_in = resolve_fan_in_lr(recipe, model)
     recipe, scales = resolve_layer_scale_lr(recipe, model)
     return recipe, fan_in + scales
-
-
-def listed(items: list[str], shown: int = 4) -> str:
-    """The first `shown` of `items`, comma-separated, and how many more there are."""
-    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
 
 
 def resolve_fan_in_lr(recipe: Recipe, model: nn.Module) -> tuple[Recipe, list[str]]:

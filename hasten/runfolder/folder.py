@@ -32,6 +32,7 @@ from typing import Any
 from hasten.errors import HastenError, RecipeError
 from hasten.progress import say
 from hasten.recipe.schema import unsafe_folder
+from hasten.text import listed
 
 LOCK_NAME = ".hasten.lock"
 # left in the --out folder of bench, sweep and transfer: the results there are a hasten command's, for a later one
@@ -418,10 +419,10 @@ def owned_output(folder: str | Path, overwrite: bool, command: str) -> Iterator[
         mark = folder / RESULTS_MARK
         theirs = [] if mark.exists() else sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME)
         if theirs and not overwrite:
-            shown = ", ".join(theirs[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
             raise RunFolderError(
-                f"{command}: --out {folder} holds files no hasten command wrote there ({shown}), which its results "
-                "could replace: give a new or empty folder, or pass run.overwrite=true to write into it anyway"
+                f"{command}: --out {folder} holds files no hasten command wrote there ({listed(theirs, 5)}), which "
+                "its results could replace: give a new or empty folder, or pass run.overwrite=true to write into it "
+                "anyway"
             )
         fresh = not mark.exists()
         mark.write_text(f"results of hasten {command}: a later command may replace them\n", encoding="utf-8")

@@ -39,6 +39,7 @@ from hasten.recipe.trust import Trust, embedded_recipe
 from hasten.run.evaluation import Measured, evaluate_loader
 from hasten.runfolder.checkpoint import disk_full_message
 from hasten.runfolder.folder import RunFolderError, check_output, is_run_folder
+from hasten.text import listed
 from hasten.use.load import (
     RunFacts,
     checked_top_k,
@@ -46,7 +47,6 @@ from hasten.use.load import (
     evaluated_state_dict,
     facts_from_checkpoint,
     network,
-    summary_beside,
 )
 
 # what evaluate may change: the data, and how it runs; the model and its training are the checkpoint's
@@ -176,18 +176,11 @@ def class_match(data: list[str], run: list[str]) -> str:
     if data == run or data == [str(i) for i in range(len(data))]:
         return "by name"
     pairs = [f"{d} as {r}" for d, r in zip(data, run, strict=True) if d != r]
-    shown = ", ".join(pairs[:5]) + (f" and {len(pairs) - 5} more" if len(pairs) > 5 else "")
     order = "in another order " if sorted(data) == sorted(run) else ""
     return (
-        f"the data's class names are not the run's {order}and labels are scored by position: {shown}; name the "
-        "data's classes as the run's (summary.json's classes) for an accuracy that means something"
+        f"the data's class names are not the run's {order}and labels are scored by position: {listed(pairs, 5)}; "
+        "name the data's classes as the run's (summary.json's classes) for an accuracy that means something"
     )
-
-
-def _summary_accuracy(checkpoint: Path) -> float | None:
-    """summary.json's test_accuracy of the run folder `checkpoint` sits in: its last weights' (None: none)."""
-    summary = summary_beside(checkpoint)
-    return summary.test_accuracy if summary is not None else None
 
 
 def evaluate(
@@ -253,7 +246,7 @@ def evaluate(
         "run_setting": headline,  # the result computed as the run evaluated
         "accuracy": results[headline]["accuracy"],  # the run's setting: summary.json's test_accuracy on its data
         "recorded_test_accuracy": facts.test_accuracy if own_data else None,  # metrics.csv's, for these weights
-        "summary_test_accuracy": _summary_accuracy(path) if own_data else None,  # the run's last weights'
+        "summary_test_accuracy": facts.summary_accuracy if own_data else None,  # the run's last weights'
         "classes": facts.classes,
         "data_classes": list(data.classes),
         "classes_matched": matched,  # "by name", or the warning that they were scored by position

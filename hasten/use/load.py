@@ -97,8 +97,9 @@ class RunFacts:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     preprocessing: Preprocessing | None  # None for images of more than 4 channels (no Pillow mode)
-    test_accuracy: float | None = None
+    test_accuracy: float | None = None  # these weights' (metrics.csv's row of the checkpoint's step)
     metadata: dict[str, Any] = field(default_factory=dict)
+    summary_accuracy: float | None = None  # summary.json's test_accuracy: the run's last weights'
 
     def __post_init__(self) -> None:
         # the names predict, evaluate and export show and write, wherever they came from (summary.json, an export,
@@ -182,7 +183,7 @@ def read_summary(path: Path) -> SummaryRecord | None:
         raise CheckpointError(f"{path}: {schema_problems(error)}; move it away to use the checkpoint alone") from None
 
 
-def summary_beside(checkpoint: Path) -> SummaryRecord | None:
+def _summary_beside(checkpoint: Path) -> SummaryRecord | None:
     """summary.json of the run folder a checkpoint sits in (RUN/checkpoints/step-N.pt), checked; or None."""
     if checkpoint.parent.name != "checkpoints":
         return None
@@ -211,8 +212,9 @@ def facts_from_checkpoint(path: Path, state: dict[str, Any], trust: Trust | None
     """The run's facts: from summary.json beside the checkpoint when it has them, else from the recipe's data
     (read under the trust boundary: a data.target it names is imported only as `trust` allows)."""
     recipe = validate(state["recipe"], f"the recipe in {path}")
-    summary = summary_beside(path)
+    summary = _summary_beside(path)
     accuracy = recorded_accuracy(path, state)
+    last = summary.test_accuracy if summary is not None else None
     recorded_name = (summary.dataset or {}).get("name") if summary is not None else None
     # not another's data (evaluate on data.name=...): the run's own, or what was given to hasten.train as a Python
     # object (arrays, a Dataset, a folder's path), which only the summary beside the checkpoint describes (the recipe
@@ -224,7 +226,7 @@ def facts_from_checkpoint(path: Path, state: dict[str, Any], trust: Trust | None
     if same_data and summary.classes and summary.preprocessing is not None:
         pre = Preprocessing.from_dict(summary.preprocessing.model_dump(), str(path.parent.parent / "summary.json"))
         shape = (pre.channels, pre.height, pre.width)
-        return RunFacts(recipe, list(summary.classes), shape, pre.mean, pre.std, pre, accuracy)
+        return RunFacts(recipe, list(summary.classes), shape, pre.mean, pre.std, pre, accuracy, summary_accuracy=last)
     from hasten.run.build import dataset
 
     with embedded_recipe(str(path), trust or Trust()):
@@ -233,8 +235,8 @@ def facts_from_checkpoint(path: Path, state: dict[str, Any], trust: Trust | None
     pre = None  # images of more than 4 channels: no Pillow mode to read files into
     if data.image_shape[0] in MODE_OF:
         pre = preprocessing_for(data.image_shape, mean, std, resizer=resizer_of(data), fit=recipe.data.resize)
-    mean_t, std_t = tuple(mean.tolist()), tuple(std.tolist())
-    return RunFacts(recipe, list(data.classes), tuple(data.image_shape), mean_t, std_t, pre, accuracy)
+    shape, mean_t, std_t = tuple(data.image_shape), tuple(mean.tolist()), tuple(std.tolist())
+    return RunFacts(recipe, list(data.classes), shape, mean_t, std_t, pre, accuracy, summary_accuracy=last)
 
 
 def training_stats(data: Any, seed: int) -> tuple[Tensor, Tensor]:
